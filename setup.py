@@ -1,0 +1,50 @@
+"""Packaging for subic-keras."""
+
+from setuptools import find_packages, setup
+
+with open("README.md", encoding="utf-8") as handle:
+    long_description = handle.read()
+
+setup(
+    name="subic-keras",
+    version="0.1.0",
+    description="SuBiC supervised structured binary codes for image search, in Keras 3",
+    long_description=long_description,
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["subic_keras", "subic_keras.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.16",
+        "keras>=3.3",
+        "numpy>=1.26",
+        "scikit-learn>=1.3",
+        "tensorflow-datasets>=4.9",
+        "faiss-cpu>=1.8",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "litert": ["ai-edge-litert>=1.0"],
+        "notebooks": [
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6",
+            "matplotlib>=3.7",
+        ],
+        "test": [
+            "pytest>=7.4",
+            "ruff>=0.5",
+            "ai-edge-litert>=1.0",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6",
+            "matplotlib>=3.7",
+        ],
+    },
+    entry_points={"console_scripts": ["subic=subic_keras.cli:main"]},
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,23 @@
+"""subic-keras: supervised structured binary codes (SuBiC) for Keras 3.
+
+SuBiC (Jain et al., ICCV 2017) encodes an image as `M` one-hot blocks of
+size `K`, `M·log2 K` bits, trained end to end with a block softmax and two
+entropy terms, and searched asymmetrically with a real-valued query.
+"""
+
+from subic_keras import losses, metrics
+from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
+from subic_keras.models import Subic, SubicTrainModel, build_subic
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockArgmax",
+    "BlockOneHot",
+    "BlockSoftmax",
+    "Subic",
+    "SubicTrainModel",
+    "build_subic",
+    "losses",
+    "metrics",
+]

@@ -1,0 +1,68 @@
+"""Argument checks shared by every module.
+
+Each check raises an error that names the argument and the value received,
+so bad input fails at the public API rather than deep in TensorFlow or faiss.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def check_int(name: str, value, minimum: int | None = None) -> int:
+    """Returns `value` as a Python int, or raises naming `name`.
+
+    Booleans are rejected: `True` is an `int` in Python but never a count.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an integer, received {value!r} "
+            f"of type {type(value).__name__}"
+        )
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, received {value}")
+    return value
+
+
+def check_non_negative(name: str, value) -> float:
+    """Returns `value` as a float >= 0 (finite), or raises naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a real number, received {value!r} "
+            f"of type {type(value).__name__}"
+        )
+    value = float(value)
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, received {value}")
+    return value
+
+
+def check_block_shape(num_blocks, block_size) -> tuple[int, int]:
+    """Validates SuBiC's `(M, K)`: `M >= 1` blocks of size `K >= 2`."""
+    return (
+        check_int("num_blocks", num_blocks, minimum=1),
+        check_int("block_size", block_size, minimum=2),
+    )
+
+
+def check_width(name: str, width, num_blocks: int, block_size: int) -> None:
+    """Raises unless the last dimension `width` equals `M * K`."""
+    expected = num_blocks * block_size
+    if width is not None and int(width) != expected:
+        raise ValueError(
+            f"{name} must have last dimension num_blocks * block_size = "
+            f"{num_blocks} * {block_size} = {expected}, received {width}"
+        )
+
+
+def check_finite(name: str, array: np.ndarray) -> None:
+    """Raises if a NumPy array holds NaN or infinite values."""
+    if not np.all(np.isfinite(array)):
+        bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+        raise ValueError(
+            f"{name} must be finite, received an array with {bad} NaN or "
+            "infinite values"
+        )

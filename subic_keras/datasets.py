@@ -1,0 +1,999 @@
+"""Dataset loaders, `tf.data` input pipelines and deterministic splits.
+
+Local loaders read the official distribution layouts (CIFAR-10 binary or
+python batches, Fashion-MNIST IDX files) so that everything works offline;
+with `data_dir=None` they fall back to `tensorflow_datasets`, which may need
+the network. Preprocessing used for training is per-channel standardisation,
+`(x / 255 - mean) / std`, with `mean` and `std` from `channel_statistics` on
+the training images (see `standardize` and `make_dataset`).
+
+Splits are drawn with `np.random.default_rng(seed)`, so the same seed gives the
+same split on every machine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import numbers
+import os
+import pickle
+import struct
+
+import numpy as np
+import tensorflow as tf
+
+from subic_keras._validation import check_int
+
+_CIFAR_SIZE = 32
+_CIFAR_PIXELS = 3 * _CIFAR_SIZE * _CIFAR_SIZE
+_CIFAR_RECORD = 1 + _CIFAR_PIXELS
+_CIFAR_CLASSES = 10
+_CIFAR_BINARY_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
+_CIFAR_BINARY_TEST = "test_batch.bin"
+_CIFAR_PYTHON_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+_CIFAR_PYTHON_TEST = "test_batch"
+
+_IDX_IMAGES_MAGIC = 0x00000803
+_IDX_LABELS_MAGIC = 0x00000801
+_FASHION_SIZE = 28
+_FASHION_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+# Labels produced by `load_tfds_images`: "multi_hot" over `num_classes`
+# classes from the objects' labels, or the "label" class id.
+_TFDS_IMAGE_DATASETS = {
+    "voc/2007": ("multi_hot", 20),
+    "caltech101": ("label", 102),
+    "imagenet2012": ("label", 1000),
+}
+
+_SHIFT = 4  # Maximum random shift, in pixels, of `make_dataset`'s augmentation.
+_CHUNK = 1024  # Images per chunk in `channel_statistics`.
+
+
+# --------------------------------------------------------------------------
+# CIFAR-10
+
+
+def load_cifar10(
+    data_dir: str | os.PathLike | None = None,
+    *,
+    max_per_split: int | None = None,
+    download: bool = True,
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Loads CIFAR-10 from a local copy, or from `tensorflow_datasets`.
+
+    `data_dir` holds the official *binary* version (`data_batch_1.bin` …
+    `data_batch_5.bin`, `test_batch.bin`; a record is one label byte then the
+    1,024-byte R, G and B planes, row-major) or the official *python* version
+    (`data_batch_1` … `data_batch_5`, `test_batch`: pickled dicts with
+    `b"data"` and `b"labels"`). It may also be the parent of
+    `cifar-10-batches-bin/` or `cifar-10-batches-py/`. The python version is
+    read with `pickle`: only load files from a trusted source.
+
+    Example:
+
+    >>> (x_train, y_train), (x_test, y_test) = load_cifar10(
+    ...     "data/cifar-10-batches-bin", max_per_split=100)
+    >>> x_train.shape, y_train.dtype
+    ((100, 32, 32, 3), dtype('int64'))
+
+    Args:
+        data_dir: the local directory, or `None` to use
+            `tfds.load("cifar10")` (may download; the order is then tfds's).
+        max_per_split: read only the first `max_per_split` training and test
+            records (only the bytes needed, for the binary version).
+        download: passed to `tfds.load` when `data_dir` is `None`.
+
+    Returns:
+        `(x_train, y_train), (x_test, y_test)`: uint8 images of shape
+        `(n, 32, 32, 3)` (RGB) and int64 labels of shape `(n,)` in `[0, 10)`,
+        in the files' order.
+
+    Raises:
+        FileNotFoundError: `data_dir` or one of its files is missing.
+        ValueError: a file is truncated or not in the CIFAR-10 format.
+    """
+    limit = _check_limit(max_per_split)
+    if data_dir is None:
+        return _load_tfds_arrays("cifar10", limit, download)
+    directory, layout = _find_cifar_dir(os.fspath(data_dir))
+    if layout == "binary":
+        train = _read_cifar_binary(
+            [os.path.join(directory, f) for f in _CIFAR_BINARY_FILES], limit
+        )
+        test = _read_cifar_binary([os.path.join(directory, _CIFAR_BINARY_TEST)], limit)
+    else:
+        train = _read_cifar_python(
+            [os.path.join(directory, f) for f in _CIFAR_PYTHON_FILES], limit
+        )
+        test = _read_cifar_python([os.path.join(directory, _CIFAR_PYTHON_TEST)], limit)
+    return train, test
+
+
+def _find_cifar_dir(data_dir: str) -> tuple[str, str]:
+    """Returns `(directory, "binary" | "python")` holding the CIFAR-10 files."""
+    layouts = (
+        ("binary", (*_CIFAR_BINARY_FILES, _CIFAR_BINARY_TEST), "cifar-10-batches-bin"),
+        ("python", (*_CIFAR_PYTHON_FILES, _CIFAR_PYTHON_TEST), "cifar-10-batches-py"),
+    )
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(
+            f"CIFAR-10 data_dir does not exist or is not a directory: {data_dir!r}"
+        )
+    candidates = [(data_dir, layout, files) for layout, files, _ in layouts] + [
+        (os.path.join(data_dir, subdir), layout, files)
+        for layout, files, subdir in layouts
+    ]
+    for directory, layout, files in candidates:
+        # A directory is taken to be in a layout as soon as it holds one of
+        # its files, so that a partial copy is reported as such.
+        present = [f for f in files if os.path.isfile(os.path.join(directory, f))]
+        if present:
+            missing = [f for f in files if f not in present]
+            if missing:
+                raise FileNotFoundError(
+                    f"CIFAR-10 {layout} layout in {directory!r} is incomplete: "
+                    f"missing {missing}"
+                )
+            return directory, layout
+    raise FileNotFoundError(
+        f"No CIFAR-10 files found in {data_dir!r}: looked for the binary version "
+        f"({', '.join(layouts[0][1])}) and the python version "
+        f"({', '.join(layouts[1][1])}), in that directory and in its "
+        "subdirectories cifar-10-batches-bin/ and cifar-10-batches-py/"
+    )
+
+
+def _read_cifar_binary(
+    paths: list[str], limit: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reads the first `limit` records (all if `None`) of binary batches."""
+    counts = []
+    for path in paths:
+        size = os.path.getsize(path)
+        if size == 0 or size % _CIFAR_RECORD:
+            raise ValueError(
+                f"{path!r} is truncated or not a CIFAR-10 binary batch: its size, "
+                f"{size} bytes, is not a positive multiple of the "
+                f"{_CIFAR_RECORD}-byte record (1 label byte + {_CIFAR_PIXELS} "
+                "pixel bytes)"
+            )
+        counts.append(size // _CIFAR_RECORD)
+    total = sum(counts) if limit is None else min(sum(counts), limit)
+    images = np.empty((total, _CIFAR_SIZE, _CIFAR_SIZE, 3), dtype=np.uint8)
+    labels = np.empty((total,), dtype=np.int64)
+    start = 0
+    for path, count in zip(paths, counts):
+        n = min(count, total - start)
+        if n == 0:
+            break
+        records = np.fromfile(path, dtype=np.uint8, count=n * _CIFAR_RECORD)
+        records = records.reshape(n, _CIFAR_RECORD)
+        labels[start : start + n] = records[:, 0]
+        # Planes R, G, B of 32x32 row-major pixels -> (n, 32, 32, 3).
+        images[start : start + n] = (
+            records[:, 1:].reshape(n, 3, _CIFAR_SIZE, _CIFAR_SIZE).transpose(0, 2, 3, 1)
+        )
+        _check_labels_range(path, labels[start : start + n], _CIFAR_CLASSES)
+        start += n
+    return images, labels
+
+
+def _read_cifar_python(
+    paths: list[str], limit: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reads the first `limit` records (all if `None`) of pickled batches."""
+    images, labels = [], []
+    remaining = limit
+    for path in paths:
+        if remaining == 0:
+            break
+        with open(path, "rb") as handle:
+            try:
+                batch = pickle.load(handle, encoding="bytes")
+            except Exception as error:
+                raise ValueError(
+                    f"{path!r} is truncated or not a CIFAR-10 python batch: {error}"
+                ) from error
+        if not isinstance(batch, dict):
+            raise ValueError(
+                f"{path!r} is not a CIFAR-10 python batch: expected a pickled dict, "
+                f"found {type(batch).__name__}"
+            )
+        data = batch.get(b"data", batch.get("data"))
+        batch_labels = batch.get(b"labels", batch.get("labels"))
+        if data is None or batch_labels is None:
+            raise ValueError(
+                f"{path!r} is not a CIFAR-10 python batch: expected keys b'data' "
+                f"and b'labels', found {sorted(map(repr, batch))}"
+            )
+        data = np.asarray(data)
+        batch_labels = np.asarray(batch_labels, dtype=np.int64)
+        if (
+            data.dtype != np.uint8
+            or data.ndim != 2
+            or data.shape[1] != _CIFAR_PIXELS
+            or batch_labels.shape != (data.shape[0],)
+        ):
+            raise ValueError(
+                f"{path!r} is not a CIFAR-10 python batch: expected uint8 data of "
+                f"shape (n, {_CIFAR_PIXELS}) and n labels, found data "
+                f"{data.dtype} {data.shape} and labels {batch_labels.shape}"
+            )
+        n = data.shape[0] if remaining is None else min(data.shape[0], remaining)
+        _check_labels_range(path, batch_labels[:n], _CIFAR_CLASSES)
+        images.append(
+            data[:n].reshape(n, 3, _CIFAR_SIZE, _CIFAR_SIZE).transpose(0, 2, 3, 1)
+        )
+        labels.append(batch_labels[:n])
+        if remaining is not None:
+            remaining -= n
+    return np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels)
+
+
+# --------------------------------------------------------------------------
+# Fashion-MNIST
+
+
+def load_fashion_mnist(
+    data_dir: str | os.PathLike | None = None,
+    *,
+    max_per_split: int | None = None,
+    download: bool = True,
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Loads Fashion-MNIST from the official IDX files, or `tensorflow_datasets`.
+
+    `data_dir` holds `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
+    `t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte`, each gzipped
+    (`.gz`) or not; it may also be the parent of `fashion-mnist/` or
+    `fashion_mnist/`. Magic numbers, dimensions and lengths are validated.
+
+    Example:
+
+    >>> (x_train, y_train), (x_test, y_test) = load_fashion_mnist(
+    ...     "data/fashion-mnist", max_per_split=100)
+    >>> x_test.shape
+    (100, 28, 28)
+
+    Args:
+        data_dir: the local directory, or `None` to use
+            `tfds.load("fashion_mnist")` (may download).
+        max_per_split: read only the first `max_per_split` training and test
+            examples (only the bytes needed).
+        download: passed to `tfds.load` when `data_dir` is `None`.
+
+    Returns:
+        `(x_train, y_train), (x_test, y_test)`: uint8 grey images of shape
+        `(n, 28, 28)` and int64 labels of shape `(n,)`, in the files' order.
+
+    Raises:
+        FileNotFoundError: `data_dir` or one of its files is missing.
+        ValueError: a file is truncated or not a valid IDX file.
+    """
+    limit = _check_limit(max_per_split)
+    if data_dir is None:
+        (x_train, y_train), (x_test, y_test) = _load_tfds_arrays(
+            "fashion_mnist", limit, download
+        )
+        return (x_train.reshape(x_train.shape[:3]), y_train), (
+            x_test.reshape(x_test.shape[:3]),
+            y_test,
+        )
+    paths = _find_fashion_files(os.fspath(data_dir))
+    splits = []
+    for split in ("train", "test"):
+        images_path = paths[f"{split}_images"]
+        labels_path = paths[f"{split}_labels"]
+        images = _read_idx(images_path, _IDX_IMAGES_MAGIC, 3, limit)
+        labels = _read_idx(labels_path, _IDX_LABELS_MAGIC, 1, limit)
+        if images.shape[1:] != (_FASHION_SIZE, _FASHION_SIZE):
+            raise ValueError(
+                f"{images_path!r} holds images of shape {images.shape[1:]}, "
+                f"expected ({_FASHION_SIZE}, {_FASHION_SIZE})"
+            )
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"{images_path!r} holds {images.shape[0]} images but "
+                f"{labels_path!r} holds {labels.shape[0]} labels"
+            )
+        labels = labels.astype(np.int64)
+        _check_labels_range(labels_path, labels, 10)
+        splits.append((images, labels))
+    return splits[0], splits[1]
+
+
+def _find_fashion_files(data_dir: str) -> dict[str, str]:
+    """Maps each of `_FASHION_FILES` to its path, gzipped or not."""
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(
+            f"Fashion-MNIST data_dir does not exist or is not a directory: {data_dir!r}"
+        )
+    candidates = [data_dir] + [
+        os.path.join(data_dir, sub)
+        for sub in ("fashion-mnist", "fashion_mnist")
+        if os.path.isdir(os.path.join(data_dir, sub))
+    ]
+    looked_for = ", ".join(f"{name}[.gz]" for name in _FASHION_FILES.values())
+    for directory in candidates:
+        paths = {}
+        for key, name in _FASHION_FILES.items():
+            for filename in (name, name + ".gz"):
+                if os.path.isfile(os.path.join(directory, filename)):
+                    paths[key] = os.path.join(directory, filename)
+                    break
+        if len(paths) == len(_FASHION_FILES):
+            return paths
+        if paths:
+            missing = [
+                f"{name}[.gz]"
+                for key, name in _FASHION_FILES.items()
+                if key not in paths
+            ]
+            raise FileNotFoundError(
+                f"Fashion-MNIST files in {directory!r} are incomplete: missing "
+                f"{missing}"
+            )
+    raise FileNotFoundError(
+        f"No Fashion-MNIST files found in {data_dir!r}: looked for {looked_for}, "
+        "in that directory and in its subdirectories fashion-mnist/ and "
+        "fashion_mnist/"
+    )
+
+
+def _read_idx(path: str, magic: int, ndim: int, limit: int | None) -> np.ndarray:
+    """Reads the first `limit` items of an unsigned-byte IDX file."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as handle:
+            header = handle.read(4 + 4 * ndim)
+            if len(header) < 4 + 4 * ndim:
+                raise ValueError(
+                    f"{path!r} is truncated: its IDX header needs {4 + 4 * ndim} "
+                    f"bytes, found {len(header)}"
+                )
+            (found,) = struct.unpack(">I", header[:4])
+            if found != magic:
+                raise ValueError(
+                    f"{path!r} is not the expected IDX file: magic number "
+                    f"{found:#010x}, expected {magic:#010x}"
+                )
+            dims = struct.unpack(f">{ndim}I", header[4:])
+            n = dims[0] if limit is None else min(dims[0], limit)
+            count = n * int(np.prod(dims[1:], dtype=np.int64))
+            data = handle.read(count)
+    except (OSError, EOFError) as error:
+        # gzip reports a cut-off archive as EOFError, a damaged one as OSError.
+        raise ValueError(f"{path!r} is truncated or corrupt: {error}") from error
+    if len(data) < count:
+        raise ValueError(
+            f"{path!r} is truncated: expected {count} data bytes for {n} items of "
+            f"shape {dims[1:]}, found {len(data)}"
+        )
+    return np.frombuffer(data, dtype=np.uint8).reshape((n, *dims[1:])).copy()
+
+
+# --------------------------------------------------------------------------
+# scikit-learn digits and tensorflow_datasets
+
+
+def load_digits(
+    *, test_size: int | float = 1 / 3, seed: int = 0
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Loads scikit-learn's bundled 8x8 digits (offline), split train/test.
+
+    Pixel values 0..16 are scaled to 0..255: `round(x * 255 / 16)`. The split
+    is `train_validation_split(labels, test_size, seed, stratify=True)`.
+
+    Example:
+
+    >>> (x_train, y_train), (x_test, y_test) = load_digits()
+    >>> x_train.shape, x_test.shape
+    ((1198, 8, 8), (599, 8, 8))
+
+    Args:
+        test_size: size of the test split (a count, or a fraction in (0, 1)).
+        seed: seed of the split.
+
+    Returns:
+        `(x_train, y_train), (x_test, y_test)`: uint8 images `(n, 8, 8)` and
+        int64 labels `(n,)`, each split in the original order.
+    """
+    from sklearn.datasets import load_digits as sklearn_load_digits
+
+    bunch = sklearn_load_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    train, test = train_validation_split(labels, test_size, seed=seed, stratify=True)
+    return (images[train], labels[train]), (images[test], labels[test])
+
+
+def _load_tfds_arrays(name: str, limit: int | None, download: bool):
+    """Both splits of a small tfds dataset as NumPy arrays."""
+    import tensorflow_datasets as tfds
+
+    splits = (
+        ["train", "test"] if limit is None else [f"train[:{limit}]", f"test[:{limit}]"]
+    )
+    loaded = tfds.load(
+        name, split=splits, batch_size=-1, as_supervised=True, download=download
+    )
+    return tuple(
+        (np.asarray(images, dtype=np.uint8), np.asarray(labels, dtype=np.int64))
+        for images, labels in loaded
+    )
+
+
+def load_tfds_images(
+    name: str,
+    split: str,
+    data_dir: str | os.PathLike | None = None,
+    image_size: tuple[int, int] | None = (224, 224),
+    download: bool = False,
+) -> tf.data.Dataset:
+    """An unbatched dataset of `(image, label)` from a `tensorflow_datasets` set.
+
+    For the paper's cross-domain experiments: `"voc/2007"` (labels multi-hot
+    over its 20 classes, from the objects' labels), `"caltech101"` and
+    `"imagenet2012"` (class ids). Images are resized (bilinear, antialiased,
+    aspect ratio not kept) and rounded back to uint8.
+
+    Example:
+
+    >>> ds = load_tfds_images("caltech101", "test", data_dir="~/tfds")
+    >>> ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)
+
+    Args:
+        name: `"voc/2007"`, `"caltech101"` or `"imagenet2012"`.
+        split: a tfds split, slicing allowed (`"train[:10%]"`).
+        data_dir: the tfds data directory (`None`: tfds's default).
+        image_size: `(height, width)` of the output, or `None` to keep the
+            original sizes.
+        download: download and prepare the data when it is not prepared
+            (ImageNet needs its archives placed by hand first).
+
+    Returns:
+        A `tf.data.Dataset` of `(uint8 image (h, w, 3), label)`: int64 class
+        id, or int64 multi-hot vector `(20,)` for VOC.
+
+    Raises:
+        ValueError: unsupported `name` or bad `image_size`.
+        FileNotFoundError: the data is not prepared and `download` is False.
+    """
+    if name not in _TFDS_IMAGE_DATASETS:
+        raise ValueError(
+            f"name must be one of {sorted(_TFDS_IMAGE_DATASETS)}, received {name!r}"
+        )
+    image_size = _check_image_size(image_size)
+    import tensorflow_datasets as tfds
+
+    if data_dir is not None:
+        data_dir = os.path.expanduser(os.fspath(data_dir))
+    builder = tfds.builder(name, data_dir=data_dir)
+    if not builder.is_prepared():
+        if not download:
+            raise FileNotFoundError(
+                f"tensorflow_datasets dataset {name!r} is not prepared in "
+                f"data_dir={data_dir!r} (looked for {os.fspath(builder.data_dir)!r}); "
+                "prepare it with `tfds build` or pass download=True"
+            )
+        builder.download_and_prepare()
+    dataset = builder.as_dataset(split=split, shuffle_files=False)
+    return dataset.map(
+        lambda example: _tfds_example_to_pair(example, name, image_size),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def _tfds_example_to_pair(
+    example: dict, name: str, image_size: tuple[int, int] | None
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Converts one tfds example dict to `(uint8 image, label)`."""
+    kind, num_classes = _TFDS_IMAGE_DATASETS[name]
+    image = tf.convert_to_tensor(example["image"])
+    if image_size is not None:
+        image = tf.image.resize(image, image_size, antialias=True)
+        image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    if kind == "multi_hot":
+        label = _multi_hot(example["objects"]["label"], num_classes)
+    else:
+        label = tf.cast(example["label"], tf.int64)
+    return image, label
+
+
+def _multi_hot(label_ids, num_classes: int) -> tf.Tensor:
+    """`(num_classes,)` int64 vector with ones at `label_ids` (repeats allowed)."""
+    label_ids = tf.cast(tf.reshape(label_ids, [-1]), tf.int64)
+    # tf.one_hot maps an out-of-range id to a zero row: fail loudly instead.
+    with tf.control_dependencies(
+        [
+            tf.debugging.assert_non_negative(label_ids, message="negative label id"),
+            tf.debugging.assert_less(
+                label_ids, tf.constant(num_classes, tf.int64), message="label id >= C"
+            ),
+        ]
+    ):
+        counts = tf.reduce_sum(tf.one_hot(label_ids, num_classes, dtype=tf.int64), 0)
+    return tf.minimum(counts, 1)
+
+
+# --------------------------------------------------------------------------
+# Image preprocessing
+
+
+def to_rgb(images) -> np.ndarray:
+    """Grey images to RGB by replicating the single channel; RGB unchanged.
+
+    Example:
+
+    >>> to_rgb(np.zeros((5, 28, 28), np.uint8)).shape
+    (5, 28, 28, 3)
+
+    Args:
+        images: `(n, H, W)` or `(n, H, W, 1)` grey, or `(n, H, W, 3)` RGB.
+
+    Returns:
+        `(n, H, W, 3)` array of the same dtype (the input itself if RGB).
+
+    Raises:
+        ValueError: any other shape.
+    """
+    images = np.asarray(images)
+    if images.ndim == 3:
+        return np.repeat(images[..., np.newaxis], 3, axis=-1)
+    if images.ndim == 4 and images.shape[-1] == 3:
+        return images
+    if images.ndim == 4 and images.shape[-1] == 1:
+        return np.repeat(images, 3, axis=-1)
+    raise ValueError(
+        "images must have shape (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
+        f"received shape {images.shape}"
+    )
+
+
+def channel_statistics(images) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and standard deviation of uint8 images, in [0, 1] units.
+
+    `mean_c = mean(x[..., c] / 255)`, `std_c = sqrt(mean((x[..., c] / 255 -
+    mean_c)^2))` (population). The images are read in chunks into exact
+    per-channel histograms of the 256 grey levels; the moments are then
+    taken in float64 from the histograms, so the result does not depend on
+    the number of images or their order, and memory stays small.
+
+    Example:
+
+    >>> mean, std = channel_statistics(x_train)  # CIFAR-10: mean ≈ [0.491,
+    >>> x = standardize(x_train, mean, std)      #   0.482, 0.447]
+
+    Args:
+        images: uint8 `(n, H, W, C)`, or `(n, H, W)` (one channel).
+
+    Returns:
+        `(mean, std)`: float64 arrays of shape `(C,)`.
+
+    Raises:
+        TypeError: `images` is not uint8.
+        ValueError: bad shape or no images.
+    """
+    images = _check_images(images)
+    channels = images.shape[-1]
+    histogram = np.zeros((channels, 256), dtype=np.int64)
+    for start in range(0, images.shape[0], _CHUNK):
+        pixels = images[start : start + _CHUNK].reshape(-1, channels)
+        for channel in range(channels):
+            histogram[channel] += np.bincount(pixels[:, channel], minlength=256)
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    count = histogram.sum(axis=1)
+    mean = histogram @ levels / count
+    variance = (histogram * (levels - mean[:, None]) ** 2).sum(axis=1) / count
+    return mean, np.sqrt(variance)
+
+
+def standardize(images, mean, std) -> np.ndarray:
+    """Per-channel standardisation of uint8 images: `(x / 255 - mean) / std`.
+
+    Example:
+
+    >>> mean, std = channel_statistics(x_train)
+    >>> standardize(x_test, mean, std).dtype
+    dtype('float32')
+
+    Args:
+        images: uint8 `(n, H, W, C)` or `(n, H, W)` (one channel, kept 3-D).
+        mean: scalar or `(C,)`, in [0, 1] units (see `channel_statistics`).
+        std: scalar or `(C,)`, all > 0.
+
+    Returns:
+        float32 array of the shape of `images`.
+    """
+    images = np.asarray(images)
+    grey = images.ndim == 3
+    images = _check_images(images)
+    mean, std = _check_mean_std(mean, std, images.shape[-1])
+    out = (images.astype(np.float32) / np.float32(255.0) - mean) / std
+    return out[..., 0] if grey else out
+
+
+def _check_images(images) -> np.ndarray:
+    """uint8 `(n, H, W, C)` view of `images`, or raises."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise TypeError(f"images must be uint8 (0..255), received {images.dtype}")
+    if images.ndim not in (3, 4) or 0 in images.shape:
+        raise ValueError(
+            "images must be a non-empty array of shape (n, H, W, C) or (n, H, W), "
+            f"received shape {images.shape}"
+        )
+    return images[..., np.newaxis] if images.ndim == 3 else images
+
+
+def _check_mean_std(mean, std, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """`mean` and `std` as float32 `(C,)`, or raises."""
+    checked = []
+    for name, value in (("mean", mean), ("std", std)):
+        value = np.asarray(value, dtype=np.float64)
+        if value.ndim == 0:
+            value = np.full(channels, value)
+        if value.shape != (channels,):
+            raise ValueError(
+                f"{name} must be a scalar or have shape ({channels},) to match the "
+                f"images' channels, received shape {value.shape}"
+            )
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"{name} must be finite, received {value}")
+        checked.append(value.astype(np.float32))
+    if np.any(checked[1] <= 0):
+        raise ValueError(f"std must be > 0, received {checked[1]}")
+    return checked[0], checked[1]
+
+
+# --------------------------------------------------------------------------
+# tf.data pipeline
+
+
+def make_dataset(
+    images,
+    labels,
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    augment: bool = False,
+    seed: int = 0,
+    mean=None,
+    std=None,
+    drop_remainder: bool = False,
+    repeat: bool = False,
+) -> tf.data.Dataset:
+    """A batched `tf.data` pipeline of standardised images for `model.fit`.
+
+    Images stay uint8 in memory; each batch is gathered by index, optionally
+    augmented, then standardised: `(x / 255 - mean) / std` (just `x / 255`
+    when `mean` and `std` are `None`). Augmentation is vectorised over the
+    batch: a random horizontal flip (probability 1/2) and a random shift of up
+    to 4 pixels in each direction (zero-pad by 4, then crop back). With the
+    same `seed`, two pipelines yield the same batches; each new pass over the
+    data (each epoch) is shuffled and augmented afresh.
+
+    Example:
+
+    >>> mean, std = channel_statistics(x_train)
+    >>> train = make_dataset(x_train, y_train, 200, shuffle=True, augment=True,
+    ...                      mean=mean, std=std)
+    >>> model.fit(train, epochs=10)
+
+    Args:
+        images: uint8 `(n, H, W, C)`, or `(n, H, W)` (given one channel).
+        labels: `(n,)` class ids or `(n, C)` (e.g. multi-hot) targets.
+        batch_size: images per batch, >= 1.
+        shuffle: shuffle the examples (all `n` of them) on every pass.
+        augment: random flip and shift.
+        seed: seed of shuffling and augmentation.
+        mean: per-channel mean in [0, 1] units (`channel_statistics`).
+        std: per-channel standard deviation, > 0.
+        drop_remainder: drop the last incomplete batch.
+        repeat: repeat forever (pass `steps_per_epoch` to `fit`).
+
+    Returns:
+        A `tf.data.Dataset` of `(float32 images (b, H, W, C), labels (b, ...))`.
+
+    Raises:
+        TypeError: `images` is not uint8, or a non-integer count or seed.
+        ValueError: mismatched lengths, bad shapes, `mean`/`std` given alone
+            or not matching the channels, or no complete batch.
+    """
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    images = _check_images(images)
+    labels = np.asarray(labels)
+    if labels.ndim == 0 or labels.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"images and labels must have the same length, received "
+            f"{images.shape[0]} images and labels of shape {labels.shape}"
+        )
+    if (mean is None) != (std is None):
+        raise ValueError(
+            "mean and std must be given together (or both None), received "
+            f"mean={mean!r} and std={std!r}"
+        )
+    channels = images.shape[-1]
+    if mean is None:
+        mean, std = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+    else:
+        mean, std = _check_mean_std(mean, std, channels)
+    n = images.shape[0]
+    if drop_remainder and n < batch_size:
+        raise ValueError(
+            f"drop_remainder=True with {n} images and batch_size={batch_size} "
+            "would yield no batch"
+        )
+
+    images_t = tf.convert_to_tensor(images)
+    labels_t = tf.convert_to_tensor(labels)
+    mean_t = tf.constant(mean, tf.float32)
+    std_t = tf.constant(std, tf.float32)
+
+    def standardize_batch(batch):
+        return (tf.cast(batch, tf.float32) / 255.0 - mean_t) / std_t
+
+    # Shuffle indices, not images: the buffer is small and each batch is one
+    # vectorised gather.
+    indices = tf.data.Dataset.range(n)
+    if shuffle:
+        indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        indices = indices.repeat()
+    indices = indices.batch(batch_size, drop_remainder=drop_remainder)
+
+    if augment:
+        # One random int64 per batch seeds stateless ops: deterministic under
+        # parallel map, and fresh on every pass over the dataset.
+        batch_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        dataset = tf.data.Dataset.zip((indices, batch_seeds))
+
+        def load(idx, batch_seed):
+            batch = _augment_batch(tf.gather(images_t, idx), batch_seed)
+            return standardize_batch(batch), tf.gather(labels_t, idx)
+
+    else:
+        dataset = indices
+
+        def load(idx):
+            return standardize_batch(tf.gather(images_t, idx)), tf.gather(labels_t, idx)
+
+    dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _augment_batch(batch: tf.Tensor, batch_seed: tf.Tensor) -> tf.Tensor:
+    """Random horizontal flip and random shift by up to `_SHIFT` pixels."""
+    size = tf.shape(batch)[0]
+    height, width = tf.shape(batch)[1], tf.shape(batch)[2]
+    seed = tf.stack([batch_seed, tf.constant(0x5EB1C, tf.int64)])
+    draws = tf.random.stateless_uniform([size, 3], seed=seed)
+    flip = draws[:, 0] < 0.5
+    batch = tf.where(flip[:, None, None, None], tf.reverse(batch, axis=[2]), batch)
+    # Offsets in [0, 2 * _SHIFT] into the padded image: a shift in
+    # [-_SHIFT, _SHIFT]; the min guards against a draw of exactly 1.0.
+    offsets = tf.minimum(tf.cast(draws[:, 1:] * (2 * _SHIFT + 1), tf.int32), 2 * _SHIFT)
+    padded = tf.pad(batch, [[0, 0], [_SHIFT, _SHIFT], [_SHIFT, _SHIFT], [0, 0]])
+    rows = offsets[:, 0:1] + tf.range(height)[None, :]
+    cols = offsets[:, 1:2] + tf.range(width)[None, :]
+    shifted = tf.gather(padded, rows, axis=1, batch_dims=1)
+    return tf.gather(shifted, cols, axis=2, batch_dims=1)
+
+
+# --------------------------------------------------------------------------
+# Deterministic splits
+
+
+def query_database_split(
+    labels: np.ndarray,
+    queries_per_class: int | None = 100,
+    num_queries: int | None = None,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Splits a labelled set into queries and database, reproducibly.
+
+    With `num_queries`, that many queries are drawn uniformly without
+    replacement (labels may be multi-hot, 2-D); otherwise
+    `queries_per_class` are drawn from every class (1-D class ids). The rest
+    is the database. CIFAR-10 protocol: `queries_per_class=100` on the test set.
+
+    Example:
+
+    >>> queries, database = query_database_split(y_test, queries_per_class=100)
+    >>> len(queries), len(database)
+    (1000, 9000)
+
+    Args:
+        labels: `(n,)` class ids, or `(n, C)` multi-hot with `num_queries`.
+        queries_per_class: queries per class; used when `num_queries` is None.
+        num_queries: total number of queries, in [1, n - 1]; takes precedence.
+        seed: seed of `np.random.default_rng`.
+
+    Returns:
+        `(query_indices, database_indices)`: sorted int64, disjoint, together
+        covering `range(n)`.
+
+    Raises:
+        ValueError: both counts None, counts out of range, or a class with fewer
+            than `queries_per_class` items (named with its count).
+    """
+    labels = np.asarray(labels)
+    seed = check_int("seed", seed, minimum=0)
+    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
+        raise ValueError(
+            "labels must be a non-empty array of shape (n,) or (n, C), received "
+            f"shape {labels.shape}"
+        )
+    n = labels.shape[0]
+    rng = np.random.default_rng(seed)
+    if num_queries is not None:
+        num_queries = check_int("num_queries", num_queries, minimum=1)
+        if num_queries >= n:
+            raise ValueError(
+                f"num_queries must be < the number of items ({n}) so that the "
+                f"database is not empty, received {num_queries}"
+            )
+        queries = rng.choice(n, size=num_queries, replace=False)
+    elif queries_per_class is None:
+        raise ValueError(
+            "one of queries_per_class and num_queries must be given, received both None"
+        )
+    else:
+        queries_per_class = check_int("queries_per_class", queries_per_class, 1)
+        classes, members = _class_members(labels, "queries_per_class")
+        parts = []
+        for label, idx in zip(classes, members):
+            if idx.size < queries_per_class:
+                raise ValueError(
+                    f"class {label.item()!r} has {idx.size} items, fewer than "
+                    f"queries_per_class={queries_per_class}"
+                )
+            parts.append(idx[rng.permutation(idx.size)[:queries_per_class]])
+        queries = np.concatenate(parts)
+        if queries.size >= n:
+            raise ValueError(
+                f"queries_per_class={queries_per_class} takes every one of the {n} "
+                "items as a query, leaving an empty database"
+            )
+    return _complement_split(queries, n)
+
+
+def train_validation_split(
+    labels: np.ndarray,
+    validation_size: int | float = 0.1,
+    seed: int = 0,
+    stratify: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Holds out a validation split from a training set, reproducibly.
+
+    With `stratify`, each class gets its proportional share of the
+    `v` validation items, `v * n_c / n`, rounded by largest remainder (ties
+    to the smaller class id) so that the shares sum to `v` exactly.
+
+    Example:
+
+    >>> train, val = train_validation_split(y_train, 5000)
+    >>> len(train), len(val)
+    (45000, 5000)
+
+    Args:
+        labels: `(n,)` class ids (`(n, C)` allowed without `stratify`).
+        validation_size: a count in [0, n - 1], or a fraction in [0, 1)
+            (rounded to the nearest count).
+        seed: seed of `np.random.default_rng`.
+        stratify: keep the class proportions.
+
+    Returns:
+        `(train_indices, validation_indices)`: sorted int64, disjoint, together
+        covering `range(n)`.
+
+    Raises:
+        ValueError: bad `validation_size` or labels.
+    """
+    labels = np.asarray(labels)
+    seed = check_int("seed", seed, minimum=0)
+    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
+        raise ValueError(
+            "labels must be a non-empty array of shape (n,) or (n, C), received "
+            f"shape {labels.shape}"
+        )
+    n = labels.shape[0]
+    size = _check_split_size(validation_size, n)
+    rng = np.random.default_rng(seed)
+    if not stratify:
+        validation, train = _complement_split(rng.permutation(n)[:size], n)
+        return train, validation
+    _, members = _class_members(labels, "stratify=True")
+    counts = np.array([idx.size for idx in members], dtype=np.int64)
+    quotas = size * counts / n
+    shares = np.floor(quotas).astype(np.int64)
+    # Largest remainder; a stable sort breaks ties towards earlier classes.
+    order = np.argsort(-(quotas - shares), kind="stable")
+    shares[order[: size - shares.sum()]] += 1
+    validation = np.concatenate(
+        [idx[rng.permutation(idx.size)[:k]] for idx, k in zip(members, shares)]
+    )
+    validation, train = _complement_split(validation, n)
+    return train, validation
+
+
+def _check_split_size(value, n: int) -> int:
+    """A validation count in [0, n - 1] from a count or a fraction."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"validation_size must be an int or a float, received {value!r}"
+        )
+    if isinstance(value, numbers.Integral):
+        size = int(value)
+    else:
+        if not 0.0 <= float(value) < 1.0:
+            raise ValueError(
+                f"validation_size as a fraction must be in [0, 1), received {value}"
+            )
+        size = round(float(value) * n)
+    if not 0 <= size < n:
+        raise ValueError(
+            f"validation_size must be in [0, {n - 1}] for {n} items, received {value}"
+        )
+    return size
+
+
+def _class_members(labels: np.ndarray, what: str) -> tuple[np.ndarray, list]:
+    """Sorted classes and, for each, its sorted item indices (1-D labels)."""
+    if labels.ndim != 1:
+        raise ValueError(
+            f"{what} needs 1-D class ids, received labels of shape {labels.shape}; "
+            "for multi-hot labels use num_queries (query_database_split) or "
+            "stratify=False (train_validation_split)"
+        )
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError(f"labels must be integer class ids, received {labels.dtype}")
+    classes, inverse = np.unique(labels, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=classes.size))[:-1]
+    return classes, np.split(order.astype(np.int64), bounds)
+
+
+def _complement_split(selected: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(sorted selected, sorted rest)` as int64 indices into `range(n)`."""
+    mask = np.zeros(n, dtype=bool)
+    mask[selected] = True
+    return np.flatnonzero(mask).astype(np.int64), np.flatnonzero(~mask).astype(np.int64)
+
+
+# --------------------------------------------------------------------------
+# Shared checks
+
+
+def _check_limit(max_per_split) -> int | None:
+    if max_per_split is None:
+        return None
+    return check_int("max_per_split", max_per_split, minimum=1)
+
+
+def _check_image_size(image_size) -> tuple[int, int] | None:
+    if image_size is None:
+        return None
+    if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
+        raise ValueError(
+            f"image_size must be a (height, width) pair or None, received "
+            f"{image_size!r}"
+        )
+    return (
+        check_int("image_size[0]", image_size[0], minimum=1),
+        check_int("image_size[1]", image_size[1], minimum=1),
+    )
+
+
+def _check_labels_range(path: str, labels: np.ndarray, num_classes: int) -> None:
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(
+            f"{path!r} holds labels outside [0, {num_classes}): "
+            f"min {labels.min()}, max {labels.max()}"
+        )

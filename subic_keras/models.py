@@ -1,0 +1,303 @@
+"""SuBiC networks: one train graph and the test-time views that share its weights.
+
+`s = FC1 ∘ f2 ∘ f1 (I)`: a backbone `f1` gives features `x`; `FC0` (dense,
+`M·K` outputs, ReLU) gives `z`; the block softmax gives `b̃` in training and
+the block one-hot gives `b` at test time; `FC1` classifies either.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
+from subic_keras.losses import ScaledCrossEntropy, SubicEntropyLoss
+from subic_keras.metrics import subic_metrics
+
+# Names of the head's layers; views are rebuilt from a reloaded model by them.
+FC0 = "fc0"
+BLOCK_PROBS = "block_probs"
+FC1 = "fc1"
+CLASS_PROBS = "class_probs"
+TRAINING_MODES = ("full", "2-layer", "3-layer")
+
+
+@keras.saving.register_keras_serializable(package="subic_keras")
+class SubicTrainModel(keras.Model):
+    """SuBiC's functional train graph, outputs `class_probs` and `block_probs`.
+
+    A plain functional model except for one convenience: when `y` is a single
+    tensor of class labels, it is given as the target of every output, so
+    `fit(images, labels)` works although the entropy losses and the code
+    metrics on `block_probs` need no target.
+    """
+
+    def _targets(self, y, y_pred):
+        if isinstance(y_pred, dict) and y is not None and not isinstance(y, dict):
+            return {name: y for name in y_pred}
+        return y
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, **kwargs):
+        y = self._targets(y, y_pred)
+        return super().compute_loss(x, y, y_pred, sample_weight, **kwargs)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        return super().compute_metrics(
+            x, self._targets(y, y_pred), y_pred, sample_weight
+        )
+
+
+class Subic:
+    """A SuBiC network: its train model and its weight-sharing test views.
+
+    Build one with `build_subic`, or rebuild it around a reloaded train model
+    with `Subic.from_train_model`.
+
+    Attributes:
+        train_model: `images → {"class_probs": s, "block_probs": b̃}`, the
+            graph trained with `fit`; compile it with `compile()`.
+        query_encoder: `images → z`, the ReLU output of FC0 `(batch, M·K)`,
+            the real-valued query of asymmetric search.
+        encoder: `images → codes`, int32 `(batch, M)`, the per-block argmax.
+        classifier: `images → class probabilities` from the binary code `b`.
+        code_classifier: one-hot codes `b` `(batch, M·K)` → class
+            probabilities, to classify stored codes without their images.
+        backbone: the feature extractor `f1`.
+    """
+
+    def __init__(self, train_model: keras.Model, gamma: float = 1.0, mu: float = 1.0):
+        try:
+            fc0 = train_model.get_layer(FC0)
+            block = train_model.get_layer(BLOCK_PROBS)
+            fc1 = train_model.get_layer(FC1)
+        except ValueError as error:
+            raise ValueError(
+                "train_model must be a SuBiC train model with layers named "
+                f"{FC0!r}, {BLOCK_PROBS!r} and {FC1!r}, received a model named "
+                f"{train_model.name!r} with layers "
+                f"{[layer.name for layer in train_model.layers]}"
+            ) from error
+        self.train_model = train_model
+        self.num_blocks = block.num_blocks
+        self.block_size = block.block_size
+        self.num_classes = fc1.units
+        self.gamma = check_non_negative("gamma", gamma)
+        self.mu = check_non_negative("mu", mu)
+        head = {FC0, BLOCK_PROBS, FC1, CLASS_PROBS}
+        trunk = [
+            layer
+            for layer in train_model.layers
+            if layer.name not in head and not isinstance(layer, keras.layers.InputLayer)
+        ]
+        # Functional layers are in topological order: a preprocessing layer,
+        # if any, comes before the backbone that feeds FC0.
+        self.backbone = trunk[-1] if trunk else None
+
+        inputs = train_model.inputs
+        z = fc0.output
+        m, k = self.num_blocks, self.block_size
+        self.query_encoder = keras.Model(inputs, z, name="query_encoder")
+        self.encoder = keras.Model(
+            inputs, BlockArgmax(m, k, name="codes")(z), name="encoder"
+        )
+        binary = BlockOneHot(m, k, name="block_one_hot")(z)
+        self.classifier = keras.Model(
+            inputs, _softmax(fc1(binary), "binary_class_probs"), name="classifier"
+        )
+        codes = keras.Input((m * k,), name="one_hot_codes")
+        self.code_classifier = keras.Model(
+            codes, _softmax(fc1(codes), "code_class_probs"), name="code_classifier"
+        )
+
+    @classmethod
+    def from_train_model(cls, train_model: keras.Model) -> Subic:
+        """Rebuilds every view around a (reloaded) train model.
+
+        `γ` and `μ` are read back from the compiled `SubicEntropyLoss` loss when
+        the model was saved compiled, and default to 1 otherwise.
+
+        Example:
+
+        >>> model = keras.saving.load_model("subic.keras")
+        >>> subic = Subic.from_train_model(model)
+        >>> codes = subic.encoder.predict(images)
+        """
+        loss = getattr(train_model, "loss", None)
+        entropy = loss.get(BLOCK_PROBS) if isinstance(loss, dict) else None
+        return cls(
+            train_model,
+            gamma=getattr(entropy, "gamma", 1.0),
+            mu=getattr(entropy, "mu", 1.0),
+        )
+
+    def losses(self) -> dict:
+        """SuBiC's loss, per output: scaled cross-entropy and both entropies."""
+        return {
+            CLASS_PROBS: ScaledCrossEntropy(),
+            BLOCK_PROBS: SubicEntropyLoss(
+                self.num_blocks, self.block_size, gamma=self.gamma, mu=self.mu
+            ),
+        }
+
+    def metrics(self) -> dict:
+        """Accuracy on the class output and the code metrics on `block_probs`."""
+        return {
+            CLASS_PROBS: [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            BLOCK_PROBS: subic_metrics(self.num_blocks, self.block_size),
+        }
+
+    def compile(self, optimizer="adam", **kwargs) -> keras.Model:
+        """Compiles `train_model` with SuBiC's losses and metrics.
+
+        Args:
+            optimizer: any Keras optimizer or its name.
+            **kwargs: passed to `keras.Model.compile` (`loss` and `metrics`
+                override SuBiC's).
+
+        Returns:
+            The compiled `train_model`.
+        """
+        kwargs.setdefault("loss", self.losses())
+        kwargs.setdefault("metrics", self.metrics())
+        self.train_model.compile(optimizer=optimizer, **kwargs)
+        return self.train_model
+
+    def set_training_mode(self, mode: str) -> None:
+        """Chooses which weights train: the paper's 2-layer, 3-layer or full.
+
+        - `"2-layer"`: FC0 and FC1 only, on a frozen backbone;
+        - `"3-layer"`: also the backbone's last layer that has weights;
+        - `"full"`: everything.
+
+        A compiled train model is recompiled from its compile config (with a
+        fresh optimizer state), since Keras fixes the trained variables when
+        it first builds the optimizer.
+
+        Args:
+            mode: one of `"full"`, `"2-layer"`, `"3-layer"`.
+        """
+        if mode not in TRAINING_MODES:
+            raise ValueError(f"mode must be one of {TRAINING_MODES}, received {mode!r}")
+        if self.backbone is None:
+            raise ValueError("set_training_mode needs a backbone; this model has none")
+        leaves = _leaf_layers(self.backbone)
+        for layer in leaves:
+            layer.trainable = mode != "2-layer"
+        self.backbone.trainable = mode != "2-layer"
+        if mode == "3-layer":
+            weighted = [layer for layer in leaves if layer.trainable_weights]
+            if not weighted:
+                raise ValueError(
+                    "3-layer training needs a backbone whose last layer has "
+                    f"trainable weights, received {self.backbone.name!r} with none"
+                )
+            for layer in leaves:
+                layer.trainable = layer is weighted[-1]
+        if self.train_model.compiled:
+            self.train_model.compile_from_config(self.train_model.get_compile_config())
+
+    def encode(self, images, batch_size: int = 256) -> np.ndarray:
+        """Integer codes `(n, M)` of `images`, with `encoder.predict`."""
+        return self.encoder.predict(images, batch_size=batch_size, verbose=0)
+
+    def query(self, images, batch_size: int = 256) -> np.ndarray:
+        """Real-valued queries `z` `(n, M·K)`, with `query_encoder.predict`."""
+        return self.query_encoder.predict(images, batch_size=batch_size, verbose=0)
+
+
+def _leaf_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The layers of a possibly nested model, depth first, in order."""
+    children = getattr(layer, "layers", None)
+    if not children:
+        return [layer]
+    return [leaf for child in children for leaf in _leaf_layers(child)]
+
+
+def _softmax(logits, name: str):
+    # float32 class probabilities under mixed precision, as Keras advises.
+    return keras.layers.Activation("softmax", dtype="float32", name=name)(logits)
+
+
+def build_subic(
+    backbone: keras.layers.Layer,
+    num_blocks: int,
+    block_size: int,
+    num_classes: int,
+    gamma: float = 1.0,
+    mu: float = 1.0,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    preprocessing: keras.layers.Layer | None = None,
+    optimizer="adam",
+    name: str = "subic",
+) -> Subic:
+    """Puts SuBiC's encoder and classifier on a backbone.
+
+    The train graph is `backbone → FC0 (M·K, ReLU) → BlockSoftmax → FC1 (C,
+    softmax)`, with outputs `class_probs` and `block_probs`; the test views
+    (`encoder`, `query_encoder`, `classifier`, `code_classifier`) share its
+    weights. Codes carry `M·log2 K` bits.
+
+    Example:
+
+    >>> subic = build_subic(backbones.dsh_cnn(), num_blocks=8, block_size=64,
+    ...                     num_classes=10)
+    >>> subic.train_model.fit(images, labels, epochs=10)
+    >>> codes = subic.encoder.predict(images)        # (n, 8) int32
+
+    Args:
+        backbone: a Keras model or layer mapping inputs to feature vectors
+            `(batch, d)`.
+        num_blocks: number of blocks `M >= 1`.
+        block_size: block size `K >= 2`.
+        num_classes: number of classes `C >= 2` of FC1.
+        gamma: weight `γ >= 0` of the mean block entropy.
+        mu: weight `μ >= 0` of the batch block entropy.
+        input_shape: the input shape without batch dimension; required when
+            the backbone does not define one.
+        preprocessing: an optional layer applied to the inputs before the
+            backbone (e.g. `keras.layers.Normalization` with the training
+            set's channel statistics), so that the saved model and its
+            exports take plain images.
+        optimizer: the optimizer `train_model` is compiled with; `None`
+            leaves it uncompiled.
+        name: the train model's name.
+
+    Returns:
+        A `Subic` holding the train model and its views.
+    """
+    num_blocks, block_size = check_block_shape(num_blocks, block_size)
+    num_classes = check_int("num_classes", num_classes, minimum=2)
+    gamma = check_non_negative("gamma", gamma)
+    mu = check_non_negative("mu", mu)
+    if not isinstance(backbone, keras.layers.Layer):
+        raise TypeError(
+            "backbone must be a Keras model or layer, received "
+            f"{type(backbone).__name__}"
+        )
+    if input_shape is None:
+        try:
+            input_shape = tuple(backbone.input_shape[1:])
+        except (AttributeError, ValueError) as error:
+            raise ValueError(
+                f"input_shape is required for backbone {backbone.name!r}, which "
+                "defines no input shape"
+            ) from error
+    inputs = keras.Input(shape=tuple(input_shape), name="images")
+    features = backbone(inputs if preprocessing is None else preprocessing(inputs))
+    if len(features.shape) != 2:
+        raise ValueError(
+            "backbone must output feature vectors (batch, d), received shape "
+            f"{tuple(features.shape)}; add pooling or Flatten to the backbone"
+        )
+    z = keras.layers.Dense(num_blocks * block_size, activation="relu", name=FC0)(
+        features
+    )
+    soft_codes = BlockSoftmax(num_blocks, block_size, name=BLOCK_PROBS)(z)
+    logits = keras.layers.Dense(num_classes, name=FC1)(soft_codes)
+    outputs = {CLASS_PROBS: _softmax(logits, CLASS_PROBS), BLOCK_PROBS: soft_codes}
+    subic = Subic(SubicTrainModel(inputs, outputs, name=name), gamma=gamma, mu=mu)
+    if optimizer is not None:
+        subic.compile(optimizer)
+    return subic

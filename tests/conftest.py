@@ -1,0 +1,22 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Before any test module imports TensorFlow: keep its C++ logging quiet.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The offline data directory: `$SUBIC_DATA_DIR`, or `shared/data` beside
+    the repository; the test is skipped when it is absent."""
+    default = Path(__file__).resolve().parents[2] / "shared" / "data"
+    path = Path(os.environ.get("SUBIC_DATA_DIR", default))
+    if not path.is_dir():
+        pytest.skip(f"shared data directory not found: {path}")
+    return path
