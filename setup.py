@@ -22,6 +22,7 @@ setup(
         "tensorflow-datasets>=4.9",
         "faiss-cpu>=1.8",
         "tqdm>=4.60",
+        "tensorboard>=2.16",
     ],
     extras_require={
         "litert": ["ai-edge-litert>=1.0"],

@@ -5,7 +5,15 @@ size `K`, `M·log2 K` bits, trained end to end with a block softmax and two
 entropy terms, and searched asymmetrically with a real-valued query.
 """
 
-from subic_keras import losses, metrics
+from subic_keras import (
+    backbones,
+    baselines,
+    callbacks,
+    datasets,
+    evaluation,
+    losses,
+    metrics,
+)
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.models import Subic, SubicTrainModel, build_subic
 
@@ -17,7 +25,12 @@ __all__ = [
     "BlockSoftmax",
     "Subic",
     "SubicTrainModel",
+    "backbones",
+    "baselines",
     "build_subic",
+    "callbacks",
+    "datasets",
+    "evaluation",
     "losses",
     "metrics",
 ]

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from subic_keras._io import atomic_path
-from subic_keras._validation import check_non_negative
+from subic_keras._validation import check_int, check_non_negative
 from subic_keras.losses import _BlockEntropyLoss
 
 
@@ -82,10 +82,16 @@ class BestModelCheckpoint(keras.callbacks.Callback):
         monitor: the logged value to watch, e.g. `"val_loss"`.
         mode: `"min"` or `"max"`.
         verbose: print a line when the model is saved.
+        start_epoch: the first epoch (0-based) that may be saved; while the
+            entropy weights ramp up (`EntropyWarmup`) the loss is not
+            comparable across epochs.
     """
 
-    def __init__(self, filepath: str, monitor="val_loss", mode="min", verbose=1):
+    def __init__(
+        self, filepath: str, monitor="val_loss", mode="min", verbose=1, start_epoch=0
+    ):
         super().__init__()
+        self.start_epoch = check_int("start_epoch", start_epoch, minimum=0)
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', received {mode!r}")
         if not str(filepath).endswith(".keras"):
@@ -112,6 +118,8 @@ class BestModelCheckpoint(keras.callbacks.Callback):
                 )
             return
         value = float(logs[self.monitor])
+        if epoch < self.start_epoch:
+            return
         if value < self.best if self.mode == "min" else value > self.best:
             if self.verbose:
                 print(

@@ -219,6 +219,44 @@ def _softmax(logits, name: str):
     return keras.layers.Activation("softmax", dtype="float32", name=name)(logits)
 
 
+def attach_backbone(
+    backbone: keras.layers.Layer,
+    input_shape: tuple[int, ...] | None = None,
+    preprocessing: keras.layers.Layer | None = None,
+):
+    """`(inputs, features)`: a new input through `preprocessing` and `backbone`.
+
+    Shared by SuBiC and the hashing baselines, so that every head sits on a
+    backbone the same way.
+
+    Raises:
+        TypeError: if `backbone` is not a Keras layer or model.
+        ValueError: if the input shape is unknown or the backbone's output is
+            not a batch of vectors.
+    """
+    if not isinstance(backbone, keras.layers.Layer):
+        raise TypeError(
+            "backbone must be a Keras model or layer, received "
+            f"{type(backbone).__name__}"
+        )
+    if input_shape is None:
+        try:
+            input_shape = tuple(backbone.input_shape[1:])
+        except (AttributeError, ValueError) as error:
+            raise ValueError(
+                f"input_shape is required for backbone {backbone.name!r}, which "
+                "defines no input shape"
+            ) from error
+    inputs = keras.Input(shape=tuple(input_shape), name="images")
+    features = backbone(inputs if preprocessing is None else preprocessing(inputs))
+    if len(features.shape) != 2:
+        raise ValueError(
+            "backbone must output feature vectors (batch, d), received shape "
+            f"{tuple(features.shape)}; add pooling or Flatten to the backbone"
+        )
+    return inputs, features
+
+
 def build_subic(
     backbone: keras.layers.Layer,
     num_blocks: int,
@@ -271,26 +309,7 @@ def build_subic(
     num_classes = check_int("num_classes", num_classes, minimum=2)
     gamma = check_non_negative("gamma", gamma)
     mu = check_non_negative("mu", mu)
-    if not isinstance(backbone, keras.layers.Layer):
-        raise TypeError(
-            "backbone must be a Keras model or layer, received "
-            f"{type(backbone).__name__}"
-        )
-    if input_shape is None:
-        try:
-            input_shape = tuple(backbone.input_shape[1:])
-        except (AttributeError, ValueError) as error:
-            raise ValueError(
-                f"input_shape is required for backbone {backbone.name!r}, which "
-                "defines no input shape"
-            ) from error
-    inputs = keras.Input(shape=tuple(input_shape), name="images")
-    features = backbone(inputs if preprocessing is None else preprocessing(inputs))
-    if len(features.shape) != 2:
-        raise ValueError(
-            "backbone must output feature vectors (batch, d), received shape "
-            f"{tuple(features.shape)}; add pooling or Flatten to the backbone"
-        )
+    inputs, features = attach_backbone(backbone, input_shape, preprocessing)
     z = keras.layers.Dense(num_blocks * block_size, activation="relu", name=FC0)(
         features
     )

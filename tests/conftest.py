@@ -9,6 +9,9 @@ import pytest
 
 # Before any test module imports TensorFlow: keep its C++ logging quiet.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# faiss's OpenMP threads spin while waiting; on a small shared machine that
+# starves TensorFlow and slows faiss itself by orders of magnitude.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")

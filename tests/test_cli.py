@@ -1,0 +1,81 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from subic_keras import Subic
+from subic_keras.cli import main
+
+
+def test_train_on_digits(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "--epochs",
+            "3",
+            "--warmup-epochs",
+            "1",
+            "--bits",
+            "16",
+            "--output-dir",
+            str(out),
+        ]
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bits"] == 16 and summary["config"]["num_blocks"] == 4
+    assert summary["best_epoch"] in (2, 3) and not summary["stopped_on_nan"]
+    assert 0.3 < summary["test"]["accuracy_binary"] <= 1.0
+    assert os.listdir(out / "logs")  # TensorBoard event files
+    subic = Subic.from_train_model(keras.saving.load_model(out / "best.keras"))
+    assert subic.num_blocks == 4 and subic.block_size == 16
+    assert "test accuracy" in capsys.readouterr().out
+
+
+def test_quickstart(tmp_path, capsys):
+    code = main(["quickstart", "--epochs", "4", "--output-dir", str(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    result = json.loads(printed.strip().splitlines()[-1])
+    assert 0.2 < result["map"] <= 1.0
+    assert result["num_database"] == 1198 and result["num_queries"] == 599
+    assert (tmp_path / "database.subic").exists()
+    assert "retrieval mAP" in printed
+
+
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        (
+            ["--bits", "10", "--block-size", "16"],
+            "--bits must be a multiple of log2(--block-size) = 4, received 10",
+        ),
+        (["--block-size", "12"], "--block-size must be a power of two, received 12"),
+        (["--block-size", "1"], "--block-size must be >= 2, received 1"),
+        (["--gamma", "-1"], "gamma must be a finite number >= 0, received -1.0"),
+        (["--epochs", "0"], "epochs must be >= 1, received 0"),
+        (
+            ["--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"],
+            "/nonexistent/cifar",
+        ),
+    ],
+)
+def test_train_bad_arguments(arguments, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["train", "--output-dir", str(tmp_path), *arguments])
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "subic_keras.cli", "train", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "--gamma" in done.stdout and "--bits" in done.stdout
