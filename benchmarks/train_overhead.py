@@ -2,8 +2,10 @@
 
 Both models use the DSH CIFAR-10 CNN, the same batches and the same optimizer,
 in one process; the runs are interleaved in rounds so that machine load affects
-both alike. SuBiC is measured as `build_subic` compiles it (both entropy terms
-and the five code metrics) and with its losses only.
+both alike, and each model's best round is compared (load only ever slows a
+round down, as with `timeit`); medians are recorded too. SuBiC is measured as
+`build_subic` compiles it (both entropy terms and the five code metrics) and
+with its losses only.
 
     python benchmarks/train_overhead.py --data-dir ../shared/data
 """
@@ -72,9 +74,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"))
     parser.add_argument("--batch-size", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=40, help="steps per measurement")
+    parser.add_argument("--steps", type=int, default=25, help="steps per measurement")
     parser.add_argument("--warmup-steps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--num-blocks", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--images", type=int, default=10000)
@@ -107,8 +109,9 @@ def main(argv=None) -> dict:
             rates[name].append(measure(model, data, args.steps, args.warmup_steps))
             print(f"{name:>18}: {rates[name][-1]:8.1f} images/s", flush=True)
     median = {name: float(np.median(values)) for name, values in rates.items()}
+    best = {name: float(np.max(values)) for name, values in rates.items()}
     overhead = {
-        name: 1.0 - median[name] / median["plain_softmax"]
+        name: 1.0 - best[name] / best["plain_softmax"]
         for name in ("subic", "subic_losses_only")
     }
     result = {
@@ -123,15 +126,17 @@ def main(argv=None) -> dict:
         "steps_per_measurement": args.steps - args.warmup_steps,
         "images_per_second": rates,
         "median_images_per_second": median,
+        "best_images_per_second": best,
         "overhead_vs_plain_softmax": overhead,
+        "overhead_definition": "1 - best SuBiC rate / best plain rate",
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(
-        f"median images/s: plain {median['plain_softmax']:.1f}, SuBiC "
-        f"{median['subic']:.1f} (overhead {100 * overhead['subic']:.1f}%), "
-        f"SuBiC losses only {median['subic_losses_only']:.1f} "
+        f"best images/s: plain {best['plain_softmax']:.1f}, SuBiC "
+        f"{best['subic']:.1f} (overhead {100 * overhead['subic']:.1f}%), "
+        f"SuBiC losses only {best['subic_losses_only']:.1f} "
         f"(overhead {100 * overhead['subic_losses_only']:.1f}%)"
     )
     with atomic_path(args.output) as tmp:

@@ -11,11 +11,15 @@ from subic_keras import (
     callbacks,
     datasets,
     evaluation,
+    export,
     losses,
     metrics,
+    retrieval,
+    search,
 )
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.models import Subic, SubicTrainModel, build_subic
+from subic_keras.search import ShardedSubicIndex, SubicIndex
 
 __version__ = "0.1.0"
 
@@ -23,7 +27,9 @@ __all__ = [
     "BlockArgmax",
     "BlockOneHot",
     "BlockSoftmax",
+    "ShardedSubicIndex",
     "Subic",
+    "SubicIndex",
     "SubicTrainModel",
     "backbones",
     "baselines",
@@ -31,6 +37,9 @@ __all__ = [
     "callbacks",
     "datasets",
     "evaluation",
+    "export",
     "losses",
     "metrics",
+    "retrieval",
+    "search",
 ]

@@ -9,6 +9,12 @@ import tempfile
 from collections.abc import Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
     """Yields a temporary path beside `path`; renames it onto `path` on success.
@@ -36,6 +42,10 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
         if os.path.exists(tmp):
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
+            # mkstemp makes the file private (0600); give it the permissions
+            # an ordinary open() would, so other users (a serving container)
+            # can read it.
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -62,6 +72,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     tmp = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", dir=parent)
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide it
         if os.path.exists(path):
             old = tempfile.mkdtemp(
                 prefix="." + os.path.basename(path) + ".old.", dir=parent

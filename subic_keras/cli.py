@@ -1,4 +1,4 @@
-"""The `subic` command line: `subic quickstart`, `subic train`."""
+"""The `subic` command line: quickstart, train, index build, search, evaluate."""
 
 from __future__ import annotations
 
@@ -120,11 +120,7 @@ def run_train(args) -> int:
 
 def run_quickstart(args) -> int:
     """Trains on the bundled digits, indexes, searches, prints retrieval mAP."""
-    import keras
-
-    from subic_keras import evaluation
-    from subic_keras.models import Subic
-    from subic_keras.search import SubicIndex
+    from subic_keras import evaluation, retrieval
     from subic_keras.training import load_images, train
 
     start = time.time()
@@ -138,21 +134,17 @@ def run_quickstart(args) -> int:
     _report_training(summary)
     if summary["checkpoint"] is None:
         return 1
-    subic = Subic.from_train_model(keras.saving.load_model(summary["checkpoint"]))
+    subic = _load_subic(summary["checkpoint"])
     (x_db, y_db), (x_query, y_query) = load_images(
         config.dataset, config.data_dir, config.max_train_images
     )
     # Database: the training images; queries: the unseen test images.
-    database = subic.encode(x_db.astype("float32") / 255.0)
-    queries = subic.query(x_query.astype("float32") / 255.0)
-    index = SubicIndex(config.num_blocks, config.block_size)
-    index.add(database)
+    index = retrieval.build_index(subic, x_db)
     index_path = os.path.join(config.output_dir, "database.subic")
     index.save(index_path)
-    scores, ids = index.search(queries, k=len(index))
-    full = np.full((len(queries), len(index)), -np.inf, np.float32)
-    np.put_along_axis(full, ids, scores, axis=1)
-    results = evaluation.evaluate_retrieval(full, y_query, y_db, ks=(10, 100))
+    queries = subic.query(retrieval.as_model_inputs(x_query))
+    scores, ids = retrieval.full_scores(index, queries)
+    results = evaluation.evaluate_retrieval(scores, y_query, y_db[ids], ks=(10, 100))
     result = {
         "dataset": config.dataset,
         "bits": summary["bits"],
@@ -175,6 +167,250 @@ def run_quickstart(args) -> int:
     return 0
 
 
+def _load_subic(path: str):
+    import keras
+
+    from subic_keras.models import Subic
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model file not found: {path}")
+    return Subic.from_train_model(keras.saving.load_model(path))
+
+
+def _split_images(args):
+    from subic_keras.training import load_images
+
+    train_part, test_part = load_images(args.dataset, args.data_dir)
+    return train_part if args.split == "train" else test_part
+
+
+def _write_json(path: str | None, result: dict) -> None:
+    from subic_keras._io import atomic_path
+
+    print(json.dumps(result))
+    if path:
+        with atomic_path(path) as tmp, open(tmp, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+def run_index_build(args) -> int:
+    from subic_keras import evaluation, retrieval
+
+    subic = _load_subic(args.model)
+    images, labels = _split_images(args)
+    ids = np.arange(len(images))
+    if args.protocol is not None:
+        _, ids = evaluation.protocol_split(args.protocol, labels, seed=args.seed)
+    index = retrieval.build_index(subic, images[ids], ids=ids)
+    index.save(args.output)
+    print(
+        f"indexed {len(index)} {args.dataset} {args.split} images "
+        f"({index.bytes_per_item} bytes each) into {args.output}"
+    )
+    return 0
+
+
+def _read_query_images(paths: list[str], shape) -> tuple[list[str], np.ndarray]:
+    """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image files."""
+    import tensorflow as tf
+
+    names, batches = [], []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"query image file not found: {path}")
+        if path.endswith(".npy"):
+            array = np.load(path, allow_pickle=False)
+            array = array[None] if array.ndim == len(shape) - 1 else array
+            names += [f"{path}[{i}]" for i in range(len(array))]
+            batches.append(array)
+            continue
+        image = tf.io.decode_image(
+            tf.io.read_file(path), channels=shape[-1], expand_animations=False
+        )
+        image = tf.image.resize(image, shape[:2], antialias=True)
+        batches.append(np.clip(np.round(image.numpy()), 0, 255).astype(np.uint8)[None])
+        names.append(path)
+    images = np.concatenate(batches)
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.shape[1:] != tuple(shape):
+        raise ValueError(
+            f"query images must have shape {tuple(shape)}, received {images.shape[1:]}"
+        )
+    return names, images
+
+
+def run_search(args) -> int:
+    from subic_keras import retrieval
+    from subic_keras.search import SubicIndex
+
+    subic = _load_subic(args.model)
+    index = SubicIndex.load(args.index)
+    if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
+        raise ValueError(
+            f"index {args.index} holds codes of {index.num_blocks} blocks of "
+            f"{index.block_size}, but the model makes {subic.num_blocks} blocks of "
+            f"{subic.block_size}"
+        )
+    shape = subic.train_model.inputs[0].shape[1:]
+    names, images = _read_query_images(args.images, shape)
+    scores, ids = index.search(subic.query(retrieval.as_model_inputs(images)), args.k)
+    for name, row_scores, row_ids in zip(names, scores, ids):
+        found = row_ids >= 0
+        print(
+            json.dumps(
+                {
+                    "query": name,
+                    "ids": row_ids[found].tolist(),
+                    "scores": [round(float(v), 6) for v in row_scores[found]],
+                }
+            )
+        )
+    return 0
+
+
+def run_evaluate(args) -> int:
+    from subic_keras import retrieval
+    from subic_keras.search import SubicIndex
+
+    subic = _load_subic(args.model)
+    images, labels = _split_images(args)
+    options = {}
+    if args.protocol == "random":
+        if args.num_queries is not None:
+            options["num_queries"] = args.num_queries
+        else:
+            options["queries_per_class"] = args.queries_per_class or 100
+    index = SubicIndex.load(args.index) if args.index else None
+    start = time.time()
+    result = retrieval.evaluate(
+        subic,
+        images,
+        labels,
+        args.protocol,
+        seed=args.seed,
+        index=index,
+        ties=args.ties,
+        **options,
+    )
+    result.update(
+        {
+            "model": args.model,
+            "dataset": args.dataset,
+            "split": args.split,
+            "seed": args.seed,
+            "wall_seconds": round(time.time() - start, 1),
+        }
+    )
+    print(
+        f"{args.dataset} {args.split}, protocol {args.protocol!r}: mAP "
+        f"{result['map']:.4f}, precision@10 {result['precision@10']:.4f} "
+        f"({result['num_queries']} queries, {result['num_database']} database, "
+        f"{result['bits']} bits)"
+    )
+    _write_json(args.output, result)
+    return 0
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", choices=DATASETS, default="cifar10")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--split", choices=("test", "train"), default="test")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run_export(args) -> int:
+    """Exports a trained model for TF Serving and, optionally, LiteRT."""
+    from subic_keras.export import export_litert, export_saved_model, load_subic
+    from subic_keras.training import load_images
+
+    if args.int8 and args.representative_data is None:
+        raise ValueError(
+            "--int8 needs --representative-data (calibration images), received none"
+        )
+    count = check_int("--num-representative", args.num_representative, minimum=1)
+    litert = {}
+    if args.litert:
+        litert["float32"] = os.path.join(args.output_dir, f"{args.model_name}.tflite")
+    if args.int8:
+        litert["int8"] = os.path.join(args.output_dir, f"{args.model_name}_int8.tflite")
+    # Refuse before writing anything, so that no export is left half done.
+    targets = list(litert.values())
+    if args.version is not None:
+        targets.append(
+            os.path.join(args.output_dir, args.model_name, str(args.version))
+        )
+    for path in targets:
+        if os.path.exists(path) and not args.overwrite:
+            raise ValueError(f"{path} already exists; pass --overwrite to replace it")
+    subic = load_subic(args.model)
+    path = export_saved_model(
+        subic,
+        args.output_dir,
+        model_name=args.model_name,
+        version=args.version,
+        overwrite=args.overwrite,
+    )
+    print(f"SavedModel for TF Serving: {path}")
+    for quantization, litert_path in litert.items():
+        images = None
+        if quantization == "int8":
+            (images, _), _ = load_images(
+                args.representative_data, args.data_dir, limit=count
+            )
+            images = images[:count]
+        export_litert(subic, litert_path, quantization, representative_images=images)
+        size = os.path.getsize(litert_path)
+        print(f"LiteRT encoder ({quantization}): {litert_path} ({size} bytes)")
+    return 0
+
+
+def _add_export_parser(commands) -> None:
+    export = commands.add_parser(
+        "export",
+        help="export a trained model for TF Serving (SavedModel) and LiteRT",
+        description="Writes OUTPUT_DIR/MODEL_NAME/VERSION/ (a SavedModel with the "
+        "signatures serving_default, encode_images and classify) and, with "
+        "--litert / --int8, OUTPUT_DIR/MODEL_NAME.tflite / MODEL_NAME_int8.tflite.",
+    )
+    export.add_argument("model", help="the trained model, a .keras file")
+    export.add_argument("--output-dir", required=True, help="TF Serving's base dir")
+    export.add_argument("--model-name", default="subic")
+    export.add_argument(
+        "--version",
+        type=int,
+        default=None,
+        help="version directory (default: one more than the largest existing)",
+    )
+    export.add_argument(
+        "--overwrite", action="store_true", help="replace existing exports"
+    )
+    export.add_argument(
+        "--litert", action="store_true", help="also write a float32 LiteRT encoder"
+    )
+    export.add_argument(
+        "--int8",
+        action="store_true",
+        help="also write a full-integer (int8) LiteRT encoder",
+    )
+    export.add_argument(
+        "--representative-data",
+        choices=DATASETS,
+        default=None,
+        help="training images that calibrate the int8 quantisation",
+    )
+    export.add_argument(
+        "--data-dir", default=None, help="the representative dataset's directory"
+    )
+    export.add_argument(
+        "--num-representative",
+        type=int,
+        default=200,
+        help="number of calibration images (default: 200)",
+    )
+    export.set_defaults(run=run_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="subic", description="SuBiC: supervised structured binary codes"
@@ -189,6 +425,51 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a SuBiC model")
     _add_train_arguments(train, TrainConfig())
     train.set_defaults(run=run_train)
+
+    index = commands.add_parser("index", help="build a search index")
+    index_commands = index.add_subparsers(dest="index_command", required=True)
+    build = index_commands.add_parser(
+        "build", help="encode a dataset split with a model into a SubicIndex file"
+    )
+    build.add_argument("model", help="a SuBiC .keras model")
+    _add_data_arguments(build)
+    build.add_argument(
+        "--protocol",
+        choices=("paper", "dsh"),
+        default=None,
+        help="index only this protocol's database part (ids: positions in the split)",
+    )
+    build.add_argument("--output", required=True, help="the index file to write")
+    build.set_defaults(run=run_index_build)
+
+    search = commands.add_parser("search", help="search an index with query images")
+    search.add_argument("model", help="a SuBiC .keras model")
+    search.add_argument("index", help="a SubicIndex file")
+    search.add_argument("images", nargs="+", help=".npy uint8 arrays or image files")
+    search.add_argument("-k", type=int, default=10)
+    search.set_defaults(run=run_search)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="retrieval mAP and precision@k of a model on a protocol"
+    )
+    evaluate.add_argument("model", help="a SuBiC .keras model")
+    _add_data_arguments(evaluate)
+    evaluate.add_argument(
+        "--protocol", choices=("paper", "dsh", "random"), default="paper"
+    )
+    evaluate.add_argument("--queries-per-class", type=int, default=None)
+    evaluate.add_argument("--num-queries", type=int, default=None)
+    evaluate.add_argument(
+        "--index", default=None, help="a prebuilt database index (ids: positions)"
+    )
+    evaluate.add_argument(
+        "--ties",
+        choices=("pessimistic", "expected", "optimistic", "index"),
+        default="pessimistic",
+    )
+    evaluate.add_argument("--output", default=None, help="also write the JSON here")
+    evaluate.set_defaults(run=run_evaluate)
+    _add_export_parser(commands)
     return parser
 
 

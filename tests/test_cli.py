@@ -79,3 +79,66 @@ def test_console_script_help():
         timeout=120,
     )
     assert done.returncode == 0 and "--gamma" in done.stdout and "--bits" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits")
+    assert (
+        main(
+            ["train", "--epochs", "2", "--warmup-epochs", "1", "--output-dir", str(out)]
+        )
+        == 0
+    )
+    return str(out / "best.keras")
+
+
+def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
+    import numpy as np
+
+    from subic_keras.search import SubicIndex
+    from subic_keras.training import load_images
+
+    index_path = str(tmp_path / "db.subic")
+    args = ["index", "build", digits_model, "--dataset", "digits", "--split", "train"]
+    assert main([*args, "--output", index_path]) == 0
+    assert len(SubicIndex.load(index_path)) == 1198
+
+    (_, _), (x_test, _) = load_images("digits")
+    np.save(tmp_path / "queries.npy", x_test[:2])
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "search",
+                digits_model,
+                index_path,
+                str(tmp_path / "queries.npy"),
+                "-k",
+                "4",
+            ]
+        )
+        == 0
+    )
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [len(line["ids"]) for line in lines] == [4, 4]
+    assert all(line["scores"] == sorted(line["scores"], reverse=True) for line in lines)
+
+    output = tmp_path / "eval.json"
+    evaluate = ["evaluate", digits_model, "--dataset", "digits", "--protocol", "random"]
+    assert main([*evaluate, "--queries-per-class", "10", "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    assert result["num_queries"] == 100 and result["num_database"] == 499
+    assert 0 < result["map"] <= 1 and result["bits"] == 16
+
+
+def test_retrieval_commands_bad_input(digits_model, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["search", str(tmp_path / "missing.keras"), "x.subic", "q.npy"])
+    assert "model file not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["search", digits_model, str(tmp_path / "none.subic"), "q.npy"])
+    assert "none.subic" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["evaluate", digits_model, "--dataset", "digits", "--protocol", "paper"])
+    assert "fewer than queries_per_class=100" in capsys.readouterr().err
