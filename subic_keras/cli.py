@@ -304,7 +304,8 @@ def run_evaluate(args) -> int:
     )
     print(
         f"{args.dataset} {args.split}, protocol {args.protocol!r}: mAP "
-        f"{result['map']:.4f}, precision@10 {result['precision@10']:.4f} "
+        f"{result['map']:.4f} ({args.ties} ties; {result['map_expected']:.4f} "
+        f"expected over tie orders), precision@10 {result['precision@10']:.4f} "
         f"({result['num_queries']} queries, {result['num_database']} database, "
         f"{result['bits']} bits)"
     )

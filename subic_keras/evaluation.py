@@ -545,6 +545,18 @@ def _check_ap_options(top_k, interpolation, ties, num_database):
     return "full" if top_k is None else top_k
 
 
+def _hits_at_k(scores, query_labels, database_labels, k, ties, chunk_size):
+    """`(k, relevant items in each query's top k, relevant items per query)`."""
+    scores, query, database, ties, chunk_size = _prepare(
+        scores, query_labels, database_labels, ties, chunk_size
+    )
+    k = _check_cutoff("k", k, scores.shape[1])
+    _, hits, num_relevant = _per_query(
+        scores, query, database, ties, chunk_size, cutoffs=np.array([k])
+    )
+    return k, hits[:, 0], num_relevant
+
+
 def precision_at_k(
     scores: np.ndarray,
     query_labels: np.ndarray,
@@ -578,14 +590,10 @@ def precision_at_k(
     Returns:
         The mean precision at k, a Python float.
     """
-    scores, query, database, ties, chunk_size = _prepare(
-        scores, query_labels, database_labels, ties, chunk_size
+    k, hits, num_relevant = _hits_at_k(
+        scores, query_labels, database_labels, k, ties, chunk_size
     )
-    k = _check_cutoff("k", k, scores.shape[1])
-    _, hits, num_relevant = _per_query(
-        scores, query, database, ties, chunk_size, cutoffs=np.array([k])
-    )
-    precision = _nan_where_none_relevant(hits[:, 0] / k, num_relevant)
+    precision = _nan_where_none_relevant(hits / k, num_relevant)
     return float(_mean_over_queries(precision, "precision_at_k"))
 
 
@@ -620,15 +628,11 @@ def recall_at_k(
     Returns:
         The mean recall at k, a Python float.
     """
-    scores, query, database, ties, chunk_size = _prepare(
-        scores, query_labels, database_labels, ties, chunk_size
-    )
-    k = _check_cutoff("k", k, scores.shape[1])
-    _, hits, num_relevant = _per_query(
-        scores, query, database, ties, chunk_size, cutoffs=np.array([k])
+    k, hits, num_relevant = _hits_at_k(
+        scores, query_labels, database_labels, k, ties, chunk_size
     )
     with np.errstate(invalid="ignore", divide="ignore"):
-        recall = _nan_where_none_relevant(hits[:, 0] / num_relevant, num_relevant)
+        recall = _nan_where_none_relevant(hits / num_relevant, num_relevant)
     return float(_mean_over_queries(recall, "recall_at_k"))
 
 

@@ -80,8 +80,11 @@ def evaluate(
     `z` are searched against all of it, and the full ranking is scored.
 
     Returns:
-        A JSON-ready dict: `map`, `precision@k`, `recall@k`, the protocol,
-        bits, sizes and the tie handling.
+        A JSON-ready dict: `map` (with `ties`), `map_expected` (the exact
+        expectation over random orders of tied items: codes shared by many
+        images make large tie groups, where the pessimistic and expected APs
+        differ), `precision@k`, `recall@k`, the protocol, bits, sizes and
+        the tie handling.
     """
     query_idx, database_idx = evaluation.protocol_split(
         protocol, labels, seed=seed, **protocol_args
@@ -93,6 +96,14 @@ def evaluate(
     result = evaluation.evaluate_retrieval(
         scores, labels[query_idx], labels[ids], ks=ks, ties=ties
     )
+    result["map_expected"] = (
+        result["map"]
+        if ties == "expected"
+        else evaluation.mean_average_precision(
+            scores, labels[query_idx], labels[ids], ties="expected"
+        )
+    )
+    result["distinct_database_codes"] = len(np.unique(index.get_codes(), axis=0))
     result.update(
         {
             "protocol": protocol,

@@ -142,3 +142,33 @@ def test_retrieval_commands_bad_input(digits_model, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["evaluate", digits_model, "--dataset", "digits", "--protocol", "paper"])
     assert "fewer than queries_per_class=100" in capsys.readouterr().err
+
+
+def test_evaluate_reports_expected_ap_over_tie_orders(digits_model):
+    from subic_keras import evaluation, retrieval
+    from subic_keras.training import load_images
+
+    subic = _load_model(digits_model)
+    (_, _), (images, labels) = load_images("digits")
+    result = retrieval.evaluate(subic, images, labels, "random", queries_per_class=5)
+    assert result["map"] <= result["map_expected"] + 1e-12
+    assert 1 <= result["distinct_database_codes"] <= result["num_database"]
+    query_idx, db_idx = evaluation.protocol_split("random", labels, queries_per_class=5)
+    scores = evaluation.asymmetric_scores(
+        subic.query(retrieval.as_model_inputs(images[query_idx])),
+        subic.encode(retrieval.as_model_inputs(images[db_idx])),
+        subic.num_blocks,
+        subic.block_size,
+    )
+    expected = evaluation.mean_average_precision(
+        scores, labels[query_idx], labels[db_idx], ties="expected"
+    )
+    assert abs(result["map_expected"] - expected) < 1e-6
+
+
+def _load_model(path):
+    import keras
+
+    from subic_keras import Subic
+
+    return Subic.from_train_model(keras.saving.load_model(path))
