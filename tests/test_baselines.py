@@ -380,3 +380,14 @@ def test_dlbhc_on_cifar(cifar, tmp_path):
     dlbhc.train_model.save(path)
     reloaded = DLBHC.from_train_model(keras.saving.load_model(path))
     np.testing.assert_array_equal(reloaded.encode(x_test[:20]), bits[:20])
+
+
+def test_opq_needs_as_many_vectors_as_dimensions():
+    """faiss's OPQMatrix crashes the process below that; we raise instead."""
+    from subic_keras.baselines import OptimizedProductQuantizer
+
+    features = np.random.default_rng(0).normal(size=(40, 64)).astype("float32")
+    with pytest.raises(
+        ValueError, match=r"at least as many vectors as dimensions \(64\)"
+    ):
+        OptimizedProductQuantizer(num_subspaces=8, bits_per_subspace=2).fit(features)

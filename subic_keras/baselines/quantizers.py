@@ -364,6 +364,13 @@ class OptimizedProductQuantizer(ProductQuantizer):
 
     def _fit(self, features, seed):
         dim = features.shape[1]
+        if len(features) < dim:
+            # faiss's OPQMatrix corrupts memory (and kills the process) when
+            # given fewer training vectors than dimensions.
+            raise ValueError(
+                f"features must hold at least as many vectors as dimensions ({dim}) "
+                f"to fit OPQ's rotation, received {len(features)}"
+            )
         rotation = faiss.OPQMatrix(dim, self.num_codebooks)
         rotation.niter = self.num_rotation_iterations
         # Without its own PQ, OPQMatrix trains an 8-bit one, which would
