@@ -1,0 +1,540 @@
+"""Writes `benchmarks/results/RESULTS.md` from the benchmarks' JSON results.
+
+Every number in the Markdown is read from a JSON file in the results
+directory; nothing is typed in by hand. Each section names the command that
+reproduces it and its wall time. Known files get a dedicated table; any other
+`*.json` (or a known one whose structure has changed) is rendered
+generically from its lists and dictionaries of numbers. Missing files are
+skipped.
+
+    python benchmarks/make_results.py
+    python benchmarks/make_results.py --results-dir /tmp/results --output /tmp/R.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import numbers
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Top-level keys that describe a run rather than its results.
+_META = {"command", "timestamp", "versions", "machine", "settings", "quick"}
+_WALL_KEYS = (
+    "elapsed_seconds",
+    "wall_seconds",
+    "wall_time_seconds",
+    "total_seconds",
+    "duration_seconds",
+    "total_train_seconds",
+)
+_PAPER_BITS = (12, 24, 36, 48)
+_LABELS = {
+    "subic": "SuBiC K=64 (ours)",
+    "subic16": "SuBiC K=16 (ours)",
+    "dsh": "DSH (ours)",
+    "dlbhc": "DLBHC (ours)",
+}
+
+
+# ---------------------------------------------------------------------------
+# Formatting helpers.
+
+
+def fmt(value) -> str:
+    """A number as text: integers as they are, floats to about 4 digits."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, numbers.Integral):
+        return str(value)
+    if isinstance(value, numbers.Real):
+        if value != value:  # NaN
+            return "nan"
+        if abs(value) >= 100:
+            return f"{value:,.1f}"
+        if value == 0 or abs(value) >= 1e-3:
+            return f"{value:.4f}"
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)) and all(_is_scalar(v) for v in value):
+        return ", ".join(fmt(v) for v in value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _is_scalar(value) -> bool:
+    return value is None or isinstance(value, (str, numbers.Number))
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+    return [*lines, ""]
+
+
+def command_text(data: dict) -> str:
+    command = data.get("command")
+    if command is None:
+        return "not recorded"
+    if isinstance(command, (list, tuple)):
+        command = " ".join(str(part) for part in command)
+    return command
+
+
+def wall_seconds(data: dict):
+    for key in _WALL_KEYS:
+        value = data.get(key)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def header(title: str, name: str, data: dict) -> list[str]:
+    seconds = wall_seconds(data)
+    wall = "not recorded" if seconds is None else f"{seconds:,.1f} s"
+    lines = [
+        f"### {title}",
+        "",
+        f"Source: `benchmarks/results/{name}`. Reproduce with "
+        f"`{command_text(data)}` (wall time {wall}).",
+    ]
+    machine = data.get("machine")
+    if isinstance(machine, dict) and machine:
+        cpus = machine.get("cpu_count", machine.get("cpus"))
+        where = machine.get("platform", "")
+        lines.append(f"Measured on {cpus} CPU cores ({where}).")
+    if data.get("timestamp"):
+        lines.append(f"Run at {data['timestamp']}.")
+    return [*lines, ""]
+
+
+# ---------------------------------------------------------------------------
+# Known files.
+
+
+def render_cifar10(data: dict) -> list[str]:
+    rows = data["rows"]
+    paper = data.get("paper_table2", {})
+    bits = sorted({r["bits"] for r in rows} | set(_PAPER_BITS))
+    lines = [
+        f"mAP: {data.get('map_definition', 'see the benchmark')}. Model selection: "
+        f"{data.get('selection_metric', 'see the benchmark')}.",
+        "",
+    ]
+    if data.get("training_commands"):
+        lines += ["Models trained by:", ""]
+        lines += [f"- `{c}`" for c in data["training_commands"]] + [""]
+    protocols = []
+    for row in rows:
+        for name in row["test"]:
+            if name not in protocols:
+                protocols.append(name)
+    titles = {
+        "paper": "Paper protocol (1,000 queries, 9,000 database)",
+        "dsh": "DSH protocol (10,000 queries against the whole test set)",
+    }
+    configs: dict = {}
+    for row in rows:
+        key = (
+            row["method"],
+            json.dumps([row["epochs"], row["hparams"]], sort_keys=True),
+        )
+        configs.setdefault(key, {})[row["bits"]] = row
+    rank = list(_LABELS)
+    configs = dict(
+        sorted(
+            configs.items(),
+            key=lambda item: rank.index(item[0][0]) if item[0][0] in rank else 99,
+        )
+    )
+    for name in protocols:
+        body = []
+        if name == "paper":
+            for method, values in paper.items():
+                body.append([f"{method} (paper)"] + [values.get(str(b)) for b in bits])
+        for (method, _), by_bits in configs.items():
+            epochs = next(iter(by_bits.values()))["epochs"]
+            cells = []
+            for b in bits:
+                cell = by_bits.get(b, {}).get("test", {}).get(name)
+                if cell is None:
+                    cells.append(None)
+                elif cell.get("map_std") is None:
+                    cells.append(cell["map_mean"])
+                else:
+                    cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
+            label = f"{_LABELS.get(method, method)}, {epochs} epochs"
+            body.append([label, *cells])
+        lines += [f"**{titles.get(name, name)}**", ""]
+        lines += table(["method", *(f"{b}-bit" for b in bits)], body)
+    cost = []
+    for (method, _), by_bits in configs.items():
+        for b, row in sorted(by_bits.items()):
+            cost.append(
+                [
+                    _LABELS.get(method, method),
+                    b,
+                    row["epochs"],
+                    row["seeds"],
+                    ", ".join(f"{t:.0f}" for t in row["train_seconds"]),
+                    row["best_epoch"],
+                ]
+            )
+    lines += ["**Training time per model**", ""]
+    lines += table(
+        ["method", "bits", "epochs", "seeds", "training time (s)", "selected epoch"],
+        cost,
+    )
+    if data.get("sweep"):
+        sweep = [
+            [
+                s["bits"],
+                s["epochs"],
+                *(
+                    f"{s['hparams'][k]:.3g}" if k in s["hparams"] else None
+                    for k in ("gamma", "mu", "warmup_fraction", "learning_rate")
+                ),
+                s["validation_map"],
+                f"{s['train_seconds']:.0f}",
+            ]
+            for s in data["sweep"]
+        ]
+        lines += ["**SuBiC validation sweep (validation mAP; no test data)**", ""]
+        lines += table(
+            [
+                "bits",
+                "epochs",
+                "γ",
+                "μ",
+                "warm-up fraction",
+                "learning rate",
+                "validation mAP",
+                "training time (s)",
+            ],
+            sweep,
+        )
+    if data.get("figure"):
+        lines += [f"Fig. 5: `benchmarks/results/{data['figure']}`.", ""]
+    return lines
+
+
+def render_cross_domain(data: dict) -> list[str]:
+    methods = data["methods"]
+    datasets = []
+    for method in methods.values():
+        for name in method["summary"]:
+            if name not in datasets:
+                datasets.append(name)
+    body, total = [], 0.0
+    for name, method in methods.items():
+        cells = []
+        for dataset in datasets:
+            cell = method["summary"].get(dataset)
+            if cell is None:
+                cells.append(None)
+            elif cell.get("num_seeds", 1) > 1:
+                cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
+            else:
+                cells.append(cell["map_mean"])
+        seeds = method.get("per_seed", {}).values()
+        validation = [s["validation_map"] for s in seeds if "validation_map" in s]
+        wall = sum(s.get("wall_seconds", 0.0) for s in seeds)
+        total += wall
+        body.append([name, *cells, validation or None, f"{wall:.0f}"])
+    lines = []
+    for key in ("description", "metric", "protocol"):
+        if isinstance(data.get(key), str):
+            lines += [f"{key.capitalize()}: {data[key]}", ""]
+    lines += table(
+        ["method", *(f"{d} mAP" for d in datasets), "validation mAP", "wall time (s)"],
+        body,
+    )
+    lines += [f"Sum of the per-method wall times: {total:,.0f} s.", ""]
+    paper = data.get("paper_table3")
+    if isinstance(paper, dict) and paper.get("rows"):
+        lines += [
+            "**Paper's Table 3 (other datasets: VOC2007, Caltech-101, ImageNet)**",
+            "",
+        ]
+        lines += table(
+            ["method", *paper["columns"]],
+            [[name, *values] for name, values in paper["rows"].items()],
+        )
+    return lines
+
+
+def render_search_speed(data: dict) -> list[str]:
+    results = data["results"]
+    batches = sorted({r["batch"] for r in results})
+    grouped: dict = {}
+    for r in results:
+        key = (r["bits"], r["num_blocks"], r["block_size"], r["method"])
+        grouped.setdefault(key, {})[r["batch"]] = r
+    body = []
+    for (bits, m, k, method), by_batch in grouped.items():
+        first = next(iter(by_batch.values()))
+        mark = " (extrapolated)" if first.get("extrapolated") else ""
+        body.append(
+            [bits, m, k, method + mark]
+            + [by_batch[b]["qps"] if b in by_batch else None for b in batches]
+            + [first.get("recall_at_100"), first.get("bytes_per_item")]
+        )
+    settings = data.get("settings", {})
+    lines = [
+        f"Queries per second over {fmt(settings.get('num_items'))} items, "
+        f"k = {fmt(settings.get('k'))}.",
+        "",
+    ]
+    lines += table(
+        ["bits", "M", "K", "method"]
+        + [f"queries/s @ batch {b}" for b in batches]
+        + ["recall@100", "bytes/item"],
+        body,
+    )
+    if data.get("targets"):
+        lines += table(
+            ["target", "ratio", "met"],
+            [[t["target"], t["ratio"], t["met"]] for t in data["targets"]],
+        )
+    return lines
+
+
+def render_encode_speed(data: dict) -> list[str]:
+    results = data["results"]
+    batches = sorted({r["batch"] for r in results})
+    methods = []
+    for r in results:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    rate = {(r["method"], r["batch"]): r["images_per_second"] for r in results}
+    lines = ["Images encoded per second.", ""]
+    lines += table(
+        ["method", *(f"batch {b}" for b in batches)],
+        [[m, *(rate.get((m, b)) for b in batches)] for m in methods],
+    )
+    if isinstance(data.get("size_bytes"), dict):
+        lines += table(
+            ["artifact", "size (bytes)"],
+            [[k, v] for k, v in data["size_bytes"].items()],
+        )
+    return lines
+
+
+def render_export_parity(data: dict) -> list[str]:
+    results = data["results"]
+    columns = [
+        "block_agreement",
+        "images_with_all_blocks_equal",
+        "mismatched_blocks",
+        "max_abs_z_diff",
+        "relative_z_error",
+    ]
+    lines = table(
+        ["export", *columns],
+        [[name, *(r.get(c) for c in columns)] for name, r in results.items()],
+    )
+    if isinstance(data.get("retrieval_map"), dict):
+        lines += table(
+            ["encoder", "retrieval mAP"], list(map(list, data["retrieval_map"].items()))
+        )
+    if isinstance(data.get("targets"), dict):
+        lines += table(["target", "met"], list(map(list, data["targets"].items())))
+    return lines
+
+
+def render_train_overhead(data: dict) -> list[str]:
+    best = data["best_images_per_second"]
+    median = data.get("median_images_per_second", {})
+    overhead = data.get("overhead_vs_plain_softmax", {})
+    lines = [
+        f"{data.get('backbone', '')} on {data.get('dataset', '')}, batch "
+        f"{fmt(data.get('batch_size'))}, {fmt(data.get('bits'))} bits; overhead = "
+        f"{data.get('overhead_definition', '')}.",
+        "",
+    ]
+    lines += table(
+        ["model", "best images/s", "median images/s", "overhead"],
+        [[m, v, median.get(m), overhead.get(m)] for m, v in best.items()],
+    )
+    return lines
+
+
+KNOWN = {
+    "cifar10_retrieval.json": ("CIFAR-10 category retrieval (Table 2)", render_cifar10),
+    "cross_domain.json": (
+        "Cross-domain category retrieval (Table 3)",
+        render_cross_domain,
+    ),
+    "search_speed.json": ("Search speed", render_search_speed),
+    "encode_speed.json": ("Encoding speed", render_encode_speed),
+    "export_parity.json": ("Export parity", render_export_parity),
+    "train_overhead.json": ("Training overhead", render_train_overhead),
+}
+
+
+# ---------------------------------------------------------------------------
+# Any other structure.
+
+
+def _flatten(value, prefix: str = "", depth: int = 0) -> dict:
+    """Scalars of nested dicts, keyed by their `/`-joined path."""
+    if _is_scalar(value) or (
+        isinstance(value, list) and all(_is_scalar(v) for v in value)
+    ):
+        return {prefix: value}
+    if isinstance(value, dict) and depth < 4:
+        out = {}
+        for key, inner in value.items():
+            out.update(
+                _flatten(inner, f"{prefix}/{key}" if prefix else str(key), depth + 1)
+            )
+        return out
+    return {}
+
+
+def _records_table(records: list[dict]) -> list[str]:
+    flat = [_flatten(r) for r in records]
+    columns = []
+    for row in flat:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+    return table(columns, [[row.get(c) for c in columns] for row in flat])
+
+
+def render_generic(data) -> list[str]:
+    """Tables from lists of records and dictionaries of numbers."""
+    if isinstance(data, list):
+        data = {"results": data}
+    lines = []
+    for key, value in data.items():
+        if key in _META or key in _WALL_KEYS:
+            continue
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(v, dict) for v in value)
+        ):
+            lines += [f"**{key}**", "", *_records_table(value)]
+        elif isinstance(value, dict) and value:
+            inner = list(value.values())
+            if all(isinstance(v, dict) for v in inner):
+                records = [{"": name, **_flatten(v)} for name, v in value.items()]
+                lines += [f"**{key}**", "", *_records_table(records)]
+            else:
+                flat = _flatten(value)
+                if flat:
+                    lines += [f"**{key}**", ""]
+                    lines += table(["key", "value"], list(map(list, flat.items())))
+        elif _is_scalar(value) and not isinstance(value, str):
+            lines += [f"{key}: {fmt(value)}", ""]
+    settings = data.get("settings")
+    if isinstance(settings, dict) and settings:
+        lines += ["**settings**", ""]
+        lines += table(["key", "value"], list(map(list, _flatten(settings).items())))
+    return lines or ["(no tabular content)", ""]
+
+
+def render(name: str, data) -> list[str]:
+    title, renderer = KNOWN.get(name, (name[: -len(".json")], None))
+    meta = data if isinstance(data, dict) else {}
+    lines = header(title, name, meta)
+    if renderer is not None:
+        try:
+            return lines + renderer(data)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+            lines += [
+                f"(The file's structure is not the expected one ({error!r}); "
+                "shown generically.)",
+                "",
+            ]
+    return lines + render_generic(data)
+
+
+def make_results(results_dir: str) -> str:
+    """The Markdown of every JSON result in `results_dir`, known files first."""
+    present = {
+        os.path.basename(p): p
+        for p in sorted(glob.glob(os.path.join(results_dir, "*.json")))
+    }
+    order = [n for n in KNOWN if n in present]
+    order += [n for n in present if n not in KNOWN]
+    lines = [
+        "## Results",
+        "",
+        "Generated by `python benchmarks/make_results.py` from "
+        "`benchmarks/results/*.json`; every number below is read from those "
+        "files. Timings are on a small shared CPU machine and are indicative.",
+        "",
+    ]
+    if not order:
+        lines += ["No benchmark results found.", ""]
+    for name in order:
+        try:
+            with open(present[name]) as handle:
+                data = json.load(handle)
+        except (OSError, json.JSONDecodeError) as error:
+            lines += [f"### {name}", "", f"(unreadable: {error})", ""]
+            continue
+        lines += render(name, data)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
+    parser.add_argument(
+        "--output", default=None, help="default: RESULTS.md in --results-dir"
+    )
+    parser.add_argument(
+        "--readme",
+        default=None,
+        help="also replace the text between the README's results markers",
+    )
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.results_dir):
+        parser.error(f"--results-dir not found: {args.results_dir!r}")
+    output = args.output or os.path.join(args.results_dir, "RESULTS.md")
+    text = make_results(args.results_dir)
+    # Runnable from a checkout without installing the package.
+    sys.path.insert(0, os.path.dirname(HERE))
+    from subic_keras._io import atomic_path
+
+    with atomic_path(output, suffix=".md") as tmp:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+    print(f"wrote {output}")
+    if args.readme:
+        update_readme(args.readme, text)
+        print(f"updated {args.readme}")
+    return text
+
+
+README_START = "<!-- results: generated by benchmarks/make_results.py -->"
+README_END = "<!-- end of results -->"
+
+
+def update_readme(path: str, text: str) -> None:
+    """Replaces the README's section between the results markers with `text`."""
+    from subic_keras._io import atomic_path
+
+    with open(path, encoding="utf-8") as handle:
+        readme = handle.read()
+    start, end = readme.find(README_START), readme.find(README_END)
+    if start < 0 or end < start:
+        raise SystemExit(
+            f"{path} has no results markers: add {README_START!r} and {README_END!r}"
+        )
+    body = text.replace("## Results", "", 1).strip()
+    readme = readme[: start + len(README_START)] + "\n\n" + body + "\n\n" + readme[end:]
+    with atomic_path(path, suffix=".md") as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(readme)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Tests of `benchmarks/cifar10_retrieval.py`: its `--quick` run end to end,
+and its cache, aggregation and Markdown on hand-made entries."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "cifar10_retrieval.py"
+
+
+def _load_module():
+    spec = importlib.util.spec_from_file_location("cifar10_retrieval", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load_module()
+
+
+def _fake_entry(bench, method, bits, seed, paper_map, dsh_map, epochs=3):
+    hparams = bench.hparams_for(method, bench.DEFAULT_HPARAMS["subic"])
+    key = bench.entry_key("table", method, bits, seed, epochs, hparams, bench.FULL)
+    test = {}
+    for name, value in (("paper", paper_map), ("dsh", dsh_map)):
+        test[name] = {
+            "map": value,
+            "precision@10": value + 0.1,
+            "protocol": name,
+            "protocol_args": {},
+            "num_queries": 1000 if name == "paper" else 10000,
+            "num_database": 9000 if name == "paper" else 10000,
+            "ties": "pessimistic",
+        }
+    return {
+        "key": key,
+        "kind": "table",
+        "method": method,
+        "bits": bits,
+        "seed": seed,
+        "epochs": epochs,
+        "hparams": hparams,
+        "batch_size": 200,
+        "data": {"num_fit": 45000, "num_validation": 5000, "num_test": 10000},
+        "selection": {"best_epoch": 2, "best_validation_map": 0.3},
+        "train_seconds": 100.0 + seed,
+        "eval_seconds": 5.0,
+        "test": test,
+    }
+
+
+def test_aggregate_means_and_stds_over_seeds(bench):
+    entries = [
+        _fake_entry(bench, "subic", 48, 0, 0.40, 0.45),
+        _fake_entry(bench, "subic", 48, 1, 0.50, 0.55),
+        _fake_entry(bench, "dsh", 12, 0, 0.30, 0.35),
+        {"kind": "sweep", "method": "subic", "bits": 48},  # not a table row
+    ]
+    rows = {(r["method"], r["bits"]): r for r in bench.aggregate(entries)}
+    assert set(rows) == {("subic", 48), ("dsh", 12)}
+    subic = rows[("subic", 48)]["test"]["paper"]
+    assert subic["map_mean"] == pytest.approx(0.45)
+    assert subic["map_std"] == pytest.approx(np.std([0.40, 0.50]))
+    assert subic["map_per_seed"] == [0.40, 0.50]
+    assert rows[("subic", 48)]["seeds"] == [0, 1]
+    assert rows[("dsh", 12)]["test"]["dsh"]["map_std"] is None
+
+    result = {
+        "rows": bench.aggregate(entries),
+        "paper_bits": [12, 24, 36, 48],
+        "command": "python benchmarks/cifar10_retrieval.py",
+        "num_entries": 3,
+        "timestamp": "now",
+        "machine": {"cpu_count": 2, "platform": "test"},
+        "sweep": [],
+    }
+    text = bench.markdown(result)
+    assert "| SuBiC (paper) | 0.6349 | 0.6719 | 0.6823 | 0.6863 |" in text
+    assert "0.4500 ± 0.0500 (n=2)" in text
+    assert "| DSH (ours) | 0.3000 | — | — | — |" in text
+    assert "pessimistic" in text
+
+
+def test_entry_key_depends_on_every_setting(bench):
+    hparams = dict(bench.DEFAULT_HPARAMS["subic"])
+    base = bench.entry_key("table", "subic", 48, 0, 15, hparams, bench.FULL)
+    assert base == bench.entry_key(
+        "table", "subic", 48, 0, 15, dict(hparams), bench.FULL
+    )
+    others = {
+        bench.entry_key("table", "subic", 48, 1, 15, hparams, bench.FULL),
+        bench.entry_key("table", "subic", 48, 0, 16, hparams, bench.FULL),
+        bench.entry_key("table", "subic", 12, 0, 15, hparams, bench.FULL),
+        bench.entry_key(
+            "table", "subic", 48, 0, 15, {**hparams, "gamma": 2}, bench.FULL
+        ),
+        bench.entry_key("table", "subic", 48, 0, 15, hparams, bench.QUICK),
+        bench.entry_key("sweep", "subic", 48, 0, 15, hparams, bench.FULL),
+    }
+    assert base not in others and len(others) == 6
+
+
+def test_run_entry_reads_the_cache_without_training(bench, tmp_path):
+    entry = _fake_entry(bench, "dlbhc", 24, 0, 0.2, 0.25, epochs=15)
+    bench.write_json(str(tmp_path / (entry["key"] + ".json")), entry)
+    got = bench.run_entry(
+        "table",
+        "dlbhc",
+        24,
+        0,
+        15,
+        entry["hparams"],
+        data=None,  # would fail if it trained
+        scale=bench.FULL,
+        cache_dir=str(tmp_path),
+        models_dir=str(tmp_path / "models"),
+        command="test",
+        verbose=False,
+    )
+    assert got == entry
+    assert bench.load_entries(str(tmp_path)) == [entry]
+
+
+def test_code_shapes_and_bad_arguments(bench):
+    assert bench.code_shape("subic", 48) == (8, 64)
+    assert bench.code_shape("subic16", 12) == (3, 16)
+    with pytest.raises(ValueError, match="multiple of 6"):
+        bench.code_shape("subic", 16)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--methods", "subic,pq"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--bits", "16", "--methods", "subic"])
+
+
+@pytest.mark.slow
+def test_quick_run_end_to_end(tmp_path, shared_data_dir):
+    out, cache, models = tmp_path / "out", tmp_path / "cache", tmp_path / "models"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--quick",
+        "--data-dir",
+        str(shared_data_dir),
+        "--output-dir",
+        str(out),
+        "--cache-dir",
+        str(cache),
+        "--models-dir",
+        str(models),
+    ]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    result = json.loads((out / "cifar10_retrieval.json").read_text())
+    rows = {(r["method"], r["bits"]): r for r in result["rows"]}
+    assert set(rows) == {
+        (m, b) for m in ("subic", "subic16", "dsh", "dlbhc") for b in (12, 24)
+    }
+    assert rows[("subic", 24)]["num_blocks"] == 4
+    assert rows[("subic16", 12)]["block_size"] == 16
+    for row in rows.values():
+        assert row["epochs"] == 1 and row["data"]["num_test"] == 200
+        paper, dsh = row["test"]["paper"], row["test"]["dsh"]
+        assert 0.0 < paper["map_mean"] <= 1.0 and 0.0 < dsh["map_mean"] <= 1.0
+        # Quick runs query 5 images per class of the 200 test images.
+        assert (paper["num_queries"], paper["num_database"]) == (50, 150)
+        assert (dsh["num_queries"], dsh["num_database"]) == (200, 200)
+        assert paper["ties"] == "pessimistic"
+        assert row["validation_map"][0] > 0 and row["train_seconds"][0] > 0
+    assert result["versions"]["tensorflow"] and result["machine"]["cpu_count"]
+    assert "--quick" in result["command"]
+
+    entries = sorted(cache.glob("*.json"))
+    assert len(entries) == 8
+    for path in entries:
+        entry = json.loads(path.read_text())
+        assert (models / entry["model_file"]).is_file()
+        assert entry["selection"]["best_epoch"] == 1
+
+    text = (out / "cifar10_retrieval.md").read_text()
+    assert "| SuBiC (paper) | 0.6349 |" in text
+    for label in ("SuBiC K=64 (ours)", "SuBiC K=16 (ours)", "DSH (ours)", "DLBHC"):
+        assert label in text
+    mean = rows[("dsh", 12)]["test"]["paper"]["map_mean"]
+    assert f"{mean:.4f}" in text
+    assert (out / "fig5_top10.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result["figure"] == "fig5_top10.png"

@@ -1,0 +1,200 @@
+"""Tests of `benchmarks/make_results.py` on small fake result files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "make_results.py"
+
+
+@pytest.fixture(scope="module")
+def make_results():
+    spec = importlib.util.spec_from_file_location("make_results", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write(directory: Path, name: str, data) -> None:
+    (directory / name).write_text(json.dumps(data))
+
+
+CIFAR = {
+    "command": "python benchmarks/cifar10_retrieval.py --bits 48",
+    "timestamp": "2026-01-01T00:00:00Z",
+    "machine": {"cpu_count": 2, "platform": "TestOS"},
+    "wall_seconds": 1234.5,
+    "map_definition": "non-interpolated mAP",
+    "selection_metric": "validation mAP",
+    "paper_table2": {"SuBiC": {"12": 0.6349, "48": 0.6863}},
+    "rows": [
+        {
+            "method": "subic",
+            "bits": 48,
+            "epochs": 12,
+            "hparams": {"gamma": 1.0},
+            "seeds": [0, 1],
+            "train_seconds": [600.4, 610.2],
+            "best_epoch": [11, 12],
+            "test": {
+                "paper": {"map_mean": 0.41234, "map_std": 0.0123},
+                "dsh": {"map_mean": 0.45678, "map_std": None},
+            },
+        }
+    ],
+    "sweep": [
+        {
+            "bits": 48,
+            "epochs": 4,
+            "hparams": {"gamma": 0.3, "mu": 0.3, "warmup_fraction": 0.33},
+            "validation_map": 0.3141,
+            "train_seconds": 77.0,
+        }
+    ],
+}
+SEARCH = {
+    "command": ["python", "benchmarks/search_speed.py"],
+    "elapsed_seconds": 99.5,
+    "settings": {"num_items": 1000000, "k": 100},
+    "results": [
+        {
+            "bits": 64,
+            "num_blocks": 16,
+            "block_size": 16,
+            "method": m,
+            "batch": b,
+            "qps": q,
+            "recall_at_100": 0.999,
+            "bytes_per_item": 8,
+        }
+        for m, b, q in (("subic", 1, 1111.0), ("subic", 1000, 22222.0))
+    ],
+    "targets": [{"target": "fast enough", "ratio": 3.25, "met": True}],
+}
+OVERHEAD = {
+    "command": "python benchmarks/train_overhead.py",
+    "best_images_per_second": {"plain_softmax": 1900.0, "subic": 1800.0},
+    "median_images_per_second": {"plain_softmax": 1700.0, "subic": 1600.0},
+    "overhead_vs_plain_softmax": {"subic": 0.0526},
+}
+ENCODE = {
+    "command": ["python", "benchmarks/encode_speed.py"],
+    "elapsed_seconds": 29.0,
+    "results": [{"method": "litert_int8", "batch": 1, "images_per_second": 2573.9}],
+    "size_bytes": {"litert_int8": 891144},
+}
+PARITY = {
+    "command": ["python", "benchmarks/export_parity.py"],
+    "elapsed_seconds": 6.3,
+    "results": {"litert_int8": {"block_agreement": 0.986, "mismatched_blocks": 112}},
+    "retrieval_map": {"keras_float": 0.2351},
+    "targets": {"block agreement >= 0.999": False},
+}
+# A structure no renderer knows: rendered generically.
+CROSS = {
+    "command": "python benchmarks/cross_domain.py",
+    "elapsed_seconds": 321.0,
+    "results": {"voc2007": {"subic_2layer": 0.5432, "pq": 0.4965}},
+    "notes": [{"dataset": "caltech101", "map": 0.3923}],
+}
+
+
+def test_every_number_comes_from_the_jsons(make_results, tmp_path):
+    for name, data in (
+        ("cifar10_retrieval.json", CIFAR),
+        ("search_speed.json", SEARCH),
+        ("train_overhead.json", OVERHEAD),
+        ("encode_speed.json", ENCODE),
+        ("export_parity.json", PARITY),
+        ("cross_domain.json", CROSS),
+    ):
+        _write(tmp_path, name, data)
+    output = tmp_path / "out" / "R.md"
+    make_results.main(["--results-dir", str(tmp_path), "--output", str(output)])
+    text = output.read_text()
+
+    # Sections in order, each with its command and wall time.
+    order = [
+        "CIFAR-10 category retrieval",
+        "Cross-domain",
+        "Search speed",
+        "Encoding speed",
+        "Export parity",
+        "Training overhead",
+    ]
+    positions = [text.index(title) for title in order]
+    assert positions == sorted(positions)
+    assert (
+        "`python benchmarks/cifar10_retrieval.py --bits 48` (wall time 1,234.5 s)"
+        in text
+    )
+    assert "`python benchmarks/search_speed.py` (wall time 99.5 s)" in text
+    assert "`python benchmarks/train_overhead.py` (wall time not recorded)" in text
+    assert "`python benchmarks/cross_domain.py` (wall time 321.0 s)" in text
+
+    # CIFAR-10: paper numbers, ours with std, times, sweep.
+    assert "| SuBiC (paper) | 0.6349 | — | — | 0.6863 |" in text
+    assert "0.4123 ± 0.0123" in text and "0.4568" in text
+    assert "600, 610" in text and "0.3141" in text
+    # The other known files.
+    assert "1,111.0" in text and "22,222.0" in text and "3.2500" in text
+    assert "1,800.0" in text and "0.0526" in text
+    assert "2,573.9" in text and "891144" in text
+    assert "0.9860" in text and "112" in text and "0.2351" in text
+    # Unknown structure: rendered generically.
+    assert "| voc2007 | 0.5432 | 0.4965 |" in text
+    assert "caltech101" in text and "0.3923" in text
+
+
+def test_missing_and_unexpected_files(make_results, tmp_path):
+    assert "No benchmark results found." in make_results.make_results(str(tmp_path))
+    # A known name with another structure falls back to the generic tables;
+    # an unreadable file is named, not fatal.
+    _write(tmp_path, "search_speed.json", {"results": {"subic": 5.5}})
+    (tmp_path / "broken.json").write_text("{not json")
+    text = make_results.make_results(str(tmp_path))
+    assert "shown generically" in text and "5.5000" in text
+    assert "broken.json" in text and "unreadable" in text
+    assert "cross_domain" not in text.lower()
+
+
+def test_missing_results_dir_is_an_error(make_results, tmp_path):
+    with pytest.raises(SystemExit):
+        make_results.main(["--results-dir", str(tmp_path / "absent")])
+
+
+def test_cross_domain_layout(make_results, tmp_path):
+    cross = {
+        "command": ["benchmarks/cross_domain.py"],
+        "wall_seconds": 11.5,
+        "metric": "mAP, pessimistic ties",
+        "methods": {
+            "subic_2layer": {
+                "summary": {
+                    "fashion_mnist": {"map_mean": 0.3385, "num_seeds": 1},
+                    "cifar10": {"map_mean": 0.71, "map_std": 0.02, "num_seeds": 2},
+                },
+                "per_seed": {
+                    "0": {"wall_seconds": 380.0, "validation_map": 0.7446},
+                    "1": {"wall_seconds": 390.0, "validation_map": 0.7},
+                },
+            },
+            "pq": {
+                "summary": {"cifar10": {"map_mean": 0.409, "num_seeds": 1}},
+                "per_seed": {"0": {"wall_seconds": 46.0}},
+            },
+        },
+        "paper_table3": {"columns": ["VOC2007"], "rows": {"pq": [0.4965]}},
+    }
+    _write(tmp_path, "cross_domain.json", cross)
+    text = make_results.make_results(str(tmp_path))
+    assert "| subic_2layer | 0.3385 | 0.7100 ± 0.0200 | 0.7446, 0.7000 | 770 |" in text
+    assert "| pq | — | 0.4090 | — | 46 |" in text
+    assert "| pq | 0.4965 |" in text and "shown generically" not in text
