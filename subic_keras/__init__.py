@@ -19,7 +19,7 @@ from subic_keras import (
 )
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.models import Subic, SubicTrainModel, build_subic
-from subic_keras.search import ShardedSubicIndex, SubicIndex
+from subic_keras.search import ShardedSubicIndex, SubicIndex, merge_results
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ __all__ = [
     "evaluation",
     "export",
     "losses",
+    "merge_results",
     "metrics",
     "retrieval",
     "search",

@@ -17,12 +17,12 @@ centroids are unit vectors computes exactly this score from the stored codes
   the `g` block scores, so the scan stays exact, and since codes are packed
   least-significant bit first the bytes are the same as one block per
   sub-quantizer. `g` makes sub-codes 8 bits where possible (`K` = 2, 4, 16,
-  256: faiss's fastest look-up kernel; for `K = 16` about 3x faster than
-  4-bit sub-quantizers) and about 12 bits otherwise (for `K = 64`, 1.3-1.5x
-  faster than the 6-bit scan above ~25,000 items, slower below, where both
-  are fast). Scores agree with a float64 sum to ~1e-6 relative; with `g > 1`
-  they may differ in the last bits between query batch sizes (faiss builds
-  the tables with BLAS for large batches).
+  256: faiss's fastest look-up kernel; for `K = 16` 3.6x faster than 4-bit
+  sub-quantizers over 1M items) and about 12 bits otherwise (for `K = 64`,
+  1.4x faster than the 6-bit scan over 1M items; slower below ~25,000
+  items, where both are fast). Scores agree with a float64 sum to ~1e-6
+  relative; with `g > 1` they may differ in the last bits between query
+  batch sizes (faiss builds the tables with BLAS for large batches).
 - fast scan (`K = 16` and `M <= 256`, the default there): faiss's SIMD
   `IndexPQFastScan` with identity centroids scans with 8-bit quantised
   look-up tables and returns a shortlist of `max(shortlist, k)` candidates
@@ -67,12 +67,15 @@ Scaling beyond one process. A database too large for one machine is split
 by id range into shards (`SubicIndex.shard`, or one `SubicIndex` built per
 machine from its own id range). Each shard is searched for its own top-k,
 and the per-shard `(scores, ids)` are combined with `merge_results`, which
-keeps the k best by score; because each shard returns its exact top-k, the
-merge equals the search of the whole database. `ShardedSubicIndex` does
-this for shards in one process, searching them in parallel threads (faiss
-releases the GIL while it scans). faiss has no GPU version of the flat PQ or
-fast-scan indexes, so searches run on CPU cores; to use several machines, run
-one `SubicIndex` per machine and send the results to `merge_results`.
+keeps the k best by score; as the global top-k is the top-k of the shards'
+top-k lists, the merge equals a search of the whole database.
+`ShardedSubicIndex` does this for shards in one process, searching them in
+parallel threads (faiss releases the GIL while it scans). faiss has no GPU
+version of the flat PQ or fast-scan indexes, so searches run on CPU cores;
+to use several machines, run one `SubicIndex` per machine and send the
+results to `merge_results`.
+
+The fast-scan path holds fewer than 2**31 items per index (a faiss limit).
 
 Storage. `M * log2(K)` bits per item (`code_size` bytes, padded to whole
 bytes) plus an int64 id; `bytes_per_item` reports the in-memory cost. The
@@ -104,8 +107,13 @@ _HEADER = struct.Struct("<8sIIIIQII")
 _DIGEST_SIZE = 32
 _FLAG_EXACT = 1
 _MAX_BLOCK_SIZE = 1024
+# Identity centroids (M x K x K floats for one block per sub-quantizer) are
+# real memory; 2**27 floats = 512 MiB, e.g. M = 128 at K = 1024.
+_MAX_CENTROID_FLOATS = 1 << 27
 # The fast-scan kernel sums M uint8 table entries in uint16 accumulators.
 _FAST_SCAN_MAX_BLOCKS = 256
+# faiss's fast scan indexes items with C ints.
+_FAST_SCAN_MAX_ITEMS = 2**31 - 1
 # Elements (candidates x blocks) re-scored at once on the fast-scan path.
 _RESCORE_BUDGET = 1 << 22
 _DEFAULT_ADD_CHUNK = 65_536
@@ -207,6 +215,17 @@ def _exact_group(nbits: int) -> int:
     return max(1, 12 // nbits)
 
 
+@contextlib.contextmanager
+def _omp_threads(count: int) -> Iterator[None]:
+    """Sets the calling thread's OpenMP thread count for a block."""
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(count)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(previous)
+
+
 def _selector(positions: np.ndarray):
     return faiss.IDSelectorBatch(np.ascontiguousarray(positions, dtype=np.int64))
 
@@ -219,6 +238,14 @@ class _FlatEngine:
         self.group = _exact_group(nbits)
         self.num_groups = -(-num_blocks // self.group)
         self.width = self.num_groups * self.group * block_size
+        ksub, dsub = 1 << (self.group * nbits), self.group * block_size
+        table = self.num_groups * ksub * dsub
+        if table > _MAX_CENTROID_FLOATS:
+            raise ValueError(
+                f"num_blocks={num_blocks} with block_size={block_size} is too "
+                "large for the exact scan: its identity centroid table would "
+                f"hold {table} floats (limit {_MAX_CENTROID_FLOATS})"
+            )
         self.index = faiss.IndexPQ(
             self.width, self.num_groups, self.group * nbits, faiss.METRIC_INNER_PRODUCT
         )
@@ -267,7 +294,15 @@ class _FlatEngine:
             padded = np.zeros((len(queries), self.width), dtype=np.float32)
             padded[:, : queries.shape[1]] = queries
             queries = padded
-        scores, positions = self.index.search(queries, k)
+        if len(queries) == 1:
+            # faiss scans one query on one thread anyway, but builds its tables
+            # with multi-threaded BLAS; on a busy machine waking those threads
+            # cost 30 ms for K = 64 (vs 1.5 ms). OpenMP settings are per
+            # thread, so this does not affect other searching threads.
+            with _omp_threads(1):
+                scores, positions = self.index.search(queries, k)
+        else:
+            scores, positions = self.index.search(queries, k)
         order = np.lexsort((positions, -scores), axis=-1)
         return (
             np.take_along_axis(scores, order, axis=1),
@@ -699,6 +734,12 @@ class SubicIndex:
             if repeated.size:
                 raise ValueError(f"ids must be unique, repeated: {_preview(repeated)}")
         with self._lock.write():
+            if not self._exact and self._size + n >= _FAST_SCAN_MAX_ITEMS:
+                raise ValueError(
+                    f"the fast-scan path holds fewer than {_FAST_SCAN_MAX_ITEMS} "
+                    f"items (a faiss limit); this add would reach {self._size + n}. "
+                    "Split the database with ShardedSubicIndex or use exact=True"
+                )
             if ids is None:
                 start = self._max_id + 1
                 if start > np.iinfo(np.int64).max - n:
@@ -1018,14 +1059,15 @@ class SubicIndex:
         except ValueError as error:
             raise fail(str(error)) from error
         packed = np.frombuffer(body, dtype=np.uint8, count=n * code_size)
-        packed = packed.reshape(n, code_size).copy()
-        _clear_padding_bits(packed, m, nbits)
+        packed = packed.reshape(n, code_size)
         ids = np.frombuffer(body, dtype="<i8", count=n, offset=n * code_size)
         ids = ids.astype(np.int64)
         if n and (int(ids.min()) < 0 or _duplicates(ids).size):
             raise fail("ids are negative or repeated")
         for start in range(0, n, index._add_chunk):
-            index._engine.add_packed(packed[start : start + index._add_chunk])
+            chunk = packed[start : start + index._add_chunk].copy()
+            _clear_padding_bits(chunk, m, nbits)
+            index._engine.add_packed(chunk)
         index._ids, index._size = ids, int(n)
         index._max_id = int(ids.max()) if n else -1
         return index

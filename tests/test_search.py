@@ -1,5 +1,6 @@
 """Tests for subic_keras.search, against brute-force NumPy references."""
 
+import hashlib
 import json
 import os
 import struct
@@ -247,6 +248,15 @@ def test_failed_faiss_add_is_rolled_back(rng, monkeypatch):
     assert len(index) == 3 and index._engine.ntotal == 3
 
 
+def test_fast_scan_item_limit(rng, monkeypatch):
+    monkeypatch.setattr(search_module, "_FAST_SCAN_MAX_ITEMS", 10)
+    index = SubicIndex(4, 16)
+    index.add(random_codes(rng, 6, 4, 16))
+    with pytest.raises(ValueError, match="fewer than 10 items"):
+        index.add(random_codes(rng, 4, 4, 16))
+    assert len(index) == 6
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
@@ -259,6 +269,7 @@ def test_failed_faiss_add_is_rolled_back(rng, monkeypatch):
         ({"block_size": 64, "shortlist": 10}, ValueError, "shortlist"),
         ({"block_size": 16, "shortlist": 0}, ValueError, "shortlist must be >= 1"),
         ({"block_size": 16, "add_chunk_size": 0}, ValueError, "add_chunk_size"),
+        ({"num_blocks": 200, "block_size": 1024}, ValueError, "too large"),
     ],
 )
 def test_constructor_validation(kwargs, error, message):
@@ -480,6 +491,11 @@ def test_header_problems_raise(saved, tmp_path):
     bad[24:32] = struct.pack("<Q", 10**15)  # huge n: rejected before reading
     with pytest.raises(ValueError, match="truncated"):
         SubicIndex.load(_rewrite(path, bad))
+    # A well-formed file (valid checksum) announcing an absurd block shape.
+    header = struct.pack("<8sIIIIQII", b"SUBICIDX", 1, 10**6, 256, 1, 0, 10**6, 0)
+    crafted = header + hashlib.sha256(header).digest()
+    with pytest.raises(ValueError, match=r"good\.subic.*too large"):
+        SubicIndex.load(_rewrite(path, crafted))
     text = tmp_path / "notes.txt"
     text.write_text("not an index at all, just some text " * 5)
     with pytest.raises(ValueError, match=r"notes\.txt"):
@@ -630,8 +646,9 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     output = tmp_path / "results" / "speed.json"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
     script = os.path.join(REPO, "benchmarks", "search_speed.py")
+    args = ["--quick", "--num-items", "1500", "--threads", "1", "--output", output]
     completed = subprocess.run(
-        [sys.executable, script, "--quick", "--num-items", "1500", "--output", output],
+        [sys.executable, script, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -645,7 +662,7 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     assert report["settings"]["num_items"] == 1500
     assert {"faiss", "numpy"} <= set(report["versions"])
     assert report["machine"]["cpu_count"] == os.cpu_count()
-    assert len(report["results"]) == 4 * 5 * 3
+    assert len(report["results"]) == 4 * 6 * 3
     for row in report["results"]:
         assert row["qps"] > 0
         if row["method"] == "hamming":
