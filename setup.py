@@ -44,7 +44,6 @@ setup(
     },
     entry_points={"console_scripts": ["subic=subic_keras.cli:main"]},
     classifiers=[
-        "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
