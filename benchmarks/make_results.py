@@ -116,6 +116,16 @@ def header(title: str, name: str, data: dict) -> list[str]:
 # Known files.
 
 
+def _epochs_text(row: dict) -> str:
+    """`"P + E"` for E epochs after P of classifier pre-training, else `"E"`."""
+    pretrain = row["hparams"].get("pretrain_epochs")
+    return f"{pretrain} + {row['epochs']}" if pretrain else f"{row['epochs']}"
+
+
+def _cifar_label(method: str, row: dict) -> str:
+    return f"{_LABELS.get(method, method)}, {_epochs_text(row)} epochs"
+
+
 def render_cifar10(data: dict) -> list[str]:
     rows = data["rows"]
     paper = data.get("paper_table2", {})
@@ -157,7 +167,6 @@ def render_cifar10(data: dict) -> list[str]:
             for method, values in paper.items():
                 body.append([f"{method} (paper)"] + [values.get(str(b)) for b in bits])
         for (method, _), by_bits in configs.items():
-            epochs = next(iter(by_bits.values()))["epochs"]
             cells = []
             for b in bits:
                 cell = by_bits.get(b, {}).get("test", {}).get(name)
@@ -167,8 +176,7 @@ def render_cifar10(data: dict) -> list[str]:
                     cells.append(cell["map_mean"])
                 else:
                     cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
-            label = f"{_LABELS.get(method, method)}, {epochs} epochs"
-            body.append([label, *cells])
+            body.append([_cifar_label(method, next(iter(by_bits.values()))), *cells])
         lines += [f"**{titles.get(name, name)}**", ""]
         lines += table(["method", *(f"{b}-bit" for b in bits)], body)
     cost = []
@@ -178,12 +186,52 @@ def render_cifar10(data: dict) -> list[str]:
                 [
                     _LABELS.get(method, method),
                     b,
-                    row["epochs"],
+                    _epochs_text(row),
                     row["seeds"],
                     ", ".join(f"{t:.0f}" for t in row["train_seconds"]),
                     row["best_epoch"],
                 ]
             )
+    definitions = [
+        [
+            _cifar_label(method, row),
+            b,
+            row["test"]["paper"]["map_mean"],
+            row["test"]["paper"]["map_expected_mean"],
+            row["test"]["paper"]["map_21point_mean"],
+        ]
+        for (method, _), by_bits in configs.items()
+        for b, row in sorted(by_bits.items())
+        if row["test"].get("paper", {}).get("map_21point_mean") is not None
+    ]
+    if definitions:
+        lines += [
+            "**Other mAP definitions, paper protocol** (strict = the tables above; "
+            "expected = exact mean over random orders of equal scores; 21-point = "
+            "the SuBiC authors' code, the definition behind the paper's numbers)",
+            "",
+        ]
+        lines += table(
+            ["method", "bits", "strict", "expected ties", "21-point"], definitions
+        )
+    if data.get("pretraining"):
+        lines += [
+            "**Classifier pre-training of the CNN** (one per seed, shared by "
+            "every method; selected by validation accuracy)",
+            "",
+        ]
+        lines += table(
+            ["seed", "epochs", "validation accuracy", "training time (s)"],
+            [
+                [
+                    r["seed"],
+                    r["epochs"],
+                    r["best_validation_accuracy"],
+                    f"{r['train_seconds']:.0f}",
+                ]
+                for r in data["pretraining"]
+            ],
+        )
     lines += ["**Training time per model**", ""]
     lines += table(
         ["method", "bits", "epochs", "seeds", "training time (s)", "selected epoch"],

@@ -201,3 +201,55 @@ def test_quick_run_end_to_end(tmp_path, shared_data_dir):
     assert f"{mean:.4f}" in text
     assert (out / "fig5_top10.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result["figure"] == "fig5_top10.png"
+
+
+@pytest.mark.slow
+def test_quick_run_with_classifier_pretraining(tmp_path, shared_data_dir):
+    cache, models = tmp_path / "cache", tmp_path / "models"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--quick",
+        "--pretrain-epochs",
+        "1",
+        "--methods",
+        "subic,dsh",
+        "--bits",
+        "12",
+        "--no-figure",
+        "--data-dir",
+        str(shared_data_dir),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(cache),
+        "--models-dir",
+        str(models),
+    ]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("[pretrain]") == 1  # once per seed, shared
+
+    result = json.loads((tmp_path / "out" / "cifar10_retrieval.json").read_text())
+    (record,) = result["pretraining"]
+    assert record["seed"] == 0 and record["epochs"] == 1
+    assert 0.0 <= record["best_validation_accuracy"] <= 1.0
+    assert (models / f"{record['key']}.weights.h5").is_file()
+    entries = [json.loads(p.read_text()) for p in cache.glob("table-*.json")]
+    assert sorted(e["method"] for e in entries) == ["dsh", "subic"]
+    for entry in entries:
+        assert entry["hparams"]["pretrain_epochs"] == 1
+        assert entry["pretraining"]["key"] == record["key"]
+    text = (tmp_path / "out" / "cifar10_retrieval.md").read_text()
+    assert "Classifier pre-training of the CNN" in text
+    assert "1 (classifier) + 1 epochs" in text
+
+    # A rerun reads every model and the pre-trained CNN from the cache.
+    again = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[train]" not in again.stdout and "[pretrain]" not in again.stdout
