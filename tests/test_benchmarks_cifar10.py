@@ -145,27 +145,28 @@ def test_code_shapes_and_bad_arguments(bench):
         bench.parse_args(["--bits", "16", "--methods", "subic"])
 
 
-@pytest.mark.slow
-def test_quick_run_end_to_end(tmp_path, shared_data_dir):
-    out, cache, models = tmp_path / "out", tmp_path / "cache", tmp_path / "models"
+def run_quick(tmp_path, shared_data_dir, *extra):
+    """Runs the script with --quick into `tmp_path`; returns the process."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [
-        sys.executable,
-        str(SCRIPT),
-        "--quick",
-        "--data-dir",
-        str(shared_data_dir),
-        "--output-dir",
-        str(out),
-        "--cache-dir",
-        str(cache),
-        "--models-dir",
-        str(models),
-    ]
+    command = [sys.executable, str(SCRIPT), "--quick", *extra]
+    for flag, path in (
+        ("--data-dir", shared_data_dir),
+        ("--output-dir", tmp_path / "out"),
+        ("--cache-dir", tmp_path / "cache"),
+        ("--models-dir", tmp_path / "models"),
+    ):
+        command += [flag, str(path)]
     done = subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_quick_run_end_to_end(tmp_path, shared_data_dir):
+    out, cache, models = tmp_path / "out", tmp_path / "cache", tmp_path / "models"
+    run_quick(tmp_path, shared_data_dir)
 
     result = json.loads((out / "cifar10_retrieval.json").read_text())
     rows = {(r["method"], r["bits"]): r for r in result["rows"]}
@@ -206,31 +207,8 @@ def test_quick_run_end_to_end(tmp_path, shared_data_dir):
 @pytest.mark.slow
 def test_quick_run_with_classifier_pretraining(tmp_path, shared_data_dir):
     cache, models = tmp_path / "cache", tmp_path / "models"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [
-        sys.executable,
-        str(SCRIPT),
-        "--quick",
-        "--pretrain-epochs",
-        "1",
-        "--methods",
-        "subic,dsh",
-        "--bits",
-        "12",
-        "--no-figure",
-        "--data-dir",
-        str(shared_data_dir),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--cache-dir",
-        str(cache),
-        "--models-dir",
-        str(models),
-    ]
-    done = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    extra = ("--pretrain-epochs", "1", "--methods", "subic,dsh", "--bits", "12")
+    done = run_quick(tmp_path, shared_data_dir, *extra, "--no-figure")
     assert done.stdout.count("[pretrain]") == 1  # once per seed, shared
 
     result = json.loads((tmp_path / "out" / "cifar10_retrieval.json").read_text())
@@ -248,8 +226,5 @@ def test_quick_run_with_classifier_pretraining(tmp_path, shared_data_dir):
     assert "1 (classifier) + 1 epochs" in text
 
     # A rerun reads every model and the pre-trained CNN from the cache.
-    again = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = run_quick(tmp_path, shared_data_dir, *extra, "--no-figure")
     assert "[train]" not in again.stdout and "[pretrain]" not in again.stdout
