@@ -7,7 +7,7 @@ shift of up to 4 pixels), batch size, Adam schedule (×0.1 after 75% of the
 steps) and epoch budget; only the head and the loss differ:
 
 - `subic`: K = 64, M = bits / 6 (12-48 bits: M = 2, 4, 6, 8), searched
-  asymmetrically through `SubicIndex` (`retrieval.evaluate`);
+  asymmetrically through `SubicIndex` (`retrieval.protocol_scores`);
 - `subic16`: K = 16, M = bits / 4 (M = 3, 6, 9, 12), faiss's fast-scan path;
 - `dsh`: DSH's pairwise loss over all pairs of a batch, codes `sign(u)`;
 - `dlbhc`: a sigmoid latent layer before the classifier, codes `> 0.5`;
@@ -281,26 +281,23 @@ def retrieval_metrics(
     `extras=False` skips those two (model selection needs `map` only).
     """
     ks = tuple(k for k in (10, 100) if k <= len(images) // 2)
-    query_idx, database_idx = evaluation.protocol_split(
-        protocol, labels, seed=seed, **args
-    )
     if method in SUBIC_BLOCK_SIZES:
-        index = retrieval.build_index(model, images[database_idx], ids=database_idx)
-        queries = model.query(retrieval.as_model_inputs(images[query_idx]))
-        scores, ids = retrieval.full_scores(index, queries)
-        database_labels, bits = (
-            labels[ids],
-            model.num_blocks * int(math.log2(model.block_size)),
+        scores, query_labels, database_labels, index = retrieval.protocol_scores(
+            model, images, labels, protocol, seed=seed, **args
         )
+        bits = model.num_blocks * int(math.log2(model.block_size))
     else:
+        query_idx, database_idx = evaluation.protocol_split(
+            protocol, labels, seed=seed, **args
+        )
         codes = model.encode(retrieval.as_model_inputs(images))
         scores = evaluation.hamming_scores(codes[query_idx], codes[database_idx])
-        database_labels, bits = labels[database_idx], int(codes.shape[1])
-    query_labels = labels[query_idx]
+        query_labels, database_labels = labels[query_idx], labels[database_idx]
+        bits = int(codes.shape[1])
     result = evaluation.evaluate_retrieval(
         scores, query_labels, database_labels, ks=ks, ties="pessimistic"
     )
-    result.update(protocol=protocol, bits=bits, num_database=len(database_idx))
+    result.update(protocol=protocol, bits=bits, num_database=scores.shape[1])
     if method in SUBIC_BLOCK_SIZES:
         result.update(
             num_blocks=model.num_blocks,

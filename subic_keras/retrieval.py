@@ -61,6 +61,37 @@ def full_scores(
     return scores, ids
 
 
+def protocol_scores(
+    subic: Subic,
+    images: np.ndarray,
+    labels: np.ndarray,
+    protocol: str = "paper",
+    seed: int = 0,
+    index: SubicIndex | None = None,
+    **protocol_args,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SubicIndex]:
+    """SuBiC's scores of a protocol's queries against its whole database.
+
+    The protocol (`evaluation.protocol_split`) splits `images` into queries
+    and database; the database is encoded into a `SubicIndex` (or `index`,
+    whose ids must be the database's positions in `images`) and every
+    query's `z` is scored against all of it (`full_scores`).
+
+    Returns:
+        `(scores, query_labels, database_labels, index)`: scores
+        `(num_queries, num_database)` with columns in database order, ready
+        for any `subic_keras.evaluation` metric.
+    """
+    query_idx, database_idx = evaluation.protocol_split(
+        protocol, labels, seed=seed, **protocol_args
+    )
+    if index is None:
+        index = build_index(subic, images[database_idx], ids=database_idx)
+    queries = subic.query(as_model_inputs(images[query_idx]))
+    scores, ids = full_scores(index, queries)
+    return scores, labels[query_idx], labels[ids], index
+
+
 def evaluate(
     subic: Subic,
     images: np.ndarray,
@@ -74,10 +105,7 @@ def evaluate(
 ) -> dict:
     """Retrieval mAP and precision@k of `subic` on a named protocol.
 
-    The protocol (`evaluation.protocol_split`) splits `images` into queries
-    and database; the database is encoded into a `SubicIndex` (or `index`,
-    whose ids must be the database's positions in `images`), the queries'
-    `z` are searched against all of it, and the full ranking is scored.
+    The full ranking of `protocol_scores` is scored.
 
     Returns:
         A JSON-ready dict: `map` (with `ties`), `map_expected` (the exact
@@ -86,21 +114,17 @@ def evaluate(
         differ), `precision@k`, `recall@k`, the protocol, bits, sizes and
         the tie handling.
     """
-    query_idx, database_idx = evaluation.protocol_split(
-        protocol, labels, seed=seed, **protocol_args
+    scores, query_labels, database_labels, index = protocol_scores(
+        subic, images, labels, protocol, seed=seed, index=index, **protocol_args
     )
-    if index is None:
-        index = build_index(subic, images[database_idx], ids=database_idx)
-    queries = subic.query(as_model_inputs(images[query_idx]))
-    scores, ids = full_scores(index, queries)
     result = evaluation.evaluate_retrieval(
-        scores, labels[query_idx], labels[ids], ks=ks, ties=ties
+        scores, query_labels, database_labels, ks=ks, ties=ties
     )
     result["map_expected"] = (
         result["map"]
         if ties == "expected"
         else evaluation.mean_average_precision(
-            scores, labels[query_idx], labels[ids], ties="expected"
+            scores, query_labels, database_labels, ties="expected"
         )
     )
     result["distinct_database_codes"] = len(np.unique(index.get_codes(), axis=0))
