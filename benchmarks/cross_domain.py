@@ -1225,8 +1225,8 @@ def markdown(report: dict) -> str:
             f"{report['sweep']['seed']})",
             "",
             "| γ/μ | validation mAP | Fashion-MNIST mAP | CIFAR-10 mAP | "
-            "bins used in b_1 (Fashion / CIFAR) | mean block entropy, bits "
-            "(Fashion / CIFAR) |",
+            "bins used in b_1 (Fashion / CIFAR) | mean code entropy Σ_m E(b̃_m) "
+            "in bits, at most M·log2 K (Fashion / CIFAR) |",
             "|---|---|---|---|---|---|",
         ]
         for p in report["sweep"]["points"]:

@@ -32,12 +32,6 @@ _WALL_KEYS = (
     "total_train_seconds",
 )
 _PAPER_BITS = (12, 24, 36, 48)
-_LABELS = {
-    "subic": "SuBiC K=64 (ours)",
-    "subic16": "SuBiC K=16 (ours)",
-    "dsh": "DSH (ours)",
-    "dlbhc": "DLBHC (ours)",
-}
 
 
 # ---------------------------------------------------------------------------
@@ -122,8 +116,8 @@ def _epochs_text(row: dict) -> str:
     return f"{pretrain} + {row['epochs']}" if pretrain else f"{row['epochs']}"
 
 
-def _cifar_label(method: str, row: dict) -> str:
-    return f"{_LABELS.get(method, method)}, {_epochs_text(row)} epochs"
+def _cifar_label(row: dict) -> str:
+    return f"{row.get('label', row['method'])}, {_epochs_text(row)} epochs"
 
 
 def render_cifar10(data: dict) -> list[str]:
@@ -154,19 +148,13 @@ def render_cifar10(data: dict) -> list[str]:
             json.dumps([row["epochs"], row["hparams"]], sort_keys=True),
         )
         configs.setdefault(key, {})[row["bits"]] = row
-    rank = list(_LABELS)
-    configs = dict(
-        sorted(
-            configs.items(),
-            key=lambda item: rank.index(item[0][0]) if item[0][0] in rank else 99,
-        )
-    )
+    # Rows come in the benchmark's order (`cifar10_retrieval.aggregate`).
     for name in protocols:
         body = []
         if name == "paper":
             for method, values in paper.items():
                 body.append([f"{method} (paper)"] + [values.get(str(b)) for b in bits])
-        for (method, _), by_bits in configs.items():
+        for by_bits in configs.values():
             cells = []
             for b in bits:
                 cell = by_bits.get(b, {}).get("test", {}).get(name)
@@ -176,7 +164,7 @@ def render_cifar10(data: dict) -> list[str]:
                     cells.append(cell["map_mean"])
                 else:
                     cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
-            body.append([_cifar_label(method, next(iter(by_bits.values()))), *cells])
+            body.append([_cifar_label(next(iter(by_bits.values()))), *cells])
         lines += [f"**{titles.get(name, name)}**", ""]
         lines += table(["method", *(f"{b}-bit" for b in bits)], body)
     cost = []
@@ -184,7 +172,7 @@ def render_cifar10(data: dict) -> list[str]:
         for b, row in sorted(by_bits.items()):
             cost.append(
                 [
-                    _LABELS.get(method, method),
+                    row.get("label", method),
                     b,
                     _epochs_text(row),
                     row["seeds"],
@@ -194,13 +182,13 @@ def render_cifar10(data: dict) -> list[str]:
             )
     definitions = [
         [
-            _cifar_label(method, row),
+            _cifar_label(row),
             b,
             row["test"]["paper"]["map_mean"],
             row["test"]["paper"]["map_expected_mean"],
             row["test"]["paper"]["map_21point_mean"],
         ]
-        for (method, _), by_bits in configs.items()
+        for by_bits in configs.values()
         for b, row in sorted(by_bits.items())
         if row["test"].get("paper", {}).get("map_21point_mean") is not None
     ]

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from subic_keras._validation import check_int
+from subic_keras.models import QUERY_KINDS
 from subic_keras.training import BACKBONES, DATASETS, TrainConfig
 
 
@@ -254,7 +255,8 @@ def run_search(args) -> int:
         )
     shape = subic.train_model.inputs[0].shape[1:]
     names, images = _read_query_images(args.images, shape)
-    scores, ids = index.search(subic.query(retrieval.as_model_inputs(images)), args.k)
+    queries = subic.query(retrieval.as_model_inputs(images), kind=args.query)
+    scores, ids = index.search(queries, args.k)
     for name, row_scores, row_ids in zip(names, scores, ids):
         found = row_ids >= 0
         print(
@@ -291,6 +293,7 @@ def run_evaluate(args) -> int:
         seed=args.seed,
         index=index,
         ties=args.ties,
+        query=args.query,
         **options,
     )
     result.update(
@@ -448,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("index", help="a SubicIndex file")
     search.add_argument("images", nargs="+", help=".npy uint8 arrays or image files")
     search.add_argument("-k", type=int, default=10)
+    _add_query_argument(search)
     search.set_defaults(run=run_search)
 
     evaluate = commands.add_parser(
@@ -468,10 +472,21 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("pessimistic", "expected", "optimistic", "index"),
         default="pessimistic",
     )
+    _add_query_argument(evaluate)
     evaluate.add_argument("--output", default=None, help="also write the JSON here")
     evaluate.set_defaults(run=run_evaluate)
     _add_export_parser(commands)
     return parser
+
+
+def _add_query_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--query",
+        choices=QUERY_KINDS,
+        default="fc0",
+        help="the query of asymmetric search: fc0, the paper's z (default), or "
+        "class_posterior, FC1's kernel times the query's class posterior",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

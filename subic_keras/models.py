@@ -3,6 +3,19 @@
 `s = FC1 ∘ f2 ∘ f1 (I)`: a backbone `f1` gives features `x`; `FC0` (dense,
 `M·K` outputs, ReLU) gives `z`; the block softmax gives `b̃` in training and
 the block one-hot gives `b` at test time; `FC1` classifies either.
+
+Asymmetric search scores a stored code `b` with a real query `q` of width
+`M·K` as `qᵀb`, `M` additions (`search.SubicIndex`). Two queries
+(`QUERY_KINDS`):
+
+- `"fc0"`, the paper's (Eq. 9): `q = z*`, the ReLU output of FC0;
+- `"class_posterior"`: `q = W₁ s*`, FC1's kernel `W₁ (M·K × C)` applied to
+  the query's class posterior `s* = softmax(W₁ᵀ b̃* + c)`, so that
+  `qᵀb = Σ_c s*_c (W₁ᵀ b)_c`: the logits FC1 gives the stored code, averaged
+  over the classes the query probably belongs to (FC1's bias `c` adds the
+  same constant to every item of a query and is left out). Every bin of a
+  block then scores by the classes it stands for, including the bins the
+  query's own code does not use.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ BLOCK_PROBS = "block_probs"
 FC1 = "fc1"
 CLASS_PROBS = "class_probs"
 TRAINING_MODES = ("full", "2-layer", "3-layer")
+QUERY_KINDS = ("fc0", "class_posterior")
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
@@ -58,7 +72,9 @@ class Subic:
         train_model: `images → {"class_probs": s, "block_probs": b̃}`, the
             graph trained with `fit`; compile it with `compile()`.
         query_encoder: `images → z`, the ReLU output of FC0 `(batch, M·K)`,
-            the real-valued query of asymmetric search.
+            the real-valued query of asymmetric search (the paper's).
+        class_query_encoder: `images → W₁ s` `(batch, M·K)`, the
+            class-posterior query (module docstring).
         encoder: `images → codes`, int32 `(batch, M)`, the per-block argmax.
         classifier: `images → class probabilities` from the binary code `b`.
         code_classifier: one-hot codes `b` `(batch, M·K)` → class
@@ -98,6 +114,12 @@ class Subic:
         z = fc0.output
         m, k = self.num_blocks, self.block_size
         self.query_encoder = keras.Model(inputs, z, name="query_encoder")
+        posterior = train_model.get_layer(CLASS_PROBS).output
+        self.class_query_encoder = keras.Model(
+            inputs,
+            _ClassPosteriorQuery(fc1, name="class_query")(posterior),
+            name="class_query_encoder",
+        )
         self.encoder = keras.Model(
             inputs, BlockArgmax(m, k, name="codes")(z), name="encoder"
         )
@@ -201,9 +223,39 @@ class Subic:
         """Integer codes `(n, M)` of `images`, with `encoder.predict`."""
         return self.encoder.predict(images, batch_size=batch_size, verbose=0)
 
-    def query(self, images, batch_size: int = 256) -> np.ndarray:
-        """Real-valued queries `z` `(n, M·K)`, with `query_encoder.predict`."""
-        return self.query_encoder.predict(images, batch_size=batch_size, verbose=0)
+    def query(self, images, batch_size: int = 256, kind: str = "fc0") -> np.ndarray:
+        """Real-valued queries `(n, M·K)` of asymmetric search.
+
+        Args:
+            images: model inputs.
+            batch_size: prediction batch size.
+            kind: `"fc0"` for the paper's `z` (`query_encoder`) or
+                `"class_posterior"` for `W₁ s` (`class_query_encoder`).
+
+        Returns:
+            float32 queries for `SubicIndex.search`.
+        """
+        if kind not in QUERY_KINDS:
+            raise ValueError(f"kind must be one of {QUERY_KINDS}, received {kind!r}")
+        encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
+        return encoder.predict(images, batch_size=batch_size, verbose=0)
+
+
+class _ClassPosteriorQuery(keras.layers.Layer):
+    """`s → s W₁ᵀ`: class scores mapped back through FC1's (shared) kernel."""
+
+    def __init__(self, fc1: keras.layers.Dense, **kwargs):
+        # float32 like the class probabilities it reads, and the queries
+        # every other view returns.
+        super().__init__(dtype="float32", **kwargs)
+        self.fc1 = fc1
+
+    def call(self, posterior):
+        kernel = keras.ops.cast(self.fc1.kernel, "float32")
+        return keras.ops.matmul(posterior, keras.ops.transpose(kernel))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.fc1.kernel.shape[0])
 
 
 def _leaf_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from subic_keras import evaluation
-from subic_keras.models import Subic
+from subic_keras.models import QUERY_KINDS, Subic
 from subic_keras.search import SubicIndex
 
 _QUERY_CHUNK = 1024
@@ -68,6 +68,7 @@ def protocol_scores(
     protocol: str = "paper",
     seed: int = 0,
     index: SubicIndex | None = None,
+    query: str = "fc0",
     **protocol_args,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, SubicIndex]:
     """SuBiC's scores of a protocol's queries against its whole database.
@@ -75,19 +76,22 @@ def protocol_scores(
     The protocol (`evaluation.protocol_split`) splits `images` into queries
     and database; the database is encoded into a `SubicIndex` (or `index`,
     whose ids must be the database's positions in `images`) and every
-    query's `z` is scored against all of it (`full_scores`).
+    query (`Subic.query` of kind `query`: `"fc0"`, the paper's `z`, or
+    `"class_posterior"`) is scored against all of it (`full_scores`).
 
     Returns:
         `(scores, query_labels, database_labels, index)`: scores
         `(num_queries, num_database)` with columns in database order, ready
         for any `subic_keras.evaluation` metric.
     """
+    if query not in QUERY_KINDS:
+        raise ValueError(f"query must be one of {QUERY_KINDS}, received {query!r}")
     query_idx, database_idx = evaluation.protocol_split(
         protocol, labels, seed=seed, **protocol_args
     )
     if index is None:
         index = build_index(subic, images[database_idx], ids=database_idx)
-    queries = subic.query(as_model_inputs(images[query_idx]))
+    queries = subic.query(as_model_inputs(images[query_idx]), kind=query)
     scores, ids = full_scores(index, queries)
     return scores, labels[query_idx], labels[ids], index
 
@@ -101,11 +105,13 @@ def evaluate(
     index: SubicIndex | None = None,
     ks: tuple[int, ...] = (10, 100),
     ties: str = "pessimistic",
+    query: str = "fc0",
     **protocol_args,
 ) -> dict:
     """Retrieval mAP and precision@k of `subic` on a named protocol.
 
-    The full ranking of `protocol_scores` is scored.
+    The full ranking of `protocol_scores` (with queries of kind `query`) is
+    scored.
 
     Returns:
         A JSON-ready dict: `map` (with `ties`), `map_expected` (the exact
@@ -115,7 +121,14 @@ def evaluate(
         the tie handling.
     """
     scores, query_labels, database_labels, index = protocol_scores(
-        subic, images, labels, protocol, seed=seed, index=index, **protocol_args
+        subic,
+        images,
+        labels,
+        protocol,
+        seed=seed,
+        index=index,
+        query=query,
+        **protocol_args,
     )
     result = evaluation.evaluate_retrieval(
         scores, query_labels, database_labels, ks=ks, ties=ties
@@ -131,6 +144,7 @@ def evaluate(
     result.update(
         {
             "protocol": protocol,
+            "query": query,
             "bits": subic.num_blocks * int(math.log2(subic.block_size)),
             "num_blocks": subic.num_blocks,
             "block_size": subic.block_size,

@@ -170,9 +170,8 @@ def test_quick_run_end_to_end(tmp_path, shared_data_dir):
 
     result = json.loads((out / "cifar10_retrieval.json").read_text())
     rows = {(r["method"], r["bits"]): r for r in result["rows"]}
-    assert set(rows) == {
-        (m, b) for m in ("subic", "subic16", "dsh", "dlbhc") for b in (12, 24)
-    }
+    methods = ("subic", "subic_cq", "subic16", "subic16_cq", "dsh", "dlbhc")
+    assert set(rows) == {(m, b) for m in methods for b in (12, 24)}
     assert rows[("subic", 24)]["num_blocks"] == 4
     assert rows[("subic16", 12)]["block_size"] == 16
     for row in rows.values():
@@ -193,10 +192,26 @@ def test_quick_run_end_to_end(tmp_path, shared_data_dir):
         entry = json.loads(path.read_text())
         assert (models / entry["model_file"]).is_file()
         assert entry["selection"]["best_epoch"] == 1
+        # The class-posterior rows re-score the same SuBiC models.
+        if entry["method"].startswith("subic"):
+            derived = rows[(entry["method"] + "_cq", entry["bits"])]
+            assert derived["keys"] == [entry["key"]]
+            class_query = entry["test_class_query"]["paper"]
+            assert class_query["query"] == "class_posterior"
+            assert derived["test"]["paper"]["map_mean"] == class_query["map"]
+            assert derived["validation_map"] == [
+                entry["selection"]["validation_map_class_query"]
+            ]
 
     text = (out / "cifar10_retrieval.md").read_text()
     assert "| SuBiC (paper) | 0.6349 |" in text
-    for label in ("SuBiC K=64 (ours)", "SuBiC K=16 (ours)", "DSH (ours)", "DLBHC"):
+    for label in (
+        "SuBiC K=64 (ours)",
+        "SuBiC K=64, class-posterior query (ours)",
+        "SuBiC K=16 (ours)",
+        "DSH (ours)",
+        "DLBHC",
+    ):
         assert label in text
     mean = rows[("dsh", 12)]["test"]["paper"]["map_mean"]
     assert f"{mean:.4f}" in text
@@ -225,6 +240,13 @@ def test_quick_run_with_classifier_pretraining(tmp_path, shared_data_dir):
     assert "Classifier pre-training of the CNN" in text
     assert "1 (classifier) + 1 epochs" in text
 
-    # A rerun reads every model and the pre-trained CNN from the cache.
+    # A rerun reads every model and the pre-trained CNN from the cache, and
+    # scores an entry cached without the class-posterior query from its model.
+    (subic_path,) = cache.glob("table-subic-*.json")
+    entry = json.loads(subic_path.read_text())
+    scored = entry.pop("test_class_query")
+    subic_path.write_text(json.dumps(entry))
     again = run_quick(tmp_path, shared_data_dir, *extra, "--no-figure")
     assert "[train]" not in again.stdout and "[pretrain]" not in again.stdout
+    assert again.stdout.count("[rescored]") == 1
+    assert json.loads(subic_path.read_text())["test_class_query"] == scored

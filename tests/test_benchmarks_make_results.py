@@ -37,6 +37,7 @@ CIFAR = {
     "rows": [
         {
             "method": "subic",
+            "label": "SuBiC K=64 (ours)",
             "bits": 48,
             "epochs": 12,
             "hparams": {"gamma": 1.0},
@@ -142,6 +143,7 @@ def test_every_number_comes_from_the_jsons(make_results, tmp_path):
     # CIFAR-10: paper numbers, ours with std, times, sweep.
     assert "| SuBiC (paper) | 0.6349 | — | — | 0.6863 |" in text
     assert "0.4123 ± 0.0123" in text and "0.4568" in text
+    assert "| SuBiC K=64 (ours), 12 epochs | —" in text
     assert "600, 610" in text and "0.3141" in text
     # The other known files.
     assert "1,111.0" in text and "22,222.0" in text and "3.2500" in text

@@ -130,6 +130,18 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     result = json.loads(output.read_text())
     assert result["num_queries"] == 100 and result["num_database"] == 499
     assert 0 < result["map"] <= 1 and result["bits"] == 16
+    assert result["query"] == "fc0"
+
+    class_query = tmp_path / "eval_class.json"
+    evaluate += ["--queries-per-class", "10", "--query", "class_posterior"]
+    assert main([*evaluate, "--output", str(class_query)]) == 0
+    result = json.loads(class_query.read_text())
+    assert result["query"] == "class_posterior" and 0 < result["map"] <= 1
+    capsys.readouterr()
+    search = ["search", digits_model, index_path, str(tmp_path / "queries.npy")]
+    assert main([*search, "-k", "3", "--query", "class_posterior"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [len(line["ids"]) for line in lines] == [3, 3]
 
 
 def test_retrieval_commands_bad_input(digits_model, tmp_path, capsys):

@@ -3,7 +3,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras import Subic, SubicTrainModel, backbones, build_subic, datasets, losses
+from subic_keras import (
+    Subic,
+    SubicIndex,
+    SubicTrainModel,
+    backbones,
+    build_subic,
+    datasets,
+    losses,
+)
 
 M, K, C = 4, 8, 5
 
@@ -54,6 +62,35 @@ def test_views_share_weights_and_agree(trained):
     outputs = subic.train_model.predict(x, verbose=0)
     assert set(outputs) == {"class_probs", "block_probs"}
     np.testing.assert_allclose(outputs["class_probs"].sum(-1), 1.0, rtol=1e-5)
+
+
+def test_class_posterior_query_scores_codes_by_fc1_logits(trained):
+    subic, x = trained
+    kernel, bias = subic.train_model.get_layer("fc1").get_weights()
+    posterior = subic.train_model.predict(x, verbose=0)["class_probs"]
+    query = subic.query(x, kind="class_posterior")
+    assert query.shape == (len(x), M * K) and query.dtype == np.float32
+    np.testing.assert_allclose(query, posterior @ kernel.T, rtol=1e-5, atol=1e-6)
+    # qᵀb = Σ_c s_c (W₁ᵀ b)_c: FC1's logits of each stored code, averaged over
+    # the query's posterior, up to a constant per query (the bias term).
+    codes = subic.encode(x)
+    one_hot = np.eye(K, dtype="float32")[codes].reshape(len(x), -1)
+    logits = one_hot @ kernel + bias
+    expected = posterior @ logits.T - (posterior @ bias)[:, None]
+    np.testing.assert_allclose(query @ one_hot.T, expected, rtol=1e-4, atol=1e-5)
+    index = SubicIndex(M, K)
+    index.add(codes)
+    scores, ids = index.search(query[:3], k=len(x))
+    np.testing.assert_allclose(
+        scores, np.take_along_axis(expected[:3], ids, axis=1), rtol=1e-4, atol=1e-5
+    )
+    shared = {id(v) for v in subic.train_model.weights}
+    assert {id(v) for v in subic.class_query_encoder.weights} <= shared
+    np.testing.assert_array_equal(
+        subic.query(x), subic.query_encoder.predict(x, batch_size=256, verbose=0)
+    )
+    with pytest.raises(ValueError, match="kind must be one of .* received 'z'"):
+        subic.query(x, kind="z")
 
 
 def test_fit_logs_losses_and_code_metrics(trained):
