@@ -90,8 +90,84 @@ def test_aggregate_means_and_stds_over_seeds(bench):
     text = bench.markdown(result)
     assert "| SuBiC (paper) | 0.6349 | 0.6719 | 0.6823 | 0.6863 |" in text
     assert "0.4500 ± 0.0500 (n=2)" in text
-    assert "| DSH (ours) | 0.3000 | — | — | — |" in text
+    assert "| DSH (ours), 3 epochs | 0.3000 | — | — | — |" in text
+    assert "| SuBiC K=64 (ours), 3 epochs, γ = 1, μ = 1 | —" in text
     assert "pessimistic" in text
+
+
+def _budget_entry(bench, method, bits, seed, paper_map, gamma=None, pretrain=20):
+    entry = _fake_entry(bench, method, bits, seed, paper_map, paper_map)
+    entry["hparams"]["pretrain_epochs"] = pretrain
+    if gamma is not None:
+        entry["hparams"].update(gamma=gamma, mu=gamma)
+    for test in entry["test"].values():
+        test["map_expected"] = test["map"] + 0.05
+        test["map_21point"] = test["map"] + 0.1
+    return entry
+
+
+def test_comparison_takes_the_largest_budget_and_the_sweeps_choice(bench):
+    entries = [
+        # An older, smaller budget: never the headline, whatever its mAP.
+        _fake_entry(bench, "subic", 48, 0, 0.90, 0.90),
+        _fake_entry(bench, "dsh", 48, 0, 0.95, 0.95),
+        # Two SuBiC settings at the largest budget; the sweep prefers 0.1.
+        _budget_entry(bench, "subic", 12, 0, 0.70, gamma=0.3),
+        _budget_entry(bench, "subic", 48, 0, 0.80, gamma=0.3),
+        _budget_entry(bench, "subic", 12, 0, 0.60, gamma=0.1),
+        _budget_entry(bench, "subic", 48, 0, 0.70, gamma=0.1),
+        _budget_entry(bench, "subic", 48, 1, 0.72, gamma=0.1),
+        _budget_entry(bench, "subic16", 48, 0, 0.66, gamma=0.3),
+        _budget_entry(bench, "dsh", 12, 0, 0.65),
+        _budget_entry(bench, "dsh", 48, 0, 0.60),
+    ]
+    rows = bench.aggregate(entries)
+    sweep = [
+        {"hparams": dict(entries[4]["hparams"]), "validation_map": 0.5},
+        {"hparams": dict(entries[2]["hparams"]), "validation_map": 0.4},
+    ]
+    headline = bench.headline_rows(rows, sweep)
+    assert [(r["bits"], r["hparams"]["gamma"]) for r in headline] == [
+        (12, 0.1),
+        (48, 0.1),
+    ]
+    result = bench.comparison(rows, sweep)
+    assert (result["pretrain_epochs"], result["epochs"]) == (20, 3)
+    low, high = result["bits"]
+    assert low["bits"] == 12 and low["paper_subic"] == 0.6349
+    assert low["subic"]["map"] == pytest.approx(0.60)
+    assert low["subic"]["map_21point"] == pytest.approx(0.70)
+    assert low["dsh"]["map"] == pytest.approx(0.65)
+    # Strict 0.60 < 0.6349, 21-point 0.70 >= 0.6349, and below our DSH.
+    assert low["met"] == {
+        "subic_strict_vs_paper": False,
+        "subic_21point_vs_paper": True,
+        "subic_vs_our_dsh": False,
+    }
+    assert high["subic"]["map"] == pytest.approx(0.71)
+    assert high["subic"]["seeds"] == [0, 1]
+    assert high["dsh"]["map"] == pytest.approx(0.60)  # same budget only
+    assert high["subic16"] is None  # trained with the other γ
+    assert high["met"]["subic_vs_our_dsh"] is True
+    # Without a sweep at that budget: the setting covering more bit-rates
+    # (both cover two here; then the one with more seeds).
+    assert [r["hparams"]["gamma"] for r in bench.headline_rows(rows, [])] == [
+        0.1,
+        0.1,
+    ]
+
+    result = {
+        "rows": rows,
+        "comparison": result,
+        "paper_bits": [12, 24, 36, 48],
+        "command": "python benchmarks/cifar10_retrieval.py",
+        "num_entries": len(entries),
+        "timestamp": "now",
+        "machine": {"cpu_count": 2, "platform": "test"},
+        "sweep": [],
+    }
+    text = bench.markdown(result)
+    assert "| 48 | 0.6863 | 0.7100 ± 0.0100 (n=2) | 0.7600 | 0.8100 |" in text
 
 
 def test_entry_key_depends_on_every_setting(bench):

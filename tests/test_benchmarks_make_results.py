@@ -50,6 +50,33 @@ CIFAR = {
             },
         }
     ],
+    "comparison": {
+        "pretrain_epochs": 30,
+        "epochs": 4,
+        "subic_hparams": {"gamma": 0.1, "mu": 0.1},
+        "bits": [
+            {
+                "bits": 48,
+                "paper_subic": 0.6863,
+                "subic": {
+                    "map": 0.69,
+                    "map_std": 0.01,
+                    "seeds": [0, 1, 2],
+                    "map_expected": 0.70,
+                    "map_21point": 0.71,
+                },
+                "subic_cq": {"map": 0.695, "map_std": None, "seeds": [0]},
+                "subic16": None,
+                "dsh": {"map": 0.61, "map_std": None, "seeds": [0]},
+                "dlbhc": None,
+                "met": {
+                    "subic_21point_vs_paper": True,
+                    "subic_strict_vs_paper": True,
+                    "subic_vs_our_dsh": True,
+                },
+            }
+        ],
+    },
     "sweep": [
         {
             "bits": 48,
@@ -143,7 +170,9 @@ def test_every_number_comes_from_the_jsons(make_results, tmp_path):
     # CIFAR-10: paper numbers, ours with std, times, sweep.
     assert "| SuBiC (paper) | 0.6349 | — | — | 0.6863 |" in text
     assert "0.4123 ± 0.0123" in text and "0.4568" in text
-    assert "| SuBiC K=64 (ours), 12 epochs | —" in text
+    assert "| SuBiC K=64 (ours), 12 epochs, γ = 1 | —" in text
+    assert "| 48 | 0.6863 | 0.6900 ± 0.0100 (n=3) | 0.7000 | 0.7100 |" in text
+    assert "0.6950 | — | 0.6100 | — | yes | yes | yes |" in text
     assert "600, 610" in text and "0.3141" in text
     # The other known files.
     assert "1,111.0" in text and "22,222.0" in text and "3.2500" in text
