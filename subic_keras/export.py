@@ -5,7 +5,11 @@
   signatures (`SAVED_MODEL_SIGNATURES`):
 
   - `serving_default`: float32 images `(batch, H, W, C)` in `[0, 1]` →
-    `{"codes": int32 (batch, M), "query": float32 (batch, M·K)}`;
+    `{"codes": int32 (batch, M), "query": float32 (batch, M·K),
+    "class_query": float32 (batch, M·K)}`: the codes to index, the paper's
+    query `z` and the class-posterior query `W₁ s`
+    (`Subic.query(kind="class_posterior")`), both searched with
+    `SubicIndex.search`;
   - `encode_images`: encoded images `(batch,)` (tf.string: JPEG, PNG, GIF,
     BMP or WebP, as `tf.io.decode_image` reads them; a GIF's first frame) →
     the same outputs. Each image is decoded to `C` channels, scaled by
@@ -16,7 +20,7 @@
   - `classify`: float32 images → `{"probabilities": (batch, num_classes)}`,
     FC1 applied to the binary code `b`.
 
-- `export_litert` writes the encoder (images → codes and `z`) as a LiteRT
+- `export_litert` writes the encoder (images → the same three outputs) as a LiteRT
   flatbuffer with builtin operators only, in float32 or with full-integer
   (int8) quantisation.
 
@@ -124,8 +128,9 @@ def export_saved_model(
     `variables/`), the layout TF Serving's `--model_base_path` expects, with
     the signatures `serving_default`, `encode_images` and `classify` (see the
     module docstring). The codes are `c_m = argmax_k z_m[k]` (ties to the
-    lowest index) and the query is `z`, the ReLU output of FC0, exactly as
-    `Subic.encoder` and `Subic.query_encoder` compute them.
+    lowest index), the query is `z`, the ReLU output of FC0, and the class
+    query is `W₁ s`, exactly as `Subic.encoder`, `Subic.query_encoder` and
+    `Subic.class_query_encoder` compute them.
 
     Inputs are checked inside the graph, so on every serving host: a float
     batch of another rank, size or channel count fails with TensorFlow's
@@ -192,14 +197,15 @@ def export_litert(
 
     The flatbuffer has one signature, `serving_default`, with the input
     `images`, float32 `(batch, H, W, C)` in `[0, 1]` (the batch dimension can
-    be resized), and the outputs `codes`, int32 `(batch, M)`, and `query`,
-    float32 `(batch, M·K)`. It uses LiteRT builtin operators only (no Select
+    be resized), and the outputs `codes`, int32 `(batch, M)`, `query`,
+    float32 `(batch, M·K)` (the paper's `z`), and `class_query`, float32
+    `(batch, M·K)` (`W₁ s`). It uses LiteRT builtin operators only (no Select
     TF ops).
 
     - `"float32"`: the network in float32;
     - `"int8"`: full-integer quantisation (`TFLITE_BUILTINS_INT8`): weights
       and activations are int8, calibrated on `representative_images`. The
-      interface stays float32: the input is quantised and `query` is
+      interface stays float32: the input is quantised and the queries are
       dequantised inside the flatbuffer, so both files are called the same
       way. The codes are the argmax of the int8 `z`, i.e. of the dequantised
       `query` output, with ties (more frequent at 8 bits) broken toward the
@@ -284,7 +290,9 @@ def run_litert(
         num_threads: the interpreter's CPU threads (its default when None).
 
     Returns:
-        `{"codes": int32 (n, M), "query": float32 (n, M·K)}`.
+        `{"codes": int32 (n, M), "query": float32 (n, M·K), "class_query":
+        float32 (n, M·K)}` (no `class_query` from files exported before it
+        existed).
     """
     batch_size = check_int("batch_size", batch_size, minimum=1)
     try:
@@ -307,7 +315,8 @@ def run_litert(
     ]
     return {
         name: np.concatenate([out[name] for out in outputs])
-        for name in ("codes", "query")
+        for name in ("codes", "query", "class_query")
+        if name in outputs[0]
     }
 
 
@@ -329,14 +338,24 @@ class _ArgmaxOperator(BlockArgmax):
 
 
 def _encoder_model(subic: Subic, int8: bool = False) -> keras.Model:
-    """`images → {"codes": int32 (batch, M), "query": float32 (batch, M·K)}`."""
+    """`images → {"codes": int32 (batch, M), "query", "class_query"}`.
+
+    Both queries are float32 `(batch, M·K)`: `z` and `W₁ s`.
+    """
     images = subic.train_model.inputs[0]
     z = subic.train_model.get_layer(FC0).output
     argmax = _ArgmaxOperator if int8 else BlockArgmax
     codes = argmax(subic.num_blocks, subic.block_size, name="codes")(z)
     # float32 even when the model computes in float16.
     query = keras.layers.Activation("linear", dtype="float32", name="query")(z)
-    return keras.Model(images, {"codes": codes, "query": query}, name="encoder")
+    class_query = keras.layers.Activation(
+        "linear", dtype="float32", name="class_query"
+    )(subic.class_query_encoder.outputs[0])
+    return keras.Model(
+        images,
+        {"codes": codes, "query": query, "class_query": class_query},
+        name="encoder",
+    )
 
 
 def _serving_module(subic: Subic, height: int, width: int, channels: int):
@@ -365,6 +384,7 @@ def _serving_module(subic: Subic, height: int, width: int, channels: int):
         return {
             "codes": tf.cast(outputs["codes"], tf.int32),
             "query": tf.cast(outputs["query"], tf.float32),
+            "class_query": tf.cast(outputs["class_query"], tf.float32),
         }
 
     def decode(data):

@@ -117,7 +117,7 @@ class Subic:
         posterior = train_model.get_layer(CLASS_PROBS).output
         self.class_query_encoder = keras.Model(
             inputs,
-            _ClassPosteriorQuery(fc1, name="class_query")(posterior),
+            _ClassPosteriorQuery(fc1, name="class_posterior_query")(posterior),
             name="class_query_encoder",
         )
         self.encoder = keras.Model(

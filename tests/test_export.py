@@ -93,6 +93,11 @@ def keras_outputs(trained, cifar):
     return trained.encode(images), trained.query(images)
 
 
+@pytest.fixture(scope="module")
+def keras_class_query(trained, cifar):
+    return trained.query(cifar[2].astype("float32") / 255.0, kind="class_posterior")
+
+
 def tiny_subic(shape=(8, 8, 3), num_classes=3) -> object:
     x = np.random.default_rng(0).integers(0, 256, (32, *shape), dtype=np.uint8)
     backbone = keras.Sequential(
@@ -218,7 +223,9 @@ def test_saved_model_cli_show(saved_path):
         codes = blocks[name].split("outputs['codes']")[1]
         assert codes.split("shape:")[0].count("DT_INT32") == 1
         assert f"shape: (-1, {M})" in codes
-        assert f"shape: (-1, {M * K})" in blocks[name].split("outputs['query']")[1]
+        for output in ("query", "class_query"):
+            block = blocks[name].split(f"outputs['{output}']")[1]
+            assert f"shape: (-1, {M * K})" in block.split("outputs[")[0]
     assert "shape: (-1, 10)" in blocks["classify"].split("outputs['probabilities']")[1]
 
 
@@ -251,7 +258,9 @@ def test_saved_model_cli_run(saved_path, trained, cifar, tmp_path):
 # SavedModel: the signatures against Keras ----------------------------------
 
 
-def test_signatures_match_keras(saved_path, trained, cifar, keras_outputs):
+def test_signatures_match_keras(
+    saved_path, trained, cifar, keras_outputs, keras_class_query
+):
     served = tf.saved_model.load(saved_path)
     assert set(served.signatures) == set(SAVED_MODEL_SIGNATURES)
     images = cifar[2].astype(np.float32) / np.float32(255.0)
@@ -260,6 +269,10 @@ def test_signatures_match_keras(saved_path, trained, cifar, keras_outputs):
     assert out["codes"].dtype == tf.int32 and out["query"].dtype == tf.float32
     np.testing.assert_array_equal(out["codes"].numpy(), codes)
     np.testing.assert_allclose(out["query"].numpy(), z, rtol=0, atol=1e-4)
+    assert out["class_query"].dtype == tf.float32
+    np.testing.assert_allclose(
+        out["class_query"].numpy(), keras_class_query, rtol=1e-5, atol=1e-5
+    )
     # The codes are the per-block argmax of the served z (independent check).
     np.testing.assert_array_equal(
         out["codes"].numpy(), reference_codes(out["query"].numpy(), M)
@@ -288,7 +301,7 @@ def test_encode_images_png_is_exact(saved_path, cifar):
     from_bytes = served.signatures["encode_images"](image_bytes=tf.constant(pngs))
     floats = pixels.astype(np.float32) / np.float32(255.0)
     from_floats = served.signatures["serving_default"](images=tf.constant(floats))
-    for name in ("codes", "query"):
+    for name in ("codes", "query", "class_query"):
         np.testing.assert_array_equal(
             from_bytes[name].numpy(), from_floats[name].numpy()
         )
@@ -464,13 +477,18 @@ def litert_ops(path: str) -> set[str]:
     return {op["op_name"] for op in Interpreter(model_path=path)._get_ops_details()}
 
 
-def test_litert_float_matches_keras(litert_paths, cifar, keras_outputs):
+def test_litert_float_matches_keras(
+    litert_paths, cifar, keras_outputs, keras_class_query
+):
     ops = litert_ops(litert_paths["float32"])
     assert not any("FLEX" in op or "CUSTOM" in op for op in ops), ops
     codes, z = keras_outputs
     out = run_litert(litert_paths["float32"], cifar[2], batch_size=24)
     assert out["codes"].dtype == np.int32 and out["query"].dtype == np.float32
     np.testing.assert_allclose(out["query"], z, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        out["class_query"], keras_class_query, rtol=1e-4, atol=1e-5
+    )
     mismatched = out["codes"] != codes
     # A mismatch is allowed only where Keras's z nearly ties.
     blocks = z.reshape(len(z), M, K)
@@ -486,7 +504,7 @@ def test_litert_float_matches_keras(litert_paths, cifar, keras_outputs):
     np.testing.assert_array_equal(floats["codes"], out["codes"])
 
 
-def test_litert_int8(litert_paths, cifar, keras_outputs):
+def test_litert_int8(litert_paths, cifar, keras_outputs, keras_class_query):
     from ai_edge_litert.interpreter import Interpreter
 
     path = litert_paths["int8"]
@@ -495,7 +513,7 @@ def test_litert_int8(litert_paths, cifar, keras_outputs):
     assert signature.get_input_details()["images"]["dtype"] == np.float32
     outputs = signature.get_output_details()
     assert outputs["codes"]["dtype"] == np.int32
-    assert outputs["query"]["dtype"] == np.float32
+    assert outputs["query"]["dtype"] == outputs["class_query"]["dtype"] == np.float32
     # Weights and activations of the dense and convolution layers are int8.
     ops = interpreter._get_ops_details()
     tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
@@ -517,6 +535,8 @@ def test_litert_int8(litert_paths, cifar, keras_outputs):
     agreement = (out["codes"] == codes).mean()
     assert agreement > 0.6, agreement
     assert np.corrcoef(out["query"].ravel(), z.ravel())[0, 1] > 0.95
+    correlation = np.corrcoef(out["class_query"].ravel(), keras_class_query.ravel())
+    assert correlation[0, 1] > 0.95, correlation
 
 
 def test_int8_codes_survive_large_z(tmp_path):
