@@ -47,8 +47,8 @@ Each trained model is one JSON file in `--cache-dir` (reruns skip it), and
 its `.keras` goes to `--models-dir`; `cifar10_retrieval.json` and `.md`
 aggregate every cached entry.
 
-    python benchmarks/cifar10_retrieval.py --sweep --pretrain-epochs 30 \\
-        --epochs 4 --sweep-epochs 4 --seeds 0,1,2 --bits 12,48 --methods subic,dsh
+    python benchmarks/cifar10_retrieval.py --sweep --pretrain-epochs 50 \\
+        --epochs 5 --sweep-epochs 5 --seeds 0 --bits 12,24,36,48 --methods subic,dsh
     python benchmarks/cifar10_retrieval.py --quick --output-dir /tmp/q \\
         --cache-dir /tmp/q/cache --models-dir /tmp/q/models
 """

@@ -90,11 +90,19 @@ def wall_seconds(data: dict):
 def header(title: str, name: str, data: dict) -> list[str]:
     seconds = wall_seconds(data)
     wall = "not recorded" if seconds is None else f"{seconds:,.1f} s"
+    if "total_train_seconds" in data:
+        # A report aggregated from cached models: its own command is quick, and
+        # the time is the models' (their commands are listed in the section).
+        reproduce = (
+            f"Reproduce the report with `{command_text(data)}` from the cached "
+            f"models, whose training and evaluation took {wall} in all."
+        )
+    else:
+        reproduce = f"Reproduce with `{command_text(data)}` (wall time {wall})."
     lines = [
         f"### {title}",
         "",
-        f"Source: `benchmarks/results/{name}`. Reproduce with "
-        f"`{command_text(data)}` (wall time {wall}).",
+        f"Source: `benchmarks/results/{name}`. {reproduce}",
     ]
     machine = data.get("machine")
     if isinstance(machine, dict) and machine:

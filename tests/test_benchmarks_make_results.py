@@ -229,3 +229,19 @@ def test_cross_domain_layout(make_results, tmp_path):
     assert "| subic_2layer | 0.3385 | 0.7100 ± 0.0200 | 0.7446, 0.7000 | 770 |" in text
     assert "| pq | — | 0.4090 | — | 46 |" in text
     assert "| pq | 0.4965 |" in text and "shown generically" not in text
+
+
+def test_an_aggregated_report_names_its_models_training_time(make_results, tmp_path):
+    _write(
+        tmp_path,
+        "cifar10_retrieval.json",
+        {**CIFAR, "command": "python b.py --report-only", "total_train_seconds": 9.0},
+    )
+    output = tmp_path / "R.md"
+    make_results.main(["--results-dir", str(tmp_path), "--output", str(output)])
+    text = output.read_text()
+    assert (
+        "Reproduce the report with `python b.py --report-only` from the cached "
+        "models, whose training and evaluation took 1,234.5 s in all." in text
+    )
+    assert "(wall time 1,234.5 s)" not in text
