@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -63,6 +64,10 @@ def test_quick_writes_json_with_every_method(quick_run):
     ):
         assert key in report
     assert report["quick"] is True
+    # Nothing was cached, and no sweep point is the 2-layer model (γ = 5).
+    walls = [e["per_seed"]["0"]["wall_seconds"] for e in report["methods"].values()]
+    walls += [p["wall_seconds"] for p in report["sweep"]["points"]]
+    assert report["total_compute_seconds"] == pytest.approx(sum(walls))
     expected = {
         "uncompressed_l2",
         "uncompressed_cosine",
@@ -115,3 +120,23 @@ def test_quick_writes_markdown_and_figures(quick_run):
     for name in ("fig3_gamma_mu.png", "fig4_map_vs_gamma_mu.png"):
         data = (output / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def test_total_compute_seconds_counts_the_shared_sweep_point_once():
+    spec = importlib.util.spec_from_file_location("cross_domain", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    methods = {
+        "pq": {"per_seed": {"0": {"wall_seconds": 10.0}, "1": {"wall_seconds": 5.0}}},
+        "subic_2layer": {"per_seed": {"0": {"wall_seconds": 100.0}}},
+    }
+    sweep = {
+        "points": [
+            {"gamma": 1.0, "mu": 1.0, "wall_seconds": 7.0},
+            {"gamma": 5.0, "mu": 1.0, "wall_seconds": 100.0},
+        ]
+    }
+    settings = module.FULL  # 2-layer γ = 5, μ = 1: the second point
+    assert module.total_compute_seconds(methods, sweep, settings) == 122.0
+    assert module.total_compute_seconds(methods, None, settings) == 115.0

@@ -201,30 +201,32 @@ def test_missing_results_dir_is_an_error(make_results, tmp_path):
         make_results.main(["--results-dir", str(tmp_path / "absent")])
 
 
-def test_cross_domain_layout(make_results, tmp_path):
-    cross = {
-        "command": ["benchmarks/cross_domain.py"],
-        "wall_seconds": 11.5,
-        "metric": "mAP, pessimistic ties",
-        "methods": {
-            "subic_2layer": {
-                "summary": {
-                    "fashion_mnist": {"map_mean": 0.3385, "num_seeds": 1},
-                    "cifar10": {"map_mean": 0.71, "map_std": 0.02, "num_seeds": 2},
-                },
-                "per_seed": {
-                    "0": {"wall_seconds": 380.0, "validation_map": 0.7446},
-                    "1": {"wall_seconds": 390.0, "validation_map": 0.7},
-                },
+CROSS_LAYOUT = {
+    "command": ["benchmarks/cross_domain.py"],
+    "wall_seconds": 11.5,
+    "metric": "mAP, pessimistic ties",
+    "methods": {
+        "subic_2layer": {
+            "summary": {
+                "fashion_mnist": {"map_mean": 0.3385, "num_seeds": 1},
+                "cifar10": {"map_mean": 0.71, "map_std": 0.02, "num_seeds": 2},
             },
-            "pq": {
-                "summary": {"cifar10": {"map_mean": 0.409, "num_seeds": 1}},
-                "per_seed": {"0": {"wall_seconds": 46.0}},
+            "per_seed": {
+                "0": {"wall_seconds": 380.0, "validation_map": 0.7446},
+                "1": {"wall_seconds": 390.0, "validation_map": 0.7},
             },
         },
-        "paper_table3": {"columns": ["VOC2007"], "rows": {"pq": [0.4965]}},
-    }
-    _write(tmp_path, "cross_domain.json", cross)
+        "pq": {
+            "summary": {"cifar10": {"map_mean": 0.409, "num_seeds": 1}},
+            "per_seed": {"0": {"wall_seconds": 46.0}},
+        },
+    },
+    "paper_table3": {"columns": ["VOC2007"], "rows": {"pq": [0.4965]}},
+}
+
+
+def test_cross_domain_layout(make_results, tmp_path):
+    _write(tmp_path, "cross_domain.json", CROSS_LAYOUT)
     text = make_results.make_results(str(tmp_path))
     assert "| subic_2layer | 0.3385 | 0.7100 ± 0.0200 | 0.7446, 0.7000 | 770 |" in text
     assert "| pq | — | 0.4090 | — | 46 |" in text
@@ -245,3 +247,33 @@ def test_an_aggregated_report_names_its_models_training_time(make_results, tmp_p
         "models, whose training and evaluation took 1,234.5 s in all." in text
     )
     assert "(wall time 1,234.5 s)" not in text
+
+
+def test_a_command_on_a_cached_model_says_where_the_model_comes_from(
+    make_results, tmp_path
+):
+    parity = {
+        "command": "python benchmarks/export_parity.py --model "
+        "benchmarks/cache/models/table-subic-48b-s0-e5-abc.keras",
+        "results": {"savedmodel": {"block_agreement": 1.0}},
+    }
+    _write(tmp_path, "export_parity.json", parity)
+    text = make_results.make_results(str(tmp_path))
+    assert (
+        "Its model is one that `python benchmarks/cifar10_retrieval.py` trains "
+        "and keeps under `benchmarks/cache/models/`" in text
+    )
+    _write(tmp_path, "export_parity.json", {**parity, "command": "python e.py"})
+    assert "Its model is one" not in make_results.make_results(str(tmp_path))
+
+
+def test_a_cached_report_gives_its_compute_time_not_its_last_run(
+    make_results, tmp_path
+):
+    cross = {**CROSS_LAYOUT, "command": "python c.py", "total_compute_seconds": 1409.0}
+    _write(tmp_path, "cross_domain.json", cross)
+    text = make_results.make_results(str(tmp_path))
+    assert (
+        "Reproduce the report with `python c.py` from the cached models, whose "
+        "training and evaluation took 1,409.0 s in all." in text
+    )
