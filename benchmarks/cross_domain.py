@@ -997,7 +997,9 @@ def main(argv=None) -> dict:
     return report
 
 
-def total_compute_seconds(methods: dict, sweep: dict | None, settings) -> float:
+def total_compute_seconds(
+    methods: dict, sweep: dict | None, settings: Settings
+) -> float:
     """What the report costs from an empty cache, feature extraction aside.
 
     Cached results keep the wall time of the run that computed them, so this

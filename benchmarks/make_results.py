@@ -107,9 +107,9 @@ def header(title: str, name: str, data: dict) -> list[str]:
     if _CACHED_MODELS in command_text(data):
         # Commands that take a trained model should name one a reader can make.
         reproduce += (
-            f" Its model is one that `python benchmarks/cifar10_retrieval.py` "
+            " Its model is one that `python benchmarks/cifar10_retrieval.py` "
             f"trains and keeps under `{_CACHED_MODELS}` (see the CIFAR-10 "
-            f"section for its command)."
+            "section for its command)."
         )
     lines = [
         f"### {title}",
