@@ -3,7 +3,6 @@ and its cache, aggregation and Markdown on hand-made entries."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,18 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "cifar10_retrieval.py"
 
 
-def _load_module():
-    spec = importlib.util.spec_from_file_location("cifar10_retrieval", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def bench():
-    return _load_module()
+def bench(load_benchmark):
+    return load_benchmark("cifar10_retrieval")
 
 
 def _fake_entry(bench, method, bits, seed, paper_map, dsh_map, epochs=3):

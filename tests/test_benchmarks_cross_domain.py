@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -122,11 +121,8 @@ def test_quick_writes_markdown_and_figures(quick_run):
         assert data.startswith(b"\x89PNG") and len(data) > 10_000
 
 
-def test_total_compute_seconds_counts_the_shared_sweep_point_once():
-    spec = importlib.util.spec_from_file_location("cross_domain", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+def test_total_compute_seconds_counts_the_shared_sweep_point_once(load_benchmark):
+    module = load_benchmark("cross_domain")
     methods = {
         "pq": {"per_seed": {"0": {"wall_seconds": 10.0}, "1": {"wall_seconds": 5.0}}},
         "subic_2layer": {"per_seed": {"0": {"wall_seconds": 100.0}}},

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "make_results.py"
-
 
 @pytest.fixture(scope="module")
-def make_results():
-    spec = importlib.util.spec_from_file_location("make_results", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def make_results(load_benchmark):
+    return load_benchmark("make_results")
 
 
 def _write(directory: Path, name: str, data) -> None:

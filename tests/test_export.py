@@ -6,7 +6,6 @@ images and exported once per module; error cases use a tiny 8×8 model.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -617,15 +616,8 @@ def test_cli_help(capsys):
 # Benchmark scripts ---------------------------------------------------------
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_benchmarks_quick(shared_data_dir, tmp_path):
-    parity = load_script("export_parity.py")
+def test_benchmarks_quick(shared_data_dir, tmp_path, load_benchmark):
+    parity = load_benchmark("export_parity")
     report = parity.main(
         [
             "--quick",
@@ -642,7 +634,7 @@ def test_benchmarks_quick(shared_data_dir, tmp_path):
     assert report["results"]["litert_float32"]["block_agreement"] >= 0.99
     assert 0 <= report["retrieval_map"]["litert_int8"] <= 1
 
-    speed = load_script("encode_speed.py")
+    speed = load_benchmark("encode_speed")
     report = speed.main(
         [
             "--quick",
