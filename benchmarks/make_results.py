@@ -95,7 +95,7 @@ def header(title: str, name: str, data: dict) -> list[str]:
     # compute, where its `wall_seconds` is only the last (cached) run's.
     seconds = data.get("total_compute_seconds", wall_seconds(data))
     wall = "not recorded" if seconds is None else f"{seconds:,.1f} s"
-    if "total_train_seconds" in data or "total_compute_seconds" in data:
+    if "total_compute_seconds" in data:
         # A report aggregated from cached models: its own command is quick, and
         # the time is the models' (their commands are listed in the section).
         reproduce = (

@@ -228,7 +228,12 @@ def test_an_aggregated_report_names_its_models_training_time(make_results, tmp_p
     _write(
         tmp_path,
         "cifar10_retrieval.json",
-        {**CIFAR, "command": "python b.py --report-only", "total_train_seconds": 9.0},
+        {
+            **CIFAR,
+            "command": "python b.py --report-only",
+            "wall_seconds": 17.0,  # the cached run's own time: not the cost
+            "total_compute_seconds": 1234.5,
+        },
     )
     output = tmp_path / "R.md"
     make_results.main(["--results-dir", str(tmp_path), "--output", str(output)])
