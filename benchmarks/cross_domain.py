@@ -992,20 +992,17 @@ def main(argv=None) -> dict:
             "used_for_subic_2layer": settings.subic2_gamma / settings.subic2_mu,
         }
     report["tuning_notes"] = TUNING_NOTES
-    report["total_compute_seconds"] = total_compute_seconds(methods, sweep, settings)
+    report["total_compute_seconds"] = total_compute_seconds(methods, sweep)
     write_outputs(report, output_dir)
     return report
 
 
-def total_compute_seconds(
-    methods: dict, sweep: dict | None, settings: Settings
-) -> float:
+def total_compute_seconds(methods: dict, sweep: dict | None) -> float:
     """What the report costs from an empty cache, feature extraction aside.
 
     Cached results keep the wall time of the run that computed them, so this
-    stays the same however much of the cache a run found. The sweep point
-    whose γ and μ are the 2-layer model's shares that model's result and is
-    counted once.
+    stays the same however much of the cache a run found. A sweep point that
+    shares the table's 2-layer model is counted once, with the table.
     """
     total = sum(
         result.get("wall_seconds", 0.0)
@@ -1013,11 +1010,10 @@ def total_compute_seconds(
         for result in method["per_seed"].values()
     )
     if sweep is not None:
-        shared = (settings.subic2_gamma, settings.subic2_mu)
         total += sum(
             point.get("wall_seconds", 0.0)
             for point in sweep["points"]
-            if (point["gamma"], point["mu"]) != shared
+            if not point["shares_table_model"]
         )
     return total
 
@@ -1058,7 +1054,11 @@ def run_sweep(data: Data, settings: Settings, seed: int, cache_dir, key_base):
             "gamma": gamma,
             **_method_settings(name, settings),
         }
-        if (gamma, settings.sweep_mu) == (settings.subic2_gamma, settings.subic2_mu):
+        shares_table_model = (gamma, settings.sweep_mu) == (
+            settings.subic2_gamma,
+            settings.subic2_mu,
+        )
+        if shares_table_model:
             # The table's 2-layer model is this point: share its cached result.
             name = "subic_2layer"
             key = {**key_base, "method": name, **_method_settings(name, settings)}
@@ -1076,6 +1076,7 @@ def run_sweep(data: Data, settings: Settings, seed: int, cache_dir, key_base):
                 "gamma": gamma,
                 "mu": settings.sweep_mu,
                 "gamma_over_mu": gamma / settings.sweep_mu,
+                "shares_table_model": shares_table_model,
                 **result,
             }
         )

@@ -129,10 +129,9 @@ def test_total_compute_seconds_counts_the_shared_sweep_point_once(load_benchmark
     }
     sweep = {
         "points": [
-            {"gamma": 1.0, "mu": 1.0, "wall_seconds": 7.0},
-            {"gamma": 5.0, "mu": 1.0, "wall_seconds": 100.0},
+            {"gamma": 1.0, "shares_table_model": False, "wall_seconds": 7.0},
+            {"gamma": 5.0, "shares_table_model": True, "wall_seconds": 100.0},
         ]
     }
-    settings = module.FULL  # 2-layer γ = 5, μ = 1: the second point
-    assert module.total_compute_seconds(methods, sweep, settings) == 122.0
-    assert module.total_compute_seconds(methods, None, settings) == 115.0
+    assert module.total_compute_seconds(methods, sweep) == 122.0
+    assert module.total_compute_seconds(methods, None) == 115.0
