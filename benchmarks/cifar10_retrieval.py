@@ -494,7 +494,8 @@ def pretrain_backbone(
     x_val = retrieval.as_model_inputs(data.x_val)
     history, best, best_weights = [], -math.inf, None
     for epoch in range(epochs):
-        classifier.fit(fit_data, epochs=1, verbose=0)
+        # `fit_data` shuffles itself; shuffle=False silences Keras's warning.
+        classifier.fit(fit_data, epochs=1, verbose=0, shuffle=False)
         probs = classifier.predict(x_val, batch_size=500, verbose=0)
         accuracy = float(np.mean(probs.argmax(-1) == data.y_val))
         history.append(accuracy)
@@ -558,7 +559,9 @@ def train(
     callbacks = [selector, keras.callbacks.TerminateOnNaN()]
     if method in SUBIC_BLOCK_SIZES:
         callbacks.insert(0, EntropyWarmup(hparams["warmup_fraction"] * epochs))
-    network.train_model.fit(fit_data, epochs=epochs, callbacks=callbacks, verbose=0)
+    network.train_model.fit(
+        fit_data, epochs=epochs, callbacks=callbacks, verbose=0, shuffle=False
+    )
     if selector.best_weights is None:
         raise RuntimeError(f"{method} {bits} bits: no finite epoch to select")
     network.train_model.set_weights(selector.best_weights)

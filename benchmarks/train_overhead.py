@@ -66,7 +66,14 @@ def subic_model(num_blocks: int, block_size: int, with_metrics: bool) -> keras.M
 def measure(model: keras.Model, data, steps: int, skip: int) -> float:
     """Images per second over `steps - skip` steps of one `fit` call."""
     timer = _StepTimer(skip)
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+    model.fit(
+        data,
+        steps_per_epoch=steps,
+        epochs=1,
+        verbose=0,
+        callbacks=[timer],
+        shuffle=False,  # a tf.data.Dataset: Keras ignores the flag, with a warning
+    )
     return (steps - skip) * data.element_spec[0].shape[0] / (timer.end - timer.start)
 
 

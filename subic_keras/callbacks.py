@@ -32,7 +32,7 @@ class EntropyWarmup(keras.callbacks.Callback):
 
     Example:
 
-    >>> subic.train_model.fit(dataset, epochs=30,
+    >>> subic.train_model.fit(dataset, epochs=30, shuffle=False,
     ...                       callbacks=[EntropyWarmup(epochs=5)])
 
     Args:

@@ -676,14 +676,16 @@ def make_dataset(
     batch: a random horizontal flip (probability 1/2) and a random shift of up
     to 4 pixels in each direction (zero-pad by 4, then crop back). With the
     same `seed`, two pipelines yield the same batches; each new pass over the
-    data (each epoch) is shuffled and augmented afresh.
+    data (each epoch) is shuffled and augmented afresh. Give `fit` the
+    argument `shuffle=False`: the pipeline shuffles itself, and Keras warns
+    when its default `shuffle=True` meets a `tf.data.Dataset`.
 
     Example:
 
     >>> mean, std = channel_statistics(x_train)
     >>> train = make_dataset(x_train, y_train, 200, shuffle=True, augment=True,
     ...                      mean=mean, std=std)
-    >>> model.fit(train, epochs=10)
+    >>> model.fit(train, epochs=10, shuffle=False)
 
     Args:
         images: uint8 `(n, H, W, C)`, or `(n, H, W)` (given one channel).

@@ -222,6 +222,9 @@ def train(config: TrainConfig, verbose: int | str = "auto") -> dict:
         epochs=config.epochs,
         callbacks=callbacks,
         verbose=verbose,
+        # `fit_data` shuffles itself; Keras's default shuffle=True would only
+        # warn that it ignores the flag for a tf.data.Dataset.
+        shuffle=False,
     )
     epochs_run = len(history.history.get("loss", []))
     # Only TerminateOnNaN stops training early here.

@@ -387,7 +387,12 @@ def test_opq_needs_as_many_vectors_as_dimensions():
     from subic_keras.baselines import OptimizedProductQuantizer
 
     features = np.random.default_rng(0).normal(size=(40, 64)).astype("float32")
-    with pytest.raises(
-        ValueError, match=r"at least as many vectors as dimensions \(64\)"
-    ):
-        OptimizedProductQuantizer(num_subspaces=8, bits_per_subspace=2).fit(features)
+    # The error comes before the few-points-per-codeword advice, not after it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            ValueError, match=r"at least as many vectors as dimensions \(64\)"
+        ):
+            OptimizedProductQuantizer(num_subspaces=8, bits_per_subspace=2).fit(
+                features
+            )

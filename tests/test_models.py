@@ -243,7 +243,10 @@ def test_one_epoch_on_cifar10_subset_lowers_training_loss(shared_data_dir):
     data = datasets.make_dataset(x, y, 100)
     before = subic.train_model.evaluate(data, verbose=0, return_dict=True)
     subic.train_model.fit(
-        datasets.make_dataset(x, y, 100, shuffle=True), epochs=1, verbose=0
+        datasets.make_dataset(x, y, 100, shuffle=True),
+        epochs=1,
+        verbose=0,
+        shuffle=False,
     )
     after = subic.train_model.evaluate(data, verbose=0, return_dict=True)
     assert after["loss"] < before["loss"] - 0.01, (before["loss"], after["loss"])

@@ -127,7 +127,7 @@ class Quantizer(abc.ABC):
         features = _check_features("features", features)
         seed = check_int("seed", seed, minimum=0)
         n, dim = features.shape
-        self._check_dim(dim)
+        self._check_shape(n, dim)
         k = self.codebook_size
         if n < k:
             raise ValueError(
@@ -230,8 +230,8 @@ class Quantizer(abc.ABC):
             )
         return codes.astype(np.int32)
 
-    def _check_dim(self, dim: int) -> None:  # noqa: B027 (optional hook)
-        """Raises if the quantizer cannot encode `dim`-dimensional vectors."""
+    def _check_shape(self, n: int, dim: int) -> None:  # noqa: B027 (optional hook)
+        """Raises if the quantizer cannot train on `n` vectors of `dim` values."""
 
     def _reconstruction_norms(self, codes: np.ndarray) -> np.ndarray | None:
         """Per-code terms the look-up tables leave out (None for PQ)."""
@@ -288,7 +288,7 @@ class ProductQuantizer(Quantizer):
     def num_subspaces(self) -> int:
         return self.num_codebooks
 
-    def _check_dim(self, dim: int) -> None:
+    def _check_shape(self, n: int, dim: int) -> None:
         if dim % self.num_codebooks:
             raise ValueError(
                 f"features must have a dimension divisible by num_subspaces = "
@@ -362,15 +362,18 @@ class OptimizedProductQuantizer(ProductQuantizer):
         )
         self._rotation = None
 
-    def _fit(self, features, seed):
-        dim = features.shape[1]
-        if len(features) < dim:
+    def _check_shape(self, n: int, dim: int) -> None:
+        super()._check_shape(n, dim)
+        if n < dim:
             # faiss's OPQMatrix corrupts memory (and kills the process) when
             # given fewer training vectors than dimensions.
             raise ValueError(
                 f"features must hold at least as many vectors as dimensions ({dim}) "
-                f"to fit OPQ's rotation, received {len(features)}"
+                f"to fit OPQ's rotation, received {n}"
             )
+
+    def _fit(self, features, seed):
+        dim = features.shape[1]
         rotation = faiss.OPQMatrix(dim, self.num_codebooks)
         rotation.niter = self.num_rotation_iterations
         # Without its own PQ, OPQMatrix trains an 8-bit one, which would
