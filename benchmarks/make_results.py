@@ -177,6 +177,7 @@ def render_cifar10_comparison(comparison: dict) -> list[str]:
                 _map_cell(entry["subic"], "map_expected"),
                 _map_cell(entry["subic"], "map_21point"),
                 _map_cell(entry["subic_cq"]),
+                _map_cell(entry.get("subic_z")),
                 _map_cell(entry["subic16"]),
                 _map_cell(entry["dsh"]),
                 _map_cell(entry["dlbhc"]),
@@ -189,10 +190,11 @@ def render_cifar10_comparison(comparison: dict) -> list[str]:
         [
             "bits",
             "SuBiC (paper)",
-            "SuBiC (ours), strict",
+            "SuBiC (ours, query chosen on validation), strict",
             "expected ties",
             "21-point",
             "class-posterior query, strict",
+            "z* query, strict",
             "SuBiC K=16, strict",
             "DSH (ours), strict",
             "DLBHC (ours), strict",
@@ -471,17 +473,58 @@ def render_export_parity(data: dict) -> list[str]:
 
 def render_train_overhead(data: dict) -> list[str]:
     best = data["best_images_per_second"]
-    median = data.get("median_images_per_second", {})
-    overhead = data.get("overhead_vs_plain_softmax", {})
+    seconds = data.get("seconds_per_cifar10_epoch", {})
     lines = [
         f"{data.get('backbone', '')} on {data.get('dataset', '')}, batch "
-        f"{fmt(data.get('batch_size'))}, {fmt(data.get('bits'))} bits; overhead = "
-        f"{data.get('overhead_definition', '')}.",
+        f"{fmt(data.get('batch_size'))}, {fmt(data.get('bits'))} bits, measured on "
+        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')}; "
+        f"`subic train` / plain classifier = "
+        f"{fmt(data.get('subic_train_over_plain_classifier'))}.",
         "",
     ]
     lines += table(
-        ["model", "best images/s", "median images/s", "overhead"],
-        [[m, v, median.get(m), overhead.get(m)] for m, v in best.items()],
+        ["training", "best images/s", "seconds per CIFAR-10 epoch"],
+        [[kind, rate, seconds.get(kind)] for kind, rate in best.items()],
+    )
+    return lines
+
+
+def render_train_recipe(data: dict) -> list[str]:
+    lines = [
+        f"`subic train` with its defaults at {fmt(data.get('bits'))} bits, then "
+        f"`subic evaluate --protocol paper`; {data.get('map_definition', '')}; "
+        f"measured on {data.get('machine', {}).get('cpu', 'an unrecorded CPU')}.",
+        "",
+    ]
+    rows = []
+    for run in data["runs"]:
+        test = run["test_map"]
+        rows.append(
+            [
+                run["seed"],
+                run["summary"]["query"],
+                test["saved"]["map"],
+                test["fc0"]["map"],
+                test["class_posterior"]["map"],
+                run["train_wall_seconds"],
+                run["load_average_1min"]["start"],
+            ]
+        )
+    lines += table(
+        [
+            "seed",
+            "query chosen",
+            "mAP (chosen query)",
+            "mAP z*",
+            "mAP class-posterior",
+            "training s",
+            "load at start",
+        ],
+        rows,
+    )
+    lines.append(
+        f"Mean mAP {fmt(data.get('mean_test_map'))} ± {fmt(data.get('std_test_map'))} "
+        f"over {len(data['runs'])} seed(s); the paper: {fmt(data.get('paper_map'))}."
     )
     return lines
 
@@ -496,6 +539,7 @@ KNOWN = {
     "encode_speed.json": ("Encoding speed", render_encode_speed),
     "export_parity.json": ("Export parity", render_export_parity),
     "train_overhead.json": ("Training overhead", render_train_overhead),
+    "train_recipe.json": ("`subic train` defaults", render_train_recipe),
 }
 
 

@@ -14,11 +14,14 @@ from subic_keras import (
     export,
     losses,
     metrics,
+    recipe,
     retrieval,
     search,
+    training,
 )
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.models import Subic, SubicTrainModel, build_subic
+from subic_keras.recipe import Recipe, pretrain_backbone, train_subic
 from subic_keras.search import ShardedSubicIndex, SubicIndex, merge_results
 
 __version__ = "0.1.0"
@@ -27,6 +30,7 @@ __all__ = [
     "BlockArgmax",
     "BlockOneHot",
     "BlockSoftmax",
+    "Recipe",
     "ShardedSubicIndex",
     "Subic",
     "SubicIndex",
@@ -41,6 +45,10 @@ __all__ = [
     "losses",
     "merge_results",
     "metrics",
+    "pretrain_backbone",
+    "recipe",
     "retrieval",
     "search",
+    "train_subic",
+    "training",
 ]

@@ -15,6 +15,17 @@ from subic_keras._validation import check_int
 from subic_keras.models import QUERY_KINDS
 from subic_keras.training import BACKBONES, DATASETS, TrainConfig
 
+# `subic quickstart`: 16-bit codes on the bundled 8×8 digits, in seconds.
+QUICKSTART = TrainConfig(
+    num_blocks=4,
+    block_size=16,
+    pretrain_epochs=20,
+    epochs=20,
+    batch_size=32,
+    output_dir="subic_quickstart",
+    cache_dir=os.path.join("subic_quickstart", "cache"),
+)
+
 
 def _blocks_from_args(args) -> tuple[int, int]:
     """`(M, K)` from `--bits`/`--block-size` or `--num-blocks`/`--block-size`."""
@@ -34,7 +45,12 @@ def _blocks_from_args(args) -> tuple[int, int]:
 
 
 def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
-    parser.add_argument("--dataset", choices=DATASETS, default=defaults.dataset)
+    parser.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default=defaults.dataset,
+        help="dataset to train on (default: %(default)s)",
+    )
     parser.add_argument(
         "--data-dir",
         default=defaults.data_dir,
@@ -42,32 +58,113 @@ def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig)
         "tensorflow-datasets)",
     )
     parser.add_argument(
-        "--bits", type=int, default=None, help="code length; sets M = bits / log2 K"
+        "--bits",
+        type=int,
+        default=None,
+        help="code length; sets M = bits / log2 K (default: M from --num-blocks)",
     )
-    parser.add_argument("--num-blocks", "-M", type=int, default=defaults.num_blocks)
-    parser.add_argument("--block-size", "-K", type=int, default=defaults.block_size)
-    parser.add_argument("--gamma", type=float, default=defaults.gamma)
-    parser.add_argument("--mu", type=float, default=defaults.mu)
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument(
+        "--num-blocks",
+        "-M",
+        type=int,
+        default=defaults.num_blocks,
+        help="number of blocks M (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--block-size",
+        "-K",
+        type=int,
+        default=defaults.block_size,
+        help="block size K, a power of two (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--gamma",
+        type=float,
+        default=defaults.gamma,
+        help="weight of the mean block entropy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mu",
+        type=float,
+        default=defaults.mu,
+        help="weight of the batch block entropy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pretrain-epochs",
+        type=int,
+        default=defaults.pretrain_epochs,
+        help="epochs of stage 1, the backbone trained as a classifier; cached "
+        "and resumable; 0 skips it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=defaults.epochs,
+        help="epochs of stage 2, SuBiC (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=defaults.batch_size,
+        help="images per batch in both stages (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=defaults.learning_rate,
+        help="Adam's learning rate, x0.1 after 75%% of each stage (default: "
+        "%(default)s)",
+    )
     parser.add_argument(
         "--warmup-epochs",
         type=float,
         default=defaults.warmup_epochs,
-        help="epochs over which gamma and mu ramp up from 0",
+        help="SuBiC epochs over which gamma and mu ramp up from 0, at most "
+        "--epochs (default: a third of --epochs)",
     )
     parser.add_argument(
         "--validation-size",
         type=float,
         default=defaults.validation_size,
-        help="fraction (<1) or number of training images held out",
+        help="fraction (<1) or number of training images held out for model "
+        "selection (default: %(default)s)",
     )
-    parser.add_argument("--backbone", choices=BACKBONES, default=defaults.backbone)
-    parser.add_argument("--augment", action="store_true", default=defaults.augment)
-    parser.add_argument("--max-train-images", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--output-dir", default=defaults.output_dir)
+    parser.add_argument(
+        "--backbone",
+        choices=BACKBONES,
+        default=defaults.backbone,
+        help="auto: an MLP for 8x8 digits, the DSH CNN otherwise (default: "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.augment,
+        help="random flips and shifts (default: on for images of 16x16 pixels or more)",
+    )
+    parser.add_argument(
+        "--max-train-images",
+        type=int,
+        default=None,
+        help="use the first N training images only (default: all)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help="seed of weights, data order and augmentation (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default=defaults.output_dir,
+        help="where best.keras, summary.json and logs go (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=defaults.cache_dir,
+        help="cache of pre-trained backbones (default: $SUBIC_CACHE_DIR or "
+        "~/.cache/subic-keras)",
+    )
 
 
 def _config_from_args(args) -> TrainConfig:
@@ -80,6 +177,7 @@ def _config_from_args(args) -> TrainConfig:
         block_size=block_size,
         gamma=args.gamma,
         mu=args.mu,
+        pretrain_epochs=args.pretrain_epochs,
         epochs=args.epochs,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
@@ -90,6 +188,7 @@ def _config_from_args(args) -> TrainConfig:
         max_train_images=args.max_train_images,
         seed=args.seed,
         output_dir=args.output_dir,
+        cache_dir=args.cache_dir,
     )
 
 
@@ -103,9 +202,22 @@ def _report_training(summary: dict) -> None:
         )
     if summary.get("test"):
         test = summary["test"]
+        pretrain = summary.get("pretrain")
+        if pretrain:
+            how = "cached" if pretrain["cached"] else f"{pretrain['train_seconds']} s"
+            print(
+                f"pre-training: validation accuracy "
+                f"{pretrain['best_validation_accuracy']:.4f} at epoch "
+                f"{pretrain['best_epoch']} ({how})"
+            )
+        maps = summary["validation_map"]
         print(
-            f"best epoch {summary['best_epoch']}: test accuracy "
-            f"{test['accuracy_soft']:.4f} (soft codes), "
+            f"best epoch {summary['best_epoch']}: validation mAP "
+            + ", ".join(f"{maps[kind]:.4f} ({kind} query)" for kind in maps)
+            + f"; query {summary['query']!r} saved with the model"
+        )
+        print(
+            f"test accuracy {test['accuracy_soft']:.4f} (soft codes), "
             f"{test['accuracy_binary']:.4f} ({summary['bits']}-bit binary codes)"
         )
         print(f"model: {summary['checkpoint']}")
@@ -129,7 +241,8 @@ def run_quickstart(args) -> int:
     print(
         f"Training SuBiC ({config.num_blocks} blocks of {config.block_size}: "
         f"{config.num_blocks * int(math.log2(config.block_size))} bits) on "
-        f"{config.dataset} for {config.epochs} epochs..."
+        f"{config.dataset}: {config.pretrain_epochs} epochs of pre-training, then "
+        f"{config.epochs} SuBiC epochs..."
     )
     summary = train(config, verbose=0)
     _report_training(summary)
@@ -424,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quickstart",
         help="train on the bundled digits, index, search and print the mAP",
     )
-    _add_train_arguments(quick, TrainConfig(epochs=40, output_dir="subic_quickstart"))
+    _add_train_arguments(quick, QUICKSTART)
     quick.set_defaults(run=run_quickstart)
     train = commands.add_parser("train", help="train a SuBiC model")
     _add_train_arguments(train, TrainConfig())
@@ -483,9 +596,10 @@ def _add_query_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--query",
         choices=QUERY_KINDS,
-        default="fc0",
-        help="the query of asymmetric search: fc0, the paper's z (default), or "
-        "class_posterior, FC1's kernel times the query's class posterior",
+        default=None,
+        help="the query of asymmetric search: fc0, the paper's z, or "
+        "class_posterior, FC1's kernel times the query's class posterior "
+        "(default: the query chosen on validation and saved with the model)",
     )
 
 

@@ -19,10 +19,19 @@ _QUERY_CHUNK = 1024
 
 
 def as_model_inputs(images: np.ndarray) -> np.ndarray:
-    """uint8 images `(n, H, W[, C])` to the float `[0, 1]` inputs models take."""
+    """uint8 images `(n, H, W[, C])` to the float `[0, 1]` inputs models take.
+
+    Float arrays are taken to be model inputs already (images in `[0, 1]`,
+    or features) and returned as float32.
+    """
     images = np.asarray(images)
+    if np.issubdtype(images.dtype, np.floating):
+        return images.astype(np.float32, copy=False)
     if images.dtype != np.uint8:
-        raise TypeError(f"images must be uint8 pixels, received dtype {images.dtype}")
+        raise TypeError(
+            f"images must be uint8 pixels or float inputs, received dtype "
+            f"{images.dtype}"
+        )
     if images.ndim == 3:
         images = images[..., None]
     if images.ndim != 4:
@@ -68,7 +77,7 @@ def protocol_scores(
     protocol: str = "paper",
     seed: int = 0,
     index: SubicIndex | None = None,
-    query: str = "fc0",
+    query: str | None = None,
     **protocol_args,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, SubicIndex]:
     """SuBiC's scores of a protocol's queries against its whole database.
@@ -76,14 +85,16 @@ def protocol_scores(
     The protocol (`evaluation.protocol_split`) splits `images` into queries
     and database; the database is encoded into a `SubicIndex` (or `index`,
     whose ids must be the database's positions in `images`) and every
-    query (`Subic.query` of kind `query`: `"fc0"`, the paper's `z`, or
-    `"class_posterior"`) is scored against all of it (`full_scores`).
+    query (`Subic.query` of kind `query`: `"fc0"`, the paper's `z`,
+    `"class_posterior"`, or `None` for the model's `default_query`) is
+    scored against all of it (`full_scores`).
 
     Returns:
         `(scores, query_labels, database_labels, index)`: scores
         `(num_queries, num_database)` with columns in database order, ready
         for any `subic_keras.evaluation` metric.
     """
+    query = subic.default_query if query is None else query
     if query not in QUERY_KINDS:
         raise ValueError(f"query must be one of {QUERY_KINDS}, received {query!r}")
     query_idx, database_idx = evaluation.protocol_split(
@@ -105,13 +116,13 @@ def evaluate(
     index: SubicIndex | None = None,
     ks: tuple[int, ...] = (10, 100),
     ties: str = "pessimistic",
-    query: str = "fc0",
+    query: str | None = None,
     **protocol_args,
 ) -> dict:
     """Retrieval mAP and precision@k of `subic` on a named protocol.
 
-    The full ranking of `protocol_scores` (with queries of kind `query`) is
-    scored.
+    The full ranking of `protocol_scores` (with queries of kind `query`;
+    `None`: the model's `default_query`) is scored.
 
     Returns:
         A JSON-ready dict: `map` (with `ties`), `map_expected` (the exact
@@ -144,7 +155,7 @@ def evaluate(
     result.update(
         {
             "protocol": protocol,
-            "query": query,
+            "query": subic.default_query if query is None else query,
             "bits": subic.num_blocks * int(math.log2(subic.block_size)),
             "num_blocks": subic.num_blocks,
             "block_size": subic.block_size,

@@ -16,6 +16,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def pretraining_cache(tmp_path_factory) -> Path:
+    """`subic train` caches pre-trained backbones here, not in the home dir."""
+    path = tmp_path_factory.mktemp("subic-cache")
+    previous = os.environ.get("SUBIC_CACHE_DIR")
+    os.environ["SUBIC_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("SUBIC_CACHE_DIR", None)
+    else:
+        os.environ["SUBIC_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """The offline data directory: `$SUBIC_DATA_DIR`, or `shared/data` beside

@@ -236,7 +236,8 @@ def test_quick_run_end_to_end(tmp_path, shared_data_dir):
 
     result = json.loads((out / "cifar10_retrieval.json").read_text())
     rows = {(r["method"], r["bits"]): r for r in result["rows"]}
-    methods = ("subic", "subic_cq", "subic16", "subic16_cq", "dsh", "dlbhc")
+    methods = ("subic", "subic_cq", "subic_vq", "subic16", "subic16_cq")
+    methods += ("subic16_vq", "dsh", "dlbhc")
     assert set(rows) == {(m, b) for m in methods for b in (12, 24)}
     assert rows[("subic", 24)]["num_blocks"] == 4
     assert rows[("subic16", 12)]["block_size"] == 16
@@ -268,6 +269,18 @@ def test_quick_run_end_to_end(tmp_path, shared_data_dir):
             assert derived["validation_map"] == [
                 entry["selection"]["validation_map_class_query"]
             ]
+            # The recipe's rows: the query with the higher validation mAP.
+            chosen = rows[(entry["method"] + "_vq", entry["bits"])]
+            assert chosen["validation_map"] == [
+                max(
+                    derived["validation_map"][0],
+                    entry["selection"]["best_validation_map"],
+                )
+            ]
+            assert entry["selection"]["query_chosen_on_validation"] in (
+                "fc0",
+                "class_posterior",
+            )
 
     text = (out / "cifar10_retrieval.md").read_text()
     assert "| SuBiC (paper) | 0.6349 |" in text

@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 from subic_keras import build_subic
-from subic_keras.callbacks import BestModelCheckpoint, EntropyWarmup
+from subic_keras.callbacks import (
+    BestModelCheckpoint,
+    BestWeights,
+    EntropyWarmup,
+    EpochTensorBoard,
+    RetrievalValidation,
+)
 
 
 def _subic():
@@ -121,3 +127,70 @@ def test_checkpoint_arguments():
             verbose=0,
             callbacks=[BestModelCheckpoint("/tmp/x.keras", "val_acc")],
         )
+
+
+def test_best_weights_restores_the_best_finite_epoch():
+    subic = _subic()
+    x, y = _data(40)
+    selector = BestWeights("val_loss", mode="min")
+    snapshots = []
+
+    class _Snapshot(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            snapshots.append([w.copy() for w in self.model.get_weights()])
+
+    subic.train_model.fit(
+        x,
+        y,
+        validation_data=(x, y),
+        epochs=5,
+        verbose=0,
+        callbacks=[
+            _PoisonAfter(3),
+            keras.callbacks.TerminateOnNaN(),
+            _Snapshot(),
+            selector,
+        ],
+    )
+    assert len(selector.history) == 4 and np.isnan(selector.history[3])
+    finite = selector.history[:3]
+    assert selector.best_epoch == int(np.argmin(finite))
+    assert selector.best == min(finite)
+    # The model holds the selected epoch's weights, not the poisoned ones.
+    for now, then in zip(
+        subic.train_model.get_weights(), snapshots[selector.best_epoch]
+    ):
+        np.testing.assert_array_equal(now, then)
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        BestWeights("val_loss", mode="up")
+
+
+def test_retrieval_validation_logs_map_per_query(tmp_path):
+    subic = _subic()
+    x, y = _data(60)
+    validation = RetrievalValidation(subic, x, y, seed=3)
+    history = subic.train_model.fit(
+        x,
+        y,
+        epochs=2,
+        verbose=0,
+        callbacks=[
+            validation,
+            BestWeights("val_map_fc0"),
+            EpochTensorBoard(tmp_path / "logs"),
+        ],
+    )
+    for kind in ("fc0", "class_posterior"):
+        values = history.history[f"val_map_{kind}"]
+        assert len(values) == 2 and all(0 < v <= 1 for v in values)
+    # BestWeights restored the epoch with the best logged mAP.
+    assert validation.scores()["val_map_fc0"] == pytest.approx(
+        max(history.history["val_map_fc0"])
+    )
+    assert sorted(os.listdir(tmp_path / "logs")) == ["train", "validation"]
+    with pytest.raises(ValueError, match="queries must be a non-empty subset"):
+        RetrievalValidation(subic, x, y, queries=("z",))
+    with pytest.raises(ValueError, match="query_fraction must be in"):
+        RetrievalValidation(subic, x, y, query_fraction=1.0)
+    with pytest.raises(ValueError, match="at least 20"):
+        RetrievalValidation(subic, x[:10], y[:10])

@@ -12,28 +12,44 @@ from subic_keras.cli import main
 
 def test_train_on_digits(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            "--epochs",
-            "3",
-            "--warmup-epochs",
-            "1",
-            "--bits",
-            "16",
-            "--output-dir",
-            str(out),
-        ]
-    )
-    assert code == 0
+    train = ["train", "--pretrain-epochs", "4", "--epochs", "3", "--block-size", "16"]
+    assert main([*train, "--bits", "16", "--output-dir", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["bits"] == 16 and summary["config"]["num_blocks"] == 4
-    assert summary["best_epoch"] in (2, 3) and not summary["stopped_on_nan"]
+    assert summary["best_epoch"] in (1, 2, 3) and not summary["stopped_on_nan"]
     assert 0.3 < summary["test"]["accuracy_binary"] <= 1.0
-    assert os.listdir(out / "logs")  # TensorBoard event files
+    # Both stages are recorded; the digits are too small to augment.
+    assert summary["pretrain"]["epochs"] == 4 and not summary["pretrain"]["cached"]
+    assert summary["recipe"]["epochs"] == 3 and not summary["recipe"]["augment"]
+    assert summary["recipe"]["warmup_fraction"] == pytest.approx(1 / 3)
+    assert set(summary["validation_map"]) == {"fc0", "class_posterior"}
+    assert sorted(os.listdir(out / "logs")) == ["pretrain", "subic"]
     subic = Subic.from_train_model(keras.saving.load_model(out / "best.keras"))
     assert subic.num_blocks == 4 and subic.block_size == 16
-    assert "test accuracy" in capsys.readouterr().out
+    assert subic.default_query == summary["query"]
+    printed = capsys.readouterr().out
+    assert "test accuracy" in printed and "saved with the model" in printed
+
+    # Another bit-rate on the same data and seed reuses the pre-training.
+    other = tmp_path / "other"
+    assert main([*train, "--bits", "8", "--output-dir", str(other)]) == 0
+    summary = json.loads((other / "summary.json").read_text())
+    assert summary["pretrain"]["cached"] and summary["bits"] == 8
+    assert "(cached)" in capsys.readouterr().out
+
+
+def test_train_defaults_are_the_recipe():
+    from subic_keras.cli import build_parser
+    from subic_keras.recipe import Recipe
+
+    args = build_parser().parse_args(["train"])
+    recipe = Recipe()
+    assert (args.pretrain_epochs, args.epochs) == (recipe.pretrain_epochs, 5)
+    assert (args.gamma, args.mu) == (recipe.gamma, recipe.mu)
+    assert args.batch_size == recipe.batch_size
+    assert args.learning_rate == recipe.learning_rate
+    assert (args.num_blocks, args.block_size) == (8, 64)
+    assert args.warmup_epochs is None and args.augment is None
 
 
 def test_quickstart(tmp_path, capsys):
@@ -58,6 +74,11 @@ def test_quickstart(tmp_path, capsys):
         (["--block-size", "1"], "--block-size must be >= 2, received 1"),
         (["--gamma", "-1"], "gamma must be a finite number >= 0, received -1.0"),
         (["--epochs", "0"], "epochs must be >= 1, received 0"),
+        (["--pretrain-epochs", "-1"], "pretrain_epochs must be >= 0, received -1"),
+        (
+            ["--epochs", "3", "--warmup-epochs", "4"],
+            "warmup_epochs must be at most epochs (3), received 4.0",
+        ),
         (
             ["--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"],
             "/nonexistent/cifar",
@@ -86,7 +107,19 @@ def digits_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits")
     assert (
         main(
-            ["train", "--epochs", "2", "--warmup-epochs", "1", "--output-dir", str(out)]
+            [
+                "train",
+                "--pretrain-epochs",
+                "2",
+                "--epochs",
+                "2",
+                "--bits",
+                "16",
+                "--block-size",
+                "16",
+                "--output-dir",
+                str(out),
+            ]
         )
         == 0
     )
@@ -130,7 +163,9 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     result = json.loads(output.read_text())
     assert result["num_queries"] == 100 and result["num_database"] == 499
     assert 0 < result["map"] <= 1 and result["bits"] == 16
-    assert result["query"] == "fc0"
+    # Without --query, the query saved with the model.
+    saved = Subic.from_train_model(keras.saving.load_model(digits_model))
+    assert result["query"] == saved.default_query
 
     class_query = tmp_path / "eval_class.json"
     evaluate += ["--queries-per-class", "10", "--query", "class_posterior"]

@@ -1,0 +1,1 @@
+"""Benchmarks of subic-keras; run them as `python -m benchmarks.<name>`."""

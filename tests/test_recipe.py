@@ -1,0 +1,223 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from subic_keras import Subic, recipe
+from subic_keras.models import QUERY_KINDS
+
+NUM_CLASSES, DIM = 4, 12
+
+
+def _clusters(n, seed):
+    """Float features in 4 well separated Gaussian clusters."""
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(99).normal(scale=3.0, size=(NUM_CLASSES, DIM))
+    labels = rng.integers(0, NUM_CLASSES, n)
+    features = centers[labels] + rng.normal(size=(n, DIM))
+    return features.astype("float32"), labels
+
+
+def _mlp(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [keras.Input((DIM,)), keras.layers.Dense(16, activation="relu")], name="mlp"
+    )
+
+
+FAST = recipe.Recipe(
+    pretrain_epochs=2, epochs=3, batch_size=32, learning_rate=1e-2, augment=False
+)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _clusters(320, 0), _clusters(80, 1)
+
+
+def test_recipe_defaults_and_errors():
+    default = recipe.Recipe()
+    assert (default.pretrain_epochs, default.epochs) == (50, 5)
+    assert (default.gamma, default.mu, default.batch_size) == (0.3, 0.3, 200)
+    assert default.warmup_epochs == pytest.approx(5 / 3)
+    with pytest.raises(ValueError, match="epochs must be >= 1, received 0"):
+        recipe.Recipe(epochs=0)
+    with pytest.raises(ValueError, match="pretrain_epochs must be >= 0, received -2"):
+        recipe.Recipe(pretrain_epochs=-2)
+    with pytest.raises(ValueError, match=r"warmup_fraction must be in \[0, 1\]"):
+        recipe.Recipe(warmup_fraction=1.5)
+    with pytest.raises(ValueError, match="learning_rate must be > 0, received 0"):
+        recipe.Recipe(learning_rate=0)
+
+
+def test_train_subic_on_features(data, tmp_path):
+    (x, y), validation = data
+    subic, summary = recipe.train_subic(
+        _mlp(), 4, 8, x, y, validation, recipe=FAST, cache_dir=tmp_path
+    )
+    assert summary["bits"] == 12 and summary["epochs_run"] == 3
+    assert summary["best_epoch"] in (1, 2, 3) and not summary["stopped_on_nan"]
+    assert summary["query"] in QUERY_KINDS and subic.default_query == summary["query"]
+    maps = summary["validation_map"]
+    assert maps[summary["query"]] == max(maps.values())
+    # Separable clusters: the codes retrieve well after a few epochs.
+    assert maps[summary["query"]] > 0.8
+    best = summary["best_epoch"] - 1
+    assert summary["validation_map_per_epoch"]["fc0"][best] == pytest.approx(
+        maps["fc0"]
+    )
+    assert summary["pretrain"]["epochs"] == 2 and not summary["pretrain"]["cached"]
+    # The query choice travels with the saved model.
+    subic.default_query = "class_posterior"
+    subic.train_model.save(tmp_path / "m.keras")
+    again = Subic.from_train_model(keras.saving.load_model(tmp_path / "m.keras"))
+    assert again.default_query == "class_posterior"
+    np.testing.assert_allclose(
+        again.query(validation[0]), subic.query(validation[0], kind="class_posterior")
+    )
+
+
+def test_pretraining_cache_is_keyed_by_its_inputs(data, tmp_path):
+    (x, y), validation = data
+    first = _mlp()
+    record = recipe.pretrain_backbone(
+        first, x, y, validation, recipe=FAST, cache_dir=tmp_path
+    )
+    assert not record["cached"] and record["best_epoch"] in (1, 2)
+    assert len(record["validation_accuracy_per_epoch"]) == 2
+    # The same inputs: the cached weights, no training.
+    second = _mlp()
+    again = recipe.pretrain_backbone(
+        second, x, y, validation, recipe=FAST, cache_dir=tmp_path
+    )
+    assert again["cached"] and again["key"] == record["key"]
+    for a, b in zip(first.get_weights(), second.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # Another dataset, initial weights, architecture or budget: a new key.
+    changed = [
+        ((x[:-1], y[:-1]), _mlp(), FAST),
+        ((x, y), _mlp(seed=1), FAST),
+        (
+            (x, y),
+            keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(17)]),
+            FAST,
+        ),
+        (
+            (x, y),
+            _mlp(),
+            recipe.Recipe(pretrain_epochs=3, batch_size=32, augment=False),
+        ),
+    ]
+    keys = {record["key"]}
+    for (images, labels), backbone, budget in changed:
+        key = recipe.pretraining_key(
+            backbone, None, images, labels, validation, NUM_CLASSES, budget, 0
+        )
+        assert key not in keys
+        keys.add(key)
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt
+
+
+def test_pretraining_resumes_after_an_interruption(data, tmp_path):
+    (x, y), validation = data
+    budget = recipe.Recipe(pretrain_epochs=4, batch_size=32, augment=False)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.pretrain_backbone(
+            _mlp(),
+            x,
+            y,
+            validation,
+            recipe=budget,
+            cache_dir=tmp_path,
+            callbacks=[_Interrupt(1)],
+        )
+    (partial,) = [p for p in os.listdir(tmp_path) if p.endswith(".partial")]
+    state = json.loads((tmp_path / partial / "state.json").read_text())
+    assert state["epoch"] == 2 and len(state["history"]) == 2
+    # Only the snapshot named by the state is kept.
+    files = sorted(os.listdir(tmp_path / partial))
+    assert set(files) <= {"state.json", state["weights_file"], state["best_file"]}
+    record = recipe.pretrain_backbone(
+        _mlp(), x, y, validation, recipe=budget, cache_dir=tmp_path
+    )
+    assert record["resumed_at_epoch"] == 2 and not record["cached"]
+    assert len(record["validation_accuracy_per_epoch"]) == 4
+    assert record["validation_accuracy_per_epoch"][:2] == state["history"]
+    assert not (tmp_path / partial).exists()
+
+
+def test_images_28x28x1_with_augmentation(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 120)
+    images = np.zeros((120, 28, 28, 1), np.uint8)
+    for c in range(3):  # a bright band per class
+        images[labels == c, 4 + 8 * c : 10 + 8 * c] = 200
+    images = np.clip(images + rng.integers(0, 40, images.shape), 0, 255)
+    images = images.astype(np.uint8)
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(4, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+        ]
+    )
+    budget = recipe.Recipe(pretrain_epochs=1, epochs=2, batch_size=20)
+    subic, summary = recipe.train_subic(
+        backbone,
+        2,
+        4,
+        images[:90],
+        labels[:90],
+        (images[90:], labels[90:]),
+        recipe=budget,
+    )
+    assert summary["recipe"]["augment"] and summary["best_epoch"] in (1, 2)
+    assert subic.encode(images[:5] / 255).shape == (5, 2)
+
+
+def test_bad_inputs(data):
+    (x, y), validation = data
+    with pytest.raises(ValueError, match="augment=True needs uint8 images"):
+        recipe.train_subic(
+            _mlp(), 2, 4, x, y, validation, recipe=recipe.Recipe(pretrain_epochs=0)
+        )
+    with pytest.raises(ValueError, match="pretrain_epochs >= 1, received 0"):
+        recipe.pretrain_backbone(
+            _mlp(), x, y, validation, recipe=recipe.Recipe(pretrain_epochs=0)
+        )
+    with pytest.raises(ValueError, match="at least 20 images"):
+        recipe.train_subic(_mlp(), 2, 4, x, y, (x[:10], y[:10]), recipe=FAST)
+    with pytest.raises(ValueError, match="320 images and labels of shape"):
+        recipe.train_subic(_mlp(), 2, 4, x, y[:-1], validation, recipe=FAST)
+    with pytest.raises(ValueError, match="num_classes is 3, but the labels reach"):
+        recipe.train_subic(_mlp(), 2, 4, x, y, validation, recipe=FAST, num_classes=3)
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="must be finite"):
+        recipe.train_subic(_mlp(), 2, 4, bad, y, validation, recipe=FAST)
+
+
+def test_train_subic_under_mirrored_strategy():
+    script = os.path.join(os.path.dirname(__file__), "recipe_distribute_check.py")
+    done = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    assert result["best_epoch"] in (1, 2) and result["query"] in QUERY_KINDS
+    assert result["validation_map"] > 0.5
