@@ -141,7 +141,8 @@ def main(argv=None) -> dict:
     print(
         f"{args.bits} bits, seeds {seeds}: test mAP {result['mean_test_map']:.4f} "
         f"± {result['std_test_map']:.4f} (query saved with each model); longest "
-        f"training {result['max_train_wall_seconds']:.0f} s on {result['machine']['cpu']}"
+        f"training {result['max_train_wall_seconds']:.0f} s on "
+        f"{result['machine']['cpu']}"
     )
     write_json(args.output, result)
     return result
