@@ -523,7 +523,7 @@ def render_train_recipe(data: dict) -> list[str]:
         rows,
     )
     lines.append(
-        f"Mean mAP {fmt(data.get('mean_test_map'))} ± {fmt(data.get('std_test_map'))} "
+        f"Mean mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f} "
         f"over {len(data['runs'])} seed(s); the paper: {fmt(data.get('paper_map'))}."
     )
     return lines

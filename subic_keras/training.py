@@ -66,7 +66,7 @@ class TrainConfig:
         augment: random flips and shifts during training; `None` turns them
             on for images of at least 16×16 pixels.
         max_train_images: train on the first `n` training images only
-            (quick runs); the test set is unchanged.
+            (quick runs); the test set is read up to the same count.
         seed: seed of the initial weights, the data order and augmentation.
         output_dir: where `best.keras`, `summary.json` and TensorBoard logs go.
         cache_dir: where pre-trained backbones are cached, keyed by

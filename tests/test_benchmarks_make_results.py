@@ -105,6 +105,27 @@ OVERHEAD = {
     "subic_train_over_plain_classifier": 0.9677,
     "machine": {"cpu": "AMD EPYC"},
 }
+RECIPE = {
+    "command": "python -m benchmarks.train_recipe --seeds 0",
+    "bits": 48,
+    "runs": [
+        {
+            "seed": 0,
+            "summary": {"query": "class_posterior"},
+            "test_map": {
+                "saved": {"map": 0.7329},
+                "fc0": {"map": 0.6749},
+                "class_posterior": {"map": 0.7329},
+            },
+            "train_wall_seconds": 2050.0,
+            "load_average_1min": {"start": 0.59},
+        }
+    ],
+    "mean_test_map": 0.7329,
+    "std_test_map": 0.0,
+    "paper_map": 0.6863,
+    "machine": {"cpu": "AMD EPYC"},
+}
 ENCODE = {
     "command": ["python", "benchmarks/encode_speed.py"],
     "elapsed_seconds": 29.0,
@@ -132,6 +153,7 @@ def test_every_number_comes_from_the_jsons(make_results, tmp_path):
         ("cifar10_retrieval.json", CIFAR),
         ("search_speed.json", SEARCH),
         ("train_overhead.json", OVERHEAD),
+        ("train_recipe.json", RECIPE),
         ("encode_speed.json", ENCODE),
         ("export_parity.json", PARITY),
         ("cross_domain.json", CROSS),
@@ -171,6 +193,8 @@ def test_every_number_comes_from_the_jsons(make_results, tmp_path):
     assert "1,111.0" in text and "22,222.0" in text and "3.2500" in text
     assert "1,500.0" in text and "33.1" in text and "0.9677" in text
     assert "AMD EPYC" in text
+    assert "| 0 | class_posterior | 0.7329 | 0.6749 | 0.7329 | 2,050.0 |" in text
+    assert "Mean mAP 0.7329 ± 0.0000 over 1 seed(s); the paper: 0.6863." in text
     assert "2,573.9" in text and "891144" in text
     assert "0.9860" in text and "112" in text and "0.2351" in text
     # Unknown structure: rendered generically.
