@@ -9,9 +9,15 @@ import os
 import keras
 import numpy as np
 
+from subic_keras import evaluation, retrieval
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, check_non_negative
 from subic_keras.losses import _BlockEntropyLoss
+from subic_keras.models import QUERY_KINDS
+
+
+def _all_finite(logs: dict) -> bool:
+    return all(np.all(np.isfinite(value)) for value in logs.values())
 
 
 def _entropy_losses(model: keras.Model) -> list[_BlockEntropyLoss]:
@@ -112,7 +118,7 @@ class BestModelCheckpoint(keras.callbacks.Callback):
                 f"monitor {self.monitor!r} is not among the logged values "
                 f"{sorted(logs)}"
             )
-        if not all(np.all(np.isfinite(value)) for value in logs.values()):
+        if not _all_finite(logs):
             if self.verbose:
                 print(
                     f"\nEpoch {epoch + 1}: non-finite values logged; "
@@ -131,10 +137,6 @@ class BestModelCheckpoint(keras.callbacks.Callback):
             self.best, self.best_epoch = value, epoch
             with atomic_path(self.filepath, suffix=".keras") as tmp:
                 self.model.save(tmp)
-
-
-def _all_finite(logs: dict) -> bool:
-    return all(np.all(np.isfinite(value)) for value in logs.values())
 
 
 class BestWeights(keras.callbacks.Callback):
@@ -250,8 +252,6 @@ class RetrievalValidation(keras.callbacks.Callback):
         seed: int = 0,
     ):
         super().__init__()
-        from subic_keras.models import QUERY_KINDS
-
         self.subic, self.images, self.labels = subic, images, np.asarray(labels)
         queries = tuple(queries)
         unknown = [kind for kind in queries if kind not in QUERY_KINDS]
@@ -275,8 +275,6 @@ class RetrievalValidation(keras.callbacks.Callback):
 
     def scores(self) -> dict[str, float]:
         """Validation mAP of the model's current weights, per query kind."""
-        from subic_keras import evaluation, retrieval
-
         result, index = {}, None
         for kind in self.queries:
             scores, query_labels, database_labels, index = retrieval.protocol_scores(
@@ -338,14 +336,9 @@ class EpochTensorBoard(keras.callbacks.Callback):
         import tensorflow as tf
 
         for key, value in (logs or {}).items():
-            split, name = (
-                ("validation", key[4:])
-                if key.startswith("val_")
-                else (
-                    "train",
-                    key,
-                )
-            )
+            split, name = "train", key
+            if key.startswith("val_"):
+                split, name = "validation", key[4:]
             with self._writer(split).as_default():
                 tf.summary.scalar(f"epoch_{name}", float(np.mean(value)), step=epoch)
 

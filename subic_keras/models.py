@@ -37,6 +37,13 @@ TRAINING_MODES = ("full", "2-layer", "3-layer")
 QUERY_KINDS = ("fc0", "class_posterior")
 
 
+def check_query_kind(name: str, kind) -> str:
+    """`kind` if it is one of `QUERY_KINDS`; a `ValueError` naming `name` otherwise."""
+    if kind not in QUERY_KINDS:
+        raise ValueError(f"{name} must be one of {QUERY_KINDS}, received {kind!r}")
+    return kind
+
+
 @keras.saving.register_keras_serializable(package="subic_keras")
 class SubicTrainModel(keras.Model):
     """SuBiC's functional train graph, outputs `class_probs` and `block_probs`.
@@ -59,11 +66,9 @@ class SubicTrainModel(keras.Model):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
-        query = config.pop("default_query", QUERY_KINDS[0])
-        if query not in QUERY_KINDS:
-            raise ValueError(
-                f"default_query must be one of {QUERY_KINDS}, received {query!r}"
-            )
+        query = check_query_kind(
+            "default_query", config.pop("default_query", QUERY_KINDS[0])
+        )
         model = super().from_config(config, custom_objects=custom_objects)
         model.default_query = query
         return model
@@ -183,11 +188,7 @@ class Subic:
 
     @default_query.setter
     def default_query(self, kind: str) -> None:
-        if kind not in QUERY_KINDS:
-            raise ValueError(
-                f"default_query must be one of {QUERY_KINDS}, received {kind!r}"
-            )
-        self.train_model.default_query = kind
+        self.train_model.default_query = check_query_kind("default_query", kind)
 
     def losses(self) -> dict:
         """SuBiC's loss, per output: scaled cross-entropy and both entropies."""
@@ -274,9 +275,7 @@ class Subic:
         Returns:
             float32 queries for `SubicIndex.search`.
         """
-        kind = self.default_query if kind is None else kind
-        if kind not in QUERY_KINDS:
-            raise ValueError(f"kind must be one of {QUERY_KINDS}, received {kind!r}")
+        kind = check_query_kind("kind", self.default_query if kind is None else kind)
         encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
         return encoder.predict(images, batch_size=batch_size, verbose=0)
 

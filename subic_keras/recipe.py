@@ -268,14 +268,13 @@ class _Progress(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         os.makedirs(self.directory, exist_ok=True)
         state_path = os.path.join(self.directory, "state.json")
-        old = _read_state(self.directory)
         last = os.path.join(self.directory, f"epoch-{epoch + 1}.weights.h5")
         with atomic_path(last, suffix=".weights.h5") as tmp:
             self.model.save_weights(tmp)
-        best = old.get("best_file") if old else None
-        if self.selector.best_epoch == epoch:
+        best_epoch = self.selector.best_epoch
+        best = None if best_epoch is None else f"best-{best_epoch + 1}.weights.h5"
+        if best_epoch == epoch:
             # This epoch is the best so far: its snapshot is the best one.
-            best = f"best-{epoch + 1}.weights.h5"
             with atomic_path(
                 os.path.join(self.directory, best), suffix=".weights.h5"
             ) as tmp:
@@ -284,8 +283,8 @@ class _Progress(keras.callbacks.Callback):
             "epoch": epoch + 1,
             "weights_file": os.path.basename(last),
             "best_file": best,
-            "best": None if self.selector.best_epoch is None else self.selector.best,
-            "best_epoch": self.selector.best_epoch,
+            "best": None if best_epoch is None else self.selector.best,
+            "best_epoch": best_epoch,
             "history": [None if math.isnan(v) else v for v in self.selector.history],
         }
         with atomic_path(state_path, suffix=".json") as tmp:

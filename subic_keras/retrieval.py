@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from subic_keras import evaluation
-from subic_keras.models import QUERY_KINDS, Subic
+from subic_keras.models import Subic, check_query_kind
 from subic_keras.search import SubicIndex
 
 _QUERY_CHUNK = 1024
@@ -94,9 +94,7 @@ def protocol_scores(
         `(num_queries, num_database)` with columns in database order, ready
         for any `subic_keras.evaluation` metric.
     """
-    query = subic.default_query if query is None else query
-    if query not in QUERY_KINDS:
-        raise ValueError(f"query must be one of {QUERY_KINDS}, received {query!r}")
+    query = check_query_kind("query", subic.default_query if query is None else query)
     query_idx, database_idx = evaluation.protocol_split(
         protocol, labels, seed=seed, **protocol_args
     )
@@ -131,6 +129,7 @@ def evaluate(
         differ), `precision@k`, `recall@k`, the protocol, bits, sizes and
         the tie handling.
     """
+    query = subic.default_query if query is None else query
     scores, query_labels, database_labels, index = protocol_scores(
         subic,
         images,
@@ -155,7 +154,7 @@ def evaluate(
     result.update(
         {
             "protocol": protocol,
-            "query": subic.default_query if query is None else query,
+            "query": query,
             "bits": subic.num_blocks * int(math.log2(subic.block_size)),
             "num_blocks": subic.num_blocks,
             "block_size": subic.block_size,

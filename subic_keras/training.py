@@ -24,6 +24,8 @@ from subic_keras.recipe import Recipe, train_subic
 
 DATASETS = ("digits", "cifar10", "fashion_mnist")
 BACKBONES = ("auto", "dsh_cnn", "mlp")
+# `subic train`'s defaults are the recipe's.
+_RECIPE = Recipe()
 
 
 def default_cache_dir() -> str:
@@ -77,12 +79,12 @@ class TrainConfig:
     data_dir: str | None = None
     num_blocks: int = 8
     block_size: int = 64
-    gamma: float = 0.3
-    mu: float = 0.3
-    pretrain_epochs: int = 50
-    epochs: int = 5
-    batch_size: int = 200
-    learning_rate: float = 1e-3
+    gamma: float = _RECIPE.gamma
+    mu: float = _RECIPE.mu
+    pretrain_epochs: int = _RECIPE.pretrain_epochs
+    epochs: int = _RECIPE.epochs
+    batch_size: int = _RECIPE.batch_size
+    learning_rate: float = _RECIPE.learning_rate
     warmup_epochs: float | None = None
     validation_size: float = 0.1
     backbone: str = "auto"
