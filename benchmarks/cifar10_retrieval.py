@@ -83,7 +83,8 @@ from make_results import cifar_label, render_cifar10_comparison
 from subic_keras import backbones, datasets, evaluation, recipe, retrieval
 from subic_keras._io import atomic_path
 from subic_keras.baselines import build_dlbhc, build_dsh
-from subic_keras.models import Subic, build_subic
+from subic_keras.callbacks import BestWeights
+from subic_keras.models import Subic
 from subic_keras.recipe import learning_rate_schedule
 from subic_keras.training import standardization
 
@@ -223,30 +224,18 @@ def build(
     x_fit: np.ndarray,
     backbone_weights: str | None = None,
 ):
-    """The network of `method`, uncompiled; same CNN for every method.
+    """A hashing baseline's network, uncompiled, on the CNN every method shares.
 
     `backbone_weights` (a `.weights.h5` from `pretrain_backbone`) starts the
     CNN from a classifier trained on the same fitting images; otherwise it
-    starts from random weights.
+    starts from random weights. SuBiC's networks are built by the library's
+    recipe (`train_subic`).
     """
     backbone = backbones.dsh_cnn(input_shape=x_fit.shape[1:])
     if backbone_weights is not None:
         backbone.load_weights(backbone_weights)
     preprocessing = standardization(x_fit)
     shape = x_fit.shape[1:]
-    if method in SUBIC_BLOCK_SIZES:
-        num_blocks, block_size = code_shape(method, bits)
-        return build_subic(
-            backbone,
-            num_blocks,
-            block_size,
-            10,
-            gamma=hparams["gamma"],
-            mu=hparams["mu"],
-            input_shape=shape,
-            preprocessing=preprocessing,
-            optimizer=None,
-        )
     if method == "dsh":
         margin = None if hparams["margin"] == "2B" else float(hparams["margin"])
         return build_dsh(
@@ -421,26 +410,21 @@ def add_class_query_results(network, entry: dict, data: Data, scale: Scale) -> N
         entry["test_class_query"][name] = result
 
 
-class SelectByValidationMAP(keras.callbacks.Callback):
-    """Scores validation mAP after every epoch and keeps the best weights."""
+class HammingValidation(keras.callbacks.Callback):
+    """Logs a hashing baseline's validation mAP (`val_map`) after every epoch;
+    the library's `BestWeights` selects on it."""
 
     def __init__(self, network, method: str, data: Data, verbose: bool):
         super().__init__()
         self.network, self.method, self.data = network, method, data
         self.verbose = verbose
-        self.history: list[float] = []
-        self.best, self.best_epoch, self.best_weights = -math.inf, None, None
 
     def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
         if not all(np.all(np.isfinite(v)) for v in logs.values()):
-            self.history.append(float("nan"))
+            logs["val_map"] = math.nan
             return
         value = validation_map(self.network, self.method, self.data)
-        self.history.append(value)
-        if value > self.best:
-            self.best, self.best_epoch = value, epoch
-            self.best_weights = [w.copy() for w in self.model.get_weights()]
+        logs["val_map"] = value
         if self.verbose:
             loss = logs.get("loss", float("nan"))
             print(
@@ -541,9 +525,9 @@ def train(
 
     SuBiC models are trained by the library's recipe (`recipe.train_subic`,
     stage 2; the pre-training is `pretrain_backbone`'s); DSH and DLBHC by
-    `fit` with the same data, schedule and validation-mAP selection.
+    `fit` with the same data, schedule and validation-mAP selection
+    (`callbacks.BestWeights`).
     """
-    start = time.time()
     if method in SUBIC_BLOCK_SIZES:
         return train_subic(
             method,
@@ -556,6 +540,7 @@ def train(
             verbose,
             backbone_weights,
         )
+    start = time.time()
     keras.utils.set_random_seed(seed)
     network = build(method, bits, hparams, data.x_fit, backbone_weights)
     steps = math.ceil(len(data.x_fit) / batch_size) * epochs
@@ -566,14 +551,17 @@ def train(
     fit_data = datasets.make_dataset(
         data.x_fit, data.y_fit, batch_size, shuffle=True, augment=True, seed=seed
     )
-    selector = SelectByValidationMAP(network, method, data, verbose)
-    callbacks = [selector, keras.callbacks.TerminateOnNaN()]
+    selector = BestWeights("val_map", mode="max")
+    callbacks = [
+        HammingValidation(network, method, data, verbose),
+        selector,
+        keras.callbacks.TerminateOnNaN(),
+    ]
     network.train_model.fit(
         fit_data, epochs=epochs, callbacks=callbacks, verbose=0, shuffle=False
     )
-    if selector.best_weights is None:
+    if selector.best_epoch is None:
         raise RuntimeError(f"{method} {bits} bits: no finite epoch to select")
-    network.train_model.set_weights(selector.best_weights)
     selection = {
         "metric": SELECTION_METRIC,
         "best_epoch": selector.best_epoch + 1,
