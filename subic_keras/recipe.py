@@ -395,6 +395,13 @@ def pretrain_backbone(
     weights_path = record_path = partial = None
     if cache_dir is not None:
         cache_dir = os.path.expanduser(os.fspath(cache_dir))
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+        except OSError as error:
+            raise ValueError(
+                f"cache_dir must be a directory that can be created or written, "
+                f"received {cache_dir!r} ({error.strerror})"
+            ) from error
         weights_path = os.path.join(cache_dir, f"pretrain-{key}.weights.h5")
         record_path = os.path.join(cache_dir, f"pretrain-{key}.json")
         partial = os.path.join(cache_dir, f"pretrain-{key}.partial")

@@ -189,7 +189,7 @@ def test_images_28x28x1_with_augmentation(tmp_path):
     assert subic.encode(images[:5] / 255).shape == (5, 2)
 
 
-def test_bad_inputs(data):
+def test_bad_inputs(data, tmp_path):
     (x, y), validation = data
     with pytest.raises(ValueError, match="augment=True needs uint8 images"):
         recipe.train_subic(
@@ -205,6 +205,12 @@ def test_bad_inputs(data):
         recipe.train_subic(_mlp(), 2, 4, x, y[:-1], validation, recipe=FAST)
     with pytest.raises(ValueError, match="num_classes is 3, but the labels reach"):
         recipe.train_subic(_mlp(), 2, 4, x, y, validation, recipe=FAST, num_classes=3)
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    with pytest.raises(ValueError, match="cache_dir must be a directory"):
+        recipe.pretrain_backbone(
+            _mlp(), x, y, validation, recipe=FAST, cache_dir=not_a_directory
+        )
     bad = x.copy()
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="must be finite"):
