@@ -1,11 +1,25 @@
-"""What the benchmarks share: the machine they ran on and atomic JSON output."""
+"""What the benchmarks share: run metadata, the result cache, atomic output.
+
+Every benchmark records the machine and library versions it ran on with its
+results (kernel rankings and speed ratios depend on the CPU), caches one
+JSON file per trained configuration in a `ResultCache`, and writes its
+reports atomically: a temporary file beside the destination, then a rename,
+so no report is ever half-written.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import hashlib
+import importlib
 import json
 import os
 import platform
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 
 
 def cpu_model() -> str:
@@ -21,11 +35,36 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    """The machine a measurement ran on."""
+    """The machine a measurement ran on, and how busy it was."""
     return {
         "cpu": cpu_model(),
-        "cpus": os.cpu_count(),
+        "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def versions(*modules: str) -> dict:
+    """Python's version and those of `modules` that are installed.
+
+    Defaults to the libraries every benchmark depends on.
+    """
+    found = {"python": platform.python_version()}
+    for name in modules or ("numpy", "faiss", "tensorflow", "keras"):
+        try:
+            found[name] = getattr(importlib.import_module(name), "__version__", "?")
+        except ImportError:
+            continue
+    return found
+
+
+def run_metadata(module: str, *packages: str) -> dict:
+    """The command, versions, machine and time of a run, for its JSON."""
+    return {
+        "command": command(module),
+        "versions": versions(*packages),
+        "machine": machine(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
@@ -34,15 +73,84 @@ def command(module: str) -> str:
     return " ".join(["python", "-m", f"benchmarks.{module}", *sys.argv[1:]])
 
 
-def write_json(path: str, obj) -> None:
-    """Writes `obj` to `path` atomically (a temporary file, then a rename)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """Yields a temporary path beside `path`, renamed onto it on success.
+
+    `suffix` keeps the extension writers choose a format from (`.keras`,
+    `.weights.h5`, `.png`). On failure the temporary file is removed.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=suffix, dir=directory
+    )
+    os.close(fd)
     try:
-        with open(tmp, "w") as handle:
-            json.dump(obj, handle, indent=2)
-            handle.write("\n")
+        yield tmp
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to `path` atomically."""
+    with atomic_output(path) as tmp, open(tmp, "w") as handle:
+        handle.write(text)
+
+
+def write_json(path: str, obj) -> None:
+    """Writes `obj` as indented JSON to `path` atomically."""
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: str):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def settings_key(prefix: str, settings: dict) -> str:
+    """`prefix` and a short digest of `settings`: a cache key that changes
+    whenever a setting that affects the result does."""
+    digest = hashlib.sha256(
+        json.dumps(settings, sort_keys=True, default=str).encode()
+    ).hexdigest()[:10]
+    return f"{prefix}-{digest}"
+
+
+class ResultCache:
+    """One JSON file per computed result, in `directory`, keyed by its settings.
+
+    Reruns read what is cached instead of recomputing it; an unreadable file
+    is skipped with a message, never trusted.
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.directory, key + ".json")
+
+    def get(self, key: str) -> dict | None:
+        path = self.path(key)
+        if not os.path.isfile(path):
+            return None
+        try:
+            return read_json(path)
+        except (OSError, json.JSONDecodeError):
+            print(f"skipping unreadable cache entry {path}", file=sys.stderr)
+            return None
+
+    def put(self, key: str, entry: dict) -> None:
+        write_json(self.path(key), entry)
+
+    def entries(self) -> list[dict]:
+        """Every readable entry, in file-name order."""
+        found = []
+        for path in sorted(glob.glob(os.path.join(self.directory, "*.json"))):
+            entry = self.get(os.path.basename(path)[: -len(".json")])
+            if entry is not None:
+                found.append(entry)
+        return found

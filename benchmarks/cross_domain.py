@@ -37,9 +37,9 @@ its settings, so a rerun only computes what changed.
 
 Example:
 
-    python benchmarks/cross_domain.py                      # full, ~30-60 min
-    python benchmarks/cross_domain.py --seeds 0 1 2
-    python benchmarks/cross_domain.py --quick --output-dir /tmp/xd  # < 60 s
+    python -m benchmarks.cross_domain                      # full, ~30-60 min
+    python -m benchmarks.cross_domain --seeds 0 1 2
+    python -m benchmarks.cross_domain --quick --output-dir /tmp/xd  # < 60 s
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ import platform
 import sys
 import time
 from pathlib import Path
+
+from benchmarks import common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # faiss's OpenMP threads spin while waiting, starving TensorFlow on small
@@ -845,7 +847,6 @@ def _method_settings(name: str, settings: Settings) -> dict:
 
 def cached(cache_dir: Path, name: str, seed: int, key: dict, compute) -> dict:
     """`compute()`'s result, read from or written to a JSON file in the cache."""
-    from subic_keras._io import atomic_path
 
     digest = hashlib.sha256(
         json.dumps({**key, "version": RESULT_VERSION}, sort_keys=True).encode()
@@ -862,7 +863,7 @@ def cached(cache_dir: Path, name: str, seed: int, key: dict, compute) -> dict:
     result = compute()
     result["wall_seconds"] = time.perf_counter() - start
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, suffix=".json") as tmp, open(tmp, "w") as handle:
+    with common.atomic_output(path, suffix=".json") as tmp, open(tmp, "w") as handle:
         json.dump(result, handle, indent=1, default=_json_default)
     maps = ", ".join(f"{n} {r['map']:.4f}" for n, r in result["test"].items())
     log(f"{name} seed {seed}: {maps} ({result['wall_seconds']:.0f} s)")
@@ -1098,8 +1099,6 @@ def write_figures(
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    from subic_keras._io import atomic_path
-
     points = sweep["points"]
     colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(points)))
     entries = settings.fig3_entries
@@ -1146,7 +1145,7 @@ def write_figures(
         "2-layer SuBiC on CIFAR-10 MobileNet features"
     )
     fig3 = output_dir / "fig3_gamma_mu.png"
-    with atomic_path(fig3, suffix=".png") as tmp:
+    with common.atomic_output(fig3, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
@@ -1182,7 +1181,7 @@ def write_figures(
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig4 = output_dir / "fig4_map_vs_gamma_mu.png"
-    with atomic_path(fig4, suffix=".png") as tmp:
+    with common.atomic_output(fig4, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return {"fig3": fig3.name, "fig4": fig4.name}
@@ -1312,18 +1311,17 @@ def markdown(report: dict) -> str:
 
 
 def write_outputs(report: dict, output_dir: Path) -> None:
-    from subic_keras._io import atomic_path
 
     json_path = output_dir / "cross_domain.json"
-    with atomic_path(json_path, suffix=".json") as tmp, open(tmp, "w") as handle:
+    with (
+        common.atomic_output(json_path, suffix=".json") as tmp,
+        open(tmp, "w") as handle,
+    ):
         json.dump(report, handle, indent=1, default=_json_default)
     md_path = output_dir / "cross_domain.md"
-    with atomic_path(md_path, suffix=".md") as tmp, open(tmp, "w") as handle:
-        handle.write(markdown(report))
+    common.write_text(md_path, markdown(report))
     log(f"wrote {json_path} and {md_path}")
 
 
 if __name__ == "__main__":
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     main()

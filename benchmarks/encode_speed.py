@@ -7,8 +7,8 @@ bytes), and the float32 and int8 LiteRT files; plus each artifact's size on
 disk. Every encoder returns both the codes and the query `z`. Each
 measurement repeats calls for at least `--seconds` after two warm-up calls.
 
-    python benchmarks/encode_speed.py --model RUN/best.keras --data-dir ../shared/data
-    python benchmarks/encode_speed.py --quick   # an untrained model, seconds
+    python -m benchmarks.encode_speed --model RUN/best.keras --data-dir ../shared/data
+    python -m benchmarks.encode_speed --quick   # an untrained model, seconds
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import common
 from subic_keras import datasets
-from subic_keras._io import atomic_path
 from subic_keras.export import export_litert, export_saved_model, load_subic
 from subic_keras.training import TrainConfig, build_model
 
@@ -219,7 +219,7 @@ def main(argv=None) -> dict:
     }
     for name, size in sizes.items():
         print(f"{name:<24} {size / 1024:10.1f} KiB")
-    with atomic_path(args.output) as tmp, open(tmp, "w") as handle:
+    with common.atomic_output(args.output) as tmp, open(tmp, "w") as handle:
         json.dump(report, handle, indent=2)
     print(f"wrote {args.output}")
     return report

@@ -8,8 +8,8 @@ search, `random` protocol: `--queries-per-class` queries per class, the other
 images as the database; mAP over the full ranking, ties counted in
 expectation).
 
-    python benchmarks/export_parity.py --model RUN/best.keras --data-dir ../shared/data
-    python benchmarks/export_parity.py --quick   # an untrained tiny model, seconds
+    python -m benchmarks.export_parity --model RUN/best.keras --data-dir ../shared/data
+    python -m benchmarks.export_parity --quick   # an untrained tiny model, seconds
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import common
 from subic_keras import datasets, evaluation
-from subic_keras._io import atomic_path
 from subic_keras.export import (
     export_litert,
     export_saved_model,
@@ -257,7 +257,7 @@ def main(argv=None) -> dict:
         "elapsed_seconds": round(time.perf_counter() - started, 1),
     }
     _print(report)
-    with atomic_path(args.output) as tmp, open(tmp, "w") as handle:
+    with common.atomic_output(args.output) as tmp, open(tmp, "w") as handle:
         json.dump(report, handle, indent=2)
     print(f"wrote {args.output}")
     return report

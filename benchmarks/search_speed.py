@@ -25,8 +25,8 @@ processes share the machine.
 
 Example:
 
-    python benchmarks/search_speed.py                      # 1,000,000 items
-    python benchmarks/search_speed.py --quick              # a few seconds
+    python -m benchmarks.search_speed                      # 1,000,000 items
+    python -m benchmarks.search_speed --quick              # a few seconds
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import time
 import faiss
 import numpy as np
 
-from subic_keras._io import atomic_path
+from benchmarks import common
 from subic_keras.search import SubicIndex
 
 K_NEIGHBOURS = 100
@@ -412,7 +412,7 @@ def main(argv=None) -> dict:
             f"{target['target']}: {target['ratio']:.2f}x ({status}); per "
             f"CPU-second {target['ratio_per_cpu_second']:.2f}x"
         )
-    with atomic_path(args.output) as tmp, open(tmp, "w") as f:
+    with common.atomic_output(args.output) as tmp, open(tmp, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.output}")
     return report

@@ -3,52 +3,95 @@
 SuBiC (Jain et al., ICCV 2017) encodes an image as `M` one-hot blocks of
 size `K`, `M·log2 K` bits, trained end to end with a block softmax and two
 entropy terms, and searched asymmetrically with a real-valued query.
+
+Submodules and names load on first use (PEP 562), so the NumPy-only parts
+(`evaluation`, `protocols`, `scoring`, `search`, the quantizers) do not
+import TensorFlow. Keras finds the package's layers, losses and metrics in
+a `.keras` file once they are loaded: by using any Keras name of the package
+(`subic_keras.Subic`, `subic_keras.layers`, ...), or by importing
+`subic_keras` after `keras`.
 """
 
-from subic_keras import (
-    backbones,
-    baselines,
-    callbacks,
-    datasets,
-    evaluation,
-    export,
-    losses,
-    metrics,
-    recipe,
-    retrieval,
-    search,
-    training,
-)
-from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
-from subic_keras.models import Subic, SubicTrainModel, build_subic
-from subic_keras.recipe import Recipe, pretrain_backbone, train_subic
-from subic_keras.search import ShardedSubicIndex, SubicIndex, merge_results
+import importlib
+import sys
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BlockArgmax",
-    "BlockOneHot",
-    "BlockSoftmax",
-    "Recipe",
-    "ShardedSubicIndex",
-    "Subic",
-    "SubicIndex",
-    "SubicTrainModel",
+_SUBMODULES = (
     "backbones",
     "baselines",
-    "build_subic",
     "callbacks",
     "datasets",
     "evaluation",
     "export",
+    "layers",
     "losses",
-    "merge_results",
     "metrics",
-    "pretrain_backbone",
+    "models",
+    "protocols",
     "recipe",
     "retrieval",
+    "scoring",
     "search",
-    "train_subic",
     "training",
-]
+)
+_NAMES = {
+    "BlockArgmax": "layers",
+    "BlockOneHot": "layers",
+    "BlockSoftmax": "layers",
+    "Recipe": "recipe",
+    "Scorer": "scoring",
+    "SearchBackend": "search",
+    "ShardedSubicIndex": "search",
+    "Subic": "models",
+    "SubicIndex": "search",
+    "SubicTrainModel": "models",
+    "build_subic": "models",
+    "merge_results": "search",
+    "pretrain_backbone": "recipe",
+    "train_subic": "recipe",
+}
+
+__all__ = sorted([*_NAMES, *_SUBMODULES])
+
+
+# The modules that register Keras-serializable classes: loading any of them
+# loads all, so that every SuBiC `.keras` file (a DSH backbone's local response
+# normalization, a baseline's `Binarize`) deserializes without custom_objects.
+_KERAS_MODULES = (
+    "backbones",
+    "baselines.dlbhc",
+    "baselines.dsh",
+    "baselines.hashing",
+    "layers",
+    "losses",
+    "metrics",
+    "models",
+)
+
+
+def _register_keras_objects() -> None:
+    for module in _KERAS_MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+
+
+def __getattr__(name: str):
+    if name not in _SUBMODULES and name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _NAMES.get(name, name)
+    if module in _KERAS_MODULES:
+        _register_keras_objects()
+    module = importlib.import_module(f"{__name__}.{module}")
+    value = module if name in _SUBMODULES else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+# With Keras already loaded, registering the package's serializable classes
+# costs nothing and lets `keras.saving.load_model` read SuBiC files.
+if "keras" in sys.modules:
+    _register_keras_objects()

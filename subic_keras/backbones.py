@@ -7,6 +7,7 @@ SuBiC's encoder (`FC0` and the block non-linearity) is put on top of one of:
   (`LocalResponseNormalization`);
 - `keras_application`: a `keras.applications` network, pooled to a vector;
 - `feature_input`: the identity on precomputed feature vectors;
+- `mlp_backbone`: a two-layer perceptron, for tiny images (8x8 digits);
 - `LiteRTFeatureExtractor`: a frozen LiteRT (TFLite) feature extractor run
   outside Keras, whose outputs are cached on disk and fed to `feature_input`.
 """
@@ -235,6 +236,19 @@ def feature_input(dim: int, name: str = "features") -> keras.Model:
     dim = check_int("dim", dim, minimum=1)
     inputs = keras.Input(shape=(dim,), name=name)
     return keras.Model(inputs, inputs, name=name)
+
+
+def mlp_backbone(input_shape, units: int = 256, name: str = "mlp") -> keras.Model:
+    """A two-layer perceptron on flattened images, for tiny inputs (digits)."""
+    return keras.Sequential(
+        [
+            keras.Input(shape=tuple(input_shape)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(units, activation="relu"),
+            keras.layers.Dense(units, activation="relu"),
+        ],
+        name=name,
+    )
 
 
 def _application_names() -> list[str]:

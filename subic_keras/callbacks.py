@@ -9,10 +9,10 @@ import os
 import keras
 import numpy as np
 
-from subic_keras import evaluation, retrieval
+from subic_keras import evaluation, scoring
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, check_non_negative
-from subic_keras.losses import _BlockEntropyLoss
+from subic_keras.losses import BlockEntropyLoss
 from subic_keras.models import QUERY_KINDS
 
 
@@ -20,13 +20,13 @@ def _all_finite(logs: dict) -> bool:
     return all(np.all(np.isfinite(value)) for value in logs.values())
 
 
-def _entropy_losses(model: keras.Model) -> list[_BlockEntropyLoss]:
+def _entropy_losses(model: keras.Model) -> list[BlockEntropyLoss]:
     losses = getattr(model, "loss", None)
     if isinstance(losses, dict):
         losses = list(losses.values())
     elif not isinstance(losses, (list, tuple)):
         losses = [losses]
-    return [loss for loss in losses if isinstance(loss, _BlockEntropyLoss)]
+    return [loss for loss in losses if isinstance(loss, BlockEntropyLoss)]
 
 
 class EntropyWarmup(keras.callbacks.Callback):
@@ -34,7 +34,7 @@ class EntropyWarmup(keras.callbacks.Callback):
 
     With `γ = μ = 1` from the first step, blocks saturate to one-hot before
     the classifier has learnt anything, the block softmax's gradient vanishes
-    and training stalls (see SPEC.md, "Measured on this project's machines").
+    and training stalls.
     This callback multiplies `γ` and `μ` of every compiled SuBiC entropy loss
     by `min(1, t / epochs)`, `t` counting epochs in fractions of batches.
 
@@ -221,12 +221,14 @@ class RetrievalValidation(keras.callbacks.Callback):
     """Logs retrieval mAP on held-out images after every epoch.
 
     A tenth of the validation images (seeded, `query_fraction`) query the
-    rest, which are encoded into a `SubicIndex`; each query kind of
-    `subic.query` is scored by mAP over the full ranking with pessimistic
-    ties (relevant items last among equal scores), and logged as
-    `val_map_<kind>`: `val_map_fc0` for the paper's `z*` (Sec. 3.3, Eq. 9)
-    and `val_map_class_posterior` for `W₁ s*`. Put it before callbacks that
-    read these values (`BestWeights`, `EarlyStopping`).
+    rest; the ranking of every query over that database is scored by mAP
+    with pessimistic ties (relevant items last among equal scores). For a
+    `Subic`, each query kind in `queries` is logged as `val_map_<kind>`:
+    `val_map_fc0` for the paper's `z*` (Sec. 3.3, Eq. 9) and
+    `val_map_class_posterior` for `W₁ s*`. Any other
+    `subic_keras.scoring.Scorer` (a hashing baseline) is logged as
+    `val_map`, with `queries=None`. Put it before callbacks that read these
+    values (`BestWeights`, `EarlyStopping`).
 
     Example:
 
@@ -234,17 +236,18 @@ class RetrievalValidation(keras.callbacks.Callback):
     ...                       callbacks=[RetrievalValidation(subic, x_val, y_val)])
 
     Args:
-        subic: the `Subic` whose `train_model` is being fitted.
+        scorer: the `Subic` (or other scorer) whose model is being fitted.
         images: validation images: uint8 pixels or float model inputs.
         labels: their class ids `(n,)`.
-        queries: the query kinds to score.
+        queries: the query kinds of a `Subic` to score; `None` scores the
+            scorer as it is, as `val_map`.
         query_fraction: the fraction of `images` used as queries (at least 10).
         seed: seed of the query draw.
     """
 
     def __init__(
         self,
-        subic,
+        scorer,
         images,
         labels,
         queries=("fc0", "class_posterior"),
@@ -252,14 +255,15 @@ class RetrievalValidation(keras.callbacks.Callback):
         seed: int = 0,
     ):
         super().__init__()
-        self.subic, self.images, self.labels = subic, images, np.asarray(labels)
-        queries = tuple(queries)
-        unknown = [kind for kind in queries if kind not in QUERY_KINDS]
-        if not queries or unknown:
-            raise ValueError(
-                f"queries must be a non-empty subset of {QUERY_KINDS}, "
-                f"received {queries!r}"
-            )
+        self.scorer, self.images, self.labels = scorer, images, np.asarray(labels)
+        if queries is not None:
+            queries = tuple(queries)
+            unknown = [kind for kind in queries if kind not in QUERY_KINDS]
+            if not queries or unknown:
+                raise ValueError(
+                    f"queries must be a non-empty subset of {QUERY_KINDS} or None, "
+                    f"received {queries!r}"
+                )
         if not 0 < query_fraction < 1:
             raise ValueError(
                 f"query_fraction must be in (0, 1), received {query_fraction!r}"
@@ -273,21 +277,29 @@ class RetrievalValidation(keras.callbacks.Callback):
         self.num_queries = max(10, int(len(self.labels) * query_fraction))
         self.seed = check_int("seed", seed, minimum=0)
 
+    @property
+    def names(self) -> list[str]:
+        """The names this callback logs."""
+        if self.queries is None:
+            return ["val_map"]
+        return [f"val_map_{kind}" for kind in self.queries]
+
     def scores(self) -> dict[str, float]:
-        """Validation mAP of the model's current weights, per query kind."""
-        result, index = {}, None
-        for kind in self.queries:
-            scores, query_labels, database_labels, index = retrieval.protocol_scores(
-                self.subic,
+        """Validation mAP of the model's current weights, per logged name."""
+        kinds = (None,) if self.queries is None else self.queries
+        result, database = {}, None
+        for name, kind in zip(self.names, kinds):
+            scorer = self.scorer if kind is None else self.scorer.with_query(kind)
+            scores, query_labels, database_labels, database = scoring.protocol_scores(
+                scorer,
                 self.images,
                 self.labels,
                 "random",
                 seed=self.seed,
-                index=index,
-                query=kind,
+                database=database,
                 num_queries=self.num_queries,
             )
-            result[f"val_map_{kind}"] = float(
+            result[name] = float(
                 evaluation.mean_average_precision(
                     scores, query_labels, database_labels, ties="pessimistic"
                 )
@@ -298,8 +310,7 @@ class RetrievalValidation(keras.callbacks.Callback):
         if logs is None:
             return
         if not _all_finite(logs):
-            for kind in self.queries:
-                logs[f"val_map_{kind}"] = math.nan
+            logs.update(dict.fromkeys(self.names, math.nan))
             return
         logs.update(self.scores())
 

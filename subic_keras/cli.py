@@ -12,8 +12,9 @@ import time
 import numpy as np
 
 from subic_keras._validation import check_int
+from subic_keras.datasets import DATASETS
 from subic_keras.models import QUERY_KINDS
-from subic_keras.training import BACKBONES, DATASETS, TrainConfig
+from subic_keras.training import BACKBONES, TrainConfig
 
 # `subic quickstart`: 16-bit codes on the bundled 8×8 digits, in seconds.
 QUICKSTART = TrainConfig(
@@ -234,7 +235,8 @@ def run_train(args) -> int:
 def run_quickstart(args) -> int:
     """Trains on the bundled digits, indexes, searches, prints retrieval mAP."""
     from subic_keras import evaluation, retrieval
-    from subic_keras.training import load_images, train
+    from subic_keras.datasets import load_images
+    from subic_keras.training import train
 
     start = time.time()
     config = _config_from_args(args)
@@ -292,7 +294,7 @@ def _load_subic(path: str):
 
 
 def _split_images(args):
-    from subic_keras.training import load_images
+    from subic_keras.datasets import load_images
 
     train_part, test_part = load_images(args.dataset, args.data_dir)
     return train_part if args.split == "train" else test_part
@@ -308,13 +310,13 @@ def _write_json(path: str | None, result: dict) -> None:
 
 
 def run_index_build(args) -> int:
-    from subic_keras import evaluation, retrieval
+    from subic_keras import protocols, retrieval
 
     subic = _load_subic(args.model)
     images, labels = _split_images(args)
     ids = np.arange(len(images))
     if args.protocol is not None:
-        _, ids = evaluation.protocol_split(args.protocol, labels, seed=args.seed)
+        _, ids = protocols.protocol_split(args.protocol, labels, seed=args.seed)
     index = retrieval.build_index(subic, images[ids], ids=ids)
     index.save(args.output)
     print(
@@ -438,8 +440,8 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_export(args) -> int:
     """Exports a trained model for TF Serving and, optionally, LiteRT."""
+    from subic_keras.datasets import load_images
     from subic_keras.export import export_litert, export_saved_model, load_subic
-    from subic_keras.training import load_images
 
     if args.int8 and args.representative_data is None:
         raise ValueError(

@@ -7,14 +7,12 @@ the network. Preprocessing used for training is per-channel standardisation,
 `(x / 255 - mean) / std`, with `mean` and `std` from `channel_statistics` on
 the training images (see `standardize` and `make_dataset`).
 
-Splits are drawn with `np.random.default_rng(seed)`, so the same seed gives the
-same split on every machine.
+The deterministic splits are in `subic_keras.protocols`.
 """
 
 from __future__ import annotations
 
 import gzip
-import numbers
 import os
 import pickle
 import struct
@@ -23,6 +21,11 @@ import numpy as np
 import tensorflow as tf
 
 from subic_keras._validation import check_int
+
+# The splits live in `protocols` (NumPy only); re-exported here, where
+# earlier releases defined them.
+from subic_keras.protocols import query_database_split as query_database_split
+from subic_keras.protocols import train_validation_split as train_validation_split
 
 _CIFAR_SIZE = 32
 _CIFAR_PIXELS = 3 * _CIFAR_SIZE * _CIFAR_SIZE
@@ -789,184 +792,70 @@ def _augment_batch(batch: tf.Tensor, batch_seed: tf.Tensor) -> tf.Tensor:
 
 
 # --------------------------------------------------------------------------
-# Deterministic splits
+# Model inputs
 
 
-def query_database_split(
-    labels: np.ndarray,
-    queries_per_class: int | None = 100,
-    num_queries: int | None = None,
-    seed: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Splits a labelled set into queries and database, reproducibly.
+def as_model_inputs(images: np.ndarray) -> np.ndarray:
+    """uint8 images `(n, H, W[, C])` to the float `[0, 1]` inputs models take.
 
-    With `num_queries`, that many queries are drawn uniformly without
-    replacement (labels may be multi-hot, 2-D); otherwise
-    `queries_per_class` are drawn from every class (1-D class ids). The rest
-    is the database. CIFAR-10 protocol: `queries_per_class=100` on the test set.
-
-    Example:
-
-    >>> queries, database = query_database_split(y_test, queries_per_class=100)
-    >>> len(queries), len(database)
-    (1000, 9000)
-
-    Args:
-        labels: `(n,)` class ids, or `(n, C)` multi-hot with `num_queries`.
-        queries_per_class: queries per class; used when `num_queries` is None.
-        num_queries: total number of queries, in [1, n - 1]; takes precedence.
-        seed: seed of `np.random.default_rng`.
-
-    Returns:
-        `(query_indices, database_indices)`: sorted int64, disjoint, together
-        covering `range(n)`.
-
-    Raises:
-        ValueError: both counts None, counts out of range, or a class with fewer
-            than `queries_per_class` items (named with its count).
+    Float arrays are taken to be model inputs already (images in `[0, 1]`,
+    or features) and returned as float32.
     """
-    labels = np.asarray(labels)
-    seed = check_int("seed", seed, minimum=0)
-    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
-        raise ValueError(
-            "labels must be a non-empty array of shape (n,) or (n, C), received "
-            f"shape {labels.shape}"
-        )
-    n = labels.shape[0]
-    rng = np.random.default_rng(seed)
-    if num_queries is not None:
-        num_queries = check_int("num_queries", num_queries, minimum=1)
-        if num_queries >= n:
-            raise ValueError(
-                f"num_queries must be < the number of items ({n}) so that the "
-                f"database is not empty, received {num_queries}"
-            )
-        queries = rng.choice(n, size=num_queries, replace=False)
-    elif queries_per_class is None:
-        raise ValueError(
-            "one of queries_per_class and num_queries must be given, received both None"
-        )
-    else:
-        queries_per_class = check_int("queries_per_class", queries_per_class, 1)
-        classes, members = _class_members(labels, "queries_per_class")
-        parts = []
-        for label, idx in zip(classes, members):
-            if idx.size < queries_per_class:
-                raise ValueError(
-                    f"class {label.item()!r} has {idx.size} items, fewer than "
-                    f"queries_per_class={queries_per_class}"
-                )
-            parts.append(idx[rng.permutation(idx.size)[:queries_per_class]])
-        queries = np.concatenate(parts)
-        if queries.size >= n:
-            raise ValueError(
-                f"queries_per_class={queries_per_class} takes every one of the {n} "
-                "items as a query, leaving an empty database"
-            )
-    return _complement_split(queries, n)
-
-
-def train_validation_split(
-    labels: np.ndarray,
-    validation_size: int | float = 0.1,
-    seed: int = 0,
-    stratify: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Holds out a validation split from a training set, reproducibly.
-
-    With `stratify`, each class gets its proportional share of the
-    `v` validation items, `v * n_c / n`, rounded by largest remainder (ties
-    to the smaller class id) so that the shares sum to `v` exactly.
-
-    Example:
-
-    >>> train, val = train_validation_split(y_train, 5000)
-    >>> len(train), len(val)
-    (45000, 5000)
-
-    Args:
-        labels: `(n,)` class ids (`(n, C)` allowed without `stratify`).
-        validation_size: a count in [0, n - 1], or a fraction in [0, 1)
-            (rounded to the nearest count).
-        seed: seed of `np.random.default_rng`.
-        stratify: keep the class proportions.
-
-    Returns:
-        `(train_indices, validation_indices)`: sorted int64, disjoint, together
-        covering `range(n)`.
-
-    Raises:
-        ValueError: bad `validation_size` or labels.
-    """
-    labels = np.asarray(labels)
-    seed = check_int("seed", seed, minimum=0)
-    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
-        raise ValueError(
-            "labels must be a non-empty array of shape (n,) or (n, C), received "
-            f"shape {labels.shape}"
-        )
-    n = labels.shape[0]
-    size = _check_split_size(validation_size, n)
-    rng = np.random.default_rng(seed)
-    if not stratify:
-        validation, train = _complement_split(rng.permutation(n)[:size], n)
-        return train, validation
-    _, members = _class_members(labels, "stratify=True")
-    counts = np.array([idx.size for idx in members], dtype=np.int64)
-    quotas = size * counts / n
-    shares = np.floor(quotas).astype(np.int64)
-    # Largest remainder; a stable sort breaks ties towards earlier classes.
-    order = np.argsort(-(quotas - shares), kind="stable")
-    shares[order[: size - shares.sum()]] += 1
-    validation = np.concatenate(
-        [idx[rng.permutation(idx.size)[:k]] for idx, k in zip(members, shares)]
-    )
-    validation, train = _complement_split(validation, n)
-    return train, validation
-
-
-def _check_split_size(value, n: int) -> int:
-    """A validation count in [0, n - 1] from a count or a fraction."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    images = np.asarray(images)
+    if np.issubdtype(images.dtype, np.floating):
+        return images.astype(np.float32, copy=False)
+    if images.dtype != np.uint8:
         raise TypeError(
-            f"validation_size must be an int or a float, received {value!r}"
+            f"images must be uint8 pixels or float inputs, received dtype "
+            f"{images.dtype}"
         )
-    if isinstance(value, numbers.Integral):
-        size = int(value)
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4:
+        raise ValueError(
+            f"images must have shape (n, H, W) or (n, H, W, C), received {images.shape}"
+        )
+    return images.astype(np.float32) / 255.0
+
+
+# --------------------------------------------------------------------------
+# By name
+
+DATASETS = ("digits", "cifar10", "fashion_mnist")
+
+
+def load_images(
+    name: str, data_dir: str | None = None, limit: int | None = None
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Loads a dataset of `DATASETS` as uint8 images `(n, H, W, C)`.
+
+    Args:
+        name: `"digits"` (scikit-learn's 8x8 digits), `"cifar10"` or
+            `"fashion_mnist"`.
+        data_dir: directory of the official files (`load_cifar10`,
+            `load_fashion_mnist`); `None` uses `tensorflow_datasets`.
+        limit: at most this many training and test images.
+
+    Returns:
+        `(x_train, y_train), (x_test, y_test)`.
+    """
+    if name == "digits":
+        (x_train, y_train), (x_test, y_test) = load_digits()
+    elif name == "cifar10":
+        (x_train, y_train), (x_test, y_test) = load_cifar10(
+            data_dir, max_per_split=limit
+        )
+    elif name == "fashion_mnist":
+        (x_train, y_train), (x_test, y_test) = load_fashion_mnist(
+            data_dir, max_per_split=limit
+        )
     else:
-        if not 0.0 <= float(value) < 1.0:
-            raise ValueError(
-                f"validation_size as a fraction must be in [0, 1), received {value}"
-            )
-        size = round(float(value) * n)
-    if not 0 <= size < n:
-        raise ValueError(
-            f"validation_size must be in [0, {n - 1}] for {n} items, received {value}"
-        )
-    return size
-
-
-def _class_members(labels: np.ndarray, what: str) -> tuple[np.ndarray, list]:
-    """Sorted classes and, for each, its sorted item indices (1-D labels)."""
-    if labels.ndim != 1:
-        raise ValueError(
-            f"{what} needs 1-D class ids, received labels of shape {labels.shape}; "
-            "for multi-hot labels use num_queries (query_database_split) or "
-            "stratify=False (train_validation_split)"
-        )
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f"labels must be integer class ids, received {labels.dtype}")
-    classes, inverse = np.unique(labels, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.cumsum(np.bincount(inverse, minlength=classes.size))[:-1]
-    return classes, np.split(order.astype(np.int64), bounds)
-
-
-def _complement_split(selected: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(sorted selected, sorted rest)` as int64 indices into `range(n)`."""
-    mask = np.zeros(n, dtype=bool)
-    mask[selected] = True
-    return np.flatnonzero(mask).astype(np.int64), np.flatnonzero(~mask).astype(np.int64)
+        raise ValueError(f"dataset must be one of {DATASETS}, received {name!r}")
+    if x_train.ndim == 3:
+        x_train, x_test = x_train[..., None], x_test[..., None]
+    if limit is not None:
+        x_train, y_train = x_train[:limit], y_train[:limit]
+    return (x_train, y_train), (x_test, y_test)
 
 
 # --------------------------------------------------------------------------

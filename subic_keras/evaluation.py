@@ -29,7 +29,6 @@ num_database` scores at a time) for any number of queries.
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -42,6 +41,12 @@ from subic_keras._validation import (
     check_int,
     check_width,
 )
+
+# The named protocols live in `protocols`; re-exported here, where earlier
+# releases defined them.
+from subic_keras.protocols import RETRIEVAL_PROTOCOLS as RETRIEVAL_PROTOCOLS
+from subic_keras.protocols import RetrievalProtocol as RetrievalProtocol
+from subic_keras.protocols import protocol_split as protocol_split
 
 _TIES = ("pessimistic", "optimistic", "expected", "index")
 # Number of recall levels of each interpolation (0, 1/(L-1), ..., 1).
@@ -911,113 +916,3 @@ def asymmetric_scores(
         for m in range(1, num_blocks):
             out += np.take(block, columns[:, m], axis=1)
     return result
-
-
-# ---------------------------------------------------------------------------
-# Named retrieval protocols.
-
-
-@dataclasses.dataclass(frozen=True)
-class RetrievalProtocol:
-    """A named query/database split of a labelled test set."""
-
-    name: str
-    description: str
-
-
-RETRIEVAL_PROTOCOLS = {
-    p.name: p
-    for p in (
-        RetrievalProtocol(
-            "paper",
-            "SuBiC/DSH-paper CIFAR-10 split: 100 random queries per class "
-            "(1,000), the rest of the test set (9,000) as database.",
-        ),
-        RetrievalProtocol(
-            "dsh",
-            "DSH's own protocol: every test image is a query against the whole "
-            "test set, itself included.",
-        ),
-        RetrievalProtocol(
-            "random",
-            "Seeded random queries, num_queries in total or queries_per_class "
-            "per class; the rest is the database.",
-        ),
-    )
-}
-
-
-def protocol_split(
-    name: str,
-    labels: np.ndarray,
-    seed: int = 0,
-    num_queries: int | None = None,
-    queries_per_class: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Query and database indices of a named protocol (`RETRIEVAL_PROTOCOLS`).
-
-    Example:
-
-    >>> labels = np.repeat(np.arange(10), 1000)
-    >>> queries, database = protocol_split("paper", labels)
-    >>> len(queries), len(database)
-    (1000, 9000)
-
-    Args:
-        name: `"paper"`, `"dsh"` or `"random"`.
-        labels: `(n,)` class ids of the test set; `(n, C)` multi-hot labels
-            are accepted by `"dsh"` and by `"random"` with `num_queries`.
-        seed: seed of the random choice of queries (`"paper"`, `"random"`).
-        num_queries: total queries for `"random"`.
-        queries_per_class: queries per class for `"random"`; exactly one of
-            `num_queries` and `queries_per_class` must be given for it.
-
-    Returns:
-        `(query_indices, database_indices)`, sorted int64 arrays. For
-        `"dsh"` both are `arange(n)`.
-
-    Raises:
-        ValueError: on an unknown name, or query counts given to a protocol
-            that fixes them, or not exactly one given to `"random"`.
-    """
-    name = _check_choice("name", name, tuple(RETRIEVAL_PROTOCOLS))
-    seed = check_int("seed", seed, minimum=0)
-    labels = np.asarray(labels)
-    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
-        raise ValueError(
-            "labels must be a non-empty array of class ids (n,) or multi-hot "
-            f"labels (n, C), received shape {labels.shape}"
-        )
-    if name == "paper" and labels.ndim != 1:
-        raise ValueError(
-            "protocol 'paper' draws queries per class, so labels must be class "
-            f"ids of shape (n,), received shape {labels.shape}"
-        )
-    if name in ("paper", "dsh") and (
-        num_queries is not None or queries_per_class is not None
-    ):
-        raise ValueError(
-            f"protocol {name!r} fixes its queries: num_queries and "
-            f"queries_per_class must be None, received {num_queries!r} and "
-            f"{queries_per_class!r} (use 'random' to choose them)"
-        )
-    if name == "dsh":
-        everything = np.arange(len(labels), dtype=np.int64)
-        return everything, everything.copy()
-
-    # Imported here so that the metrics never import TensorFlow.
-    from subic_keras.datasets import query_database_split
-
-    if name == "paper":
-        return query_database_split(labels, queries_per_class=100, seed=seed)
-    if (num_queries is None) == (queries_per_class is None):
-        raise ValueError(
-            "protocol 'random' needs exactly one of num_queries and "
-            f"queries_per_class, received {num_queries!r} and {queries_per_class!r}"
-        )
-    return query_database_split(
-        labels,
-        queries_per_class=queries_per_class,
-        num_queries=num_queries,
-        seed=seed,
-    )

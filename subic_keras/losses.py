@@ -1,7 +1,7 @@
 """SuBiC's training loss: scaled cross-entropy and the two entropy terms.
 
 For a mini-batch of `T` examples, block probabilities `b̃_i` (`M` blocks of
-size `K`) and class probabilities `s_i` (SPEC.md, paper Eq. 6):
+size `K`) and class probabilities `s_i` (paper Eq. 6):
 
     Loss = (1/T) Σ_i ℓ(s_i, y_i)
          + γ/(M log2 K) · (1/T) Σ_i E(b̃_i)      # mean block entropy
@@ -32,7 +32,7 @@ from subic_keras._validation import check_block_shape, check_int, check_non_nega
 _LN2 = math.log(2.0)
 
 
-def _as_blocks(probs, num_blocks: int, block_size: int) -> tf.Tensor:
+def as_blocks(probs, num_blocks: int, block_size: int) -> tf.Tensor:
     """Casts to float32 and reshapes `(batch, M * K)` to `(batch, M, K)`."""
     probs = tf.cast(probs, tf.float32)
     width = probs.shape[-1]
@@ -45,7 +45,7 @@ def _as_blocks(probs, num_blocks: int, block_size: int) -> tf.Tensor:
     return tf.reshape(probs, (-1, num_blocks, block_size))
 
 
-def _entropy_bits(p: tf.Tensor) -> tf.Tensor:
+def entropy_bits(p: tf.Tensor) -> tf.Tensor:
     """`−Σ p log2 p` over the last axis, with `0 · log 0 = 0`.
 
     `xlogy` has value and gradient 0 where `p = 0`, so saturated blocks give
@@ -72,7 +72,7 @@ def block_entropy(probs, num_blocks: int, block_size: int) -> tf.Tensor:
         A float32 tensor `(batch,)` with values in `[0, M log2 K]`.
     """
     num_blocks, block_size = check_block_shape(num_blocks, block_size)
-    return tf.reduce_sum(_entropy_bits(_as_blocks(probs, num_blocks, block_size)), -1)
+    return tf.reduce_sum(entropy_bits(as_blocks(probs, num_blocks, block_size)), -1)
 
 
 def batch_block_entropy(probs, num_blocks: int, block_size: int) -> tf.Tensor:
@@ -98,14 +98,14 @@ def batch_block_entropy(probs, num_blocks: int, block_size: int) -> tf.Tensor:
         A float32 scalar in `[0, M log2 K]`.
     """
     num_blocks, block_size = check_block_shape(num_blocks, block_size)
-    blocks = _as_blocks(probs, num_blocks, block_size)
+    blocks = as_blocks(probs, num_blocks, block_size)
     total = tf.reduce_sum(blocks, axis=0)
     count = tf.cast(tf.shape(blocks)[0], tf.float32)
     context = tf.distribute.get_replica_context()
     if context is not None and context.num_replicas_in_sync > 1:
         total = context.all_reduce(tf.distribute.ReduceOp.SUM, total)
         count = context.all_reduce(tf.distribute.ReduceOp.SUM, count)
-    return tf.reduce_sum(_entropy_bits(total / tf.maximum(count, 1.0)))
+    return tf.reduce_sum(entropy_bits(total / tf.maximum(count, 1.0)))
 
 
 def _check_labels(labels: tf.Tensor, num_classes) -> tf.Tensor:
@@ -197,7 +197,7 @@ class ScaledCrossEntropy(keras.losses.Loss):
         return config
 
 
-class _BlockEntropyLoss(keras.losses.Loss):
+class BlockEntropyLoss(keras.losses.Loss):
     """Entropy terms of SuBiC's loss; `y_true` is ignored.
 
     The weights are stored in non-trainable variables so that a callback
@@ -240,7 +240,7 @@ class _BlockEntropyLoss(keras.losses.Loss):
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
-class MeanBlockEntropyLoss(_BlockEntropyLoss):
+class MeanBlockEntropyLoss(BlockEntropyLoss):
     """γ-weighted mean block entropy: `γ/(M log2 K) · E(b̃_i)` per example.
 
     Minimising it pushes every block toward a one-hot vector.
@@ -281,7 +281,7 @@ class MeanBlockEntropyLoss(_BlockEntropyLoss):
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
-class BatchBlockEntropyLoss(_BlockEntropyLoss):
+class BatchBlockEntropyLoss(BlockEntropyLoss):
     """μ-weighted negative batch entropy: `−μ/(M log2 K) · E(b̄)`.
 
     Minimising it spreads the batch over all `K` bins of every block. The
@@ -324,7 +324,7 @@ class BatchBlockEntropyLoss(_BlockEntropyLoss):
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
-class SubicEntropyLoss(_BlockEntropyLoss):
+class SubicEntropyLoss(BlockEntropyLoss):
     """Both entropy terms on one output: `MeanBlockEntropyLoss + BatchBlockEntropyLoss`.
 
     `γ/(M log2 K) · E(b̃_i) − μ/(M log2 K) · E(b̄)` per example; compile it on

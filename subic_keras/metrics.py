@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from subic_keras._validation import check_block_shape, check_int
 from subic_keras.layers import first_max_index
-from subic_keras.losses import _as_blocks, _entropy_bits, block_entropy
+from subic_keras.losses import as_blocks, block_entropy, entropy_bits
 
 
 class _BlockMetric(keras.metrics.Metric):
@@ -24,7 +24,7 @@ class _BlockMetric(keras.metrics.Metric):
         self.num_blocks, self.block_size = check_block_shape(num_blocks, block_size)
 
     def _blocks(self, y_pred) -> tf.Tensor:
-        return _as_blocks(y_pred, self.num_blocks, self.block_size)
+        return as_blocks(y_pred, self.num_blocks, self.block_size)
 
     def get_config(self):
         config = super().get_config()
@@ -111,7 +111,7 @@ class BatchBlockEntropy(_BlockMetric):
 
     def result(self):
         mean = tf.math.divide_no_nan(self.total, self.count)
-        return tf.reduce_sum(_entropy_bits(mean))
+        return tf.reduce_sum(entropy_bits(mean))
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
@@ -264,7 +264,7 @@ class SupportEntropy(_SupportHistogram):
 
     def result(self):
         totals = tf.reduce_sum(self.counts, axis=-1, keepdims=True)
-        return tf.reduce_mean(_entropy_bits(tf.math.divide_no_nan(self.counts, totals)))
+        return tf.reduce_mean(entropy_bits(tf.math.divide_no_nan(self.counts, totals)))
 
 
 def subic_metrics(num_blocks: int, block_size: int) -> list[keras.metrics.Metric]:

@@ -20,13 +20,21 @@ Asymmetric search scores a stored code `b` with a real query `q` of width
 
 from __future__ import annotations
 
+import copy
+
 import keras
 import numpy as np
 
+# Registers the backbones' Keras layers (local response normalization,
+# application preprocessing), which SuBiC `.keras` files may hold.
+import subic_keras.backbones  # noqa: F401
 from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras.datasets import as_model_inputs
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.losses import ScaledCrossEntropy, SubicEntropyLoss
 from subic_keras.metrics import subic_metrics
+from subic_keras.scoring import Scorer
+from subic_keras.search import SubicIndex
 
 # Names of the head's layers; views are rebuilt from a reloaded model by them.
 FC0 = "fc0"
@@ -88,7 +96,7 @@ class SubicTrainModel(keras.Model):
         )
 
 
-class Subic:
+class Subic(Scorer):
     """A SuBiC network: its train model and its weight-sharing test views.
 
     Build one with `build_subic`, or rebuild it around a reloaded train model
@@ -109,7 +117,15 @@ class Subic:
         default_query: the query kind `query` uses when given none; the
             recipe (`subic_keras.recipe`) chooses it on validation data and
             it is saved with `train_model`.
+
+    A `Subic` is a `subic_keras.scoring.Scorer`: `encode_database` gives
+    codes, `encode_queries` queries of kind `default_query` (`with_query`
+    picks the other), and `score` is the asymmetric `M`-addition score of
+    `SubicIndex`, so `subic_keras.scoring.evaluate` scores it like any
+    baseline.
     """
+
+    _query: str | None = None
 
     def __init__(self, train_model: keras.Model, gamma: float = 0.3, mu: float = 0.3):
         try:
@@ -184,11 +200,48 @@ class Subic:
 
     @property
     def default_query(self) -> str:
+        if self._query is not None:
+            return self._query
         return getattr(self.train_model, "default_query", QUERY_KINDS[0])
 
     @default_query.setter
     def default_query(self, kind: str) -> None:
         self.train_model.default_query = check_query_kind("default_query", kind)
+        self._query = None
+
+    def with_query(self, kind: str) -> Subic:
+        """This model with queries of `kind` (`"fc0"` or `"class_posterior"`).
+
+        The copy shares every model and weight; only the query it searches
+        with (`query`, `encode_queries`) differs.
+        """
+        view = copy.copy(self)
+        view._query = check_query_kind("kind", kind)
+        return view
+
+    # Scorer ---------------------------------------------------------------
+
+    def encode_database(self, inputs) -> np.ndarray:
+        """Codes `(n, M)` of uint8 images (scaled to `[0, 1]`) or float inputs."""
+        return self.encode(as_model_inputs(inputs))
+
+    def encode_queries(self, inputs) -> np.ndarray:
+        """Queries `(n, M·K)` of kind `default_query` (inputs as `encode_database`)."""
+        return self.query(as_model_inputs(inputs))
+
+    def score(self, queries: np.ndarray, database: np.ndarray) -> np.ndarray:
+        """Asymmetric scores `sum_m q[m*K + c_m]` (paper Sec. 3.3), `(nq, n)`."""
+        index = SubicIndex(self.num_blocks, self.block_size)
+        index.add(database)
+        return index.score_all(queries)[0]
+
+    def describe(self) -> dict:
+        return {
+            "query": self.default_query,
+            "bits": self.num_blocks * (self.block_size.bit_length() - 1),
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+        }
 
     def losses(self) -> dict:
         """SuBiC's loss, per output: scaled cross-entropy and both entropies."""

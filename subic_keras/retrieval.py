@@ -1,44 +1,19 @@
-"""Retrieval with a trained model: encode, index, search and score a protocol.
+"""Retrieval with a trained SuBiC model: index, search and score a protocol.
 
 The glue behind `subic index build`, `subic search`, `subic evaluate` and
-`subic quickstart`; every number they print goes through
+`subic quickstart`. Scoring goes through `subic_keras.scoring`, the same
+code that scores the baselines, and every number through
 `subic_keras.evaluation`.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from subic_keras import evaluation
-from subic_keras.models import Subic, check_query_kind
-from subic_keras.search import SubicIndex
-
-_QUERY_CHUNK = 1024
-
-
-def as_model_inputs(images: np.ndarray) -> np.ndarray:
-    """uint8 images `(n, H, W[, C])` to the float `[0, 1]` inputs models take.
-
-    Float arrays are taken to be model inputs already (images in `[0, 1]`,
-    or features) and returned as float32.
-    """
-    images = np.asarray(images)
-    if np.issubdtype(images.dtype, np.floating):
-        return images.astype(np.float32, copy=False)
-    if images.dtype != np.uint8:
-        raise TypeError(
-            f"images must be uint8 pixels or float inputs, received dtype "
-            f"{images.dtype}"
-        )
-    if images.ndim == 3:
-        images = images[..., None]
-    if images.ndim != 4:
-        raise ValueError(
-            f"images must have shape (n, H, W) or (n, H, W, C), received {images.shape}"
-        )
-    return images.astype(np.float32) / 255.0
+from subic_keras import protocols, scoring
+from subic_keras.datasets import as_model_inputs as as_model_inputs
+from subic_keras.models import Subic
+from subic_keras.search import SearchBackend, SubicIndex
 
 
 def build_index(
@@ -54,20 +29,34 @@ def build_index(
 
 
 def full_scores(
-    index: SubicIndex, queries: np.ndarray
+    index: SearchBackend, queries: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores of every query against every indexed item, `(nq, n)`, and the ids.
 
     Columns follow the index's ids in increasing order; the scores are those
-    of `index.search` with `k = len(index)`, so they are exactly SuBiC's.
+    of `index.search` with `k = len(index)`, so they are exactly SuBiC's
+    (`SearchBackend.score_all`).
     """
+    return index.score_all(queries)
+
+
+def _scorer_and_database(subic, labels, protocol, seed, index, query, protocol_args):
+    """`subic` with queries of kind `query`, and `index`'s codes in protocol
+    database order (the index's ids must be the database positions)."""
+    scorer = subic if query is None else subic.with_query(query)
+    if index is None:
+        return scorer, None
+    _, database_idx = protocols.protocol_split(
+        protocol, np.asarray(labels), seed=seed, **protocol_args
+    )
     ids = np.sort(index.get_ids())
-    scores = np.empty((len(queries), len(ids)), np.float32)
-    for start in range(0, len(queries), _QUERY_CHUNK):
-        part, found = index.search(queries[start : start + _QUERY_CHUNK], k=len(index))
-        columns = np.searchsorted(ids, found)
-        np.put_along_axis(scores[start : start + len(part)], columns, part, axis=1)
-    return scores, ids
+    if not np.array_equal(ids, database_idx):
+        raise ValueError(
+            f"index must hold the protocol's database, ids = its positions in "
+            f"images ({len(database_idx)} items), received an index of "
+            f"{len(ids)} items with other ids"
+        )
+    return scorer, index.get_codes(database_idx)
 
 
 def protocol_scores(
@@ -79,30 +68,31 @@ def protocol_scores(
     index: SubicIndex | None = None,
     query: str | None = None,
     **protocol_args,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, SubicIndex]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """SuBiC's scores of a protocol's queries against its whole database.
 
-    The protocol (`evaluation.protocol_split`) splits `images` into queries
-    and database; the database is encoded into a `SubicIndex` (or `index`,
-    whose ids must be the database's positions in `images`) and every
-    query (`Subic.query` of kind `query`: `"fc0"`, the paper's `z`,
-    `"class_posterior"`, or `None` for the model's `default_query`) is
-    scored against all of it (`full_scores`).
+    `scoring.protocol_scores` with queries of kind `query` (`"fc0"`, the
+    paper's `z`, `"class_posterior"`, or `None` for the model's
+    `default_query`); `index`, if given, supplies the database codes (its
+    ids must be the database's positions in `images`).
 
     Returns:
-        `(scores, query_labels, database_labels, index)`: scores
+        `(scores, query_labels, database_labels, database_codes)`: scores
         `(num_queries, num_database)` with columns in database order, ready
         for any `subic_keras.evaluation` metric.
     """
-    query = check_query_kind("query", subic.default_query if query is None else query)
-    query_idx, database_idx = evaluation.protocol_split(
-        protocol, labels, seed=seed, **protocol_args
+    scorer, database = _scorer_and_database(
+        subic, labels, protocol, seed, index, query, protocol_args
     )
-    if index is None:
-        index = build_index(subic, images[database_idx], ids=database_idx)
-    queries = subic.query(as_model_inputs(images[query_idx]), kind=query)
-    scores, ids = full_scores(index, queries)
-    return scores, labels[query_idx], labels[ids], index
+    return scoring.protocol_scores(
+        scorer,
+        images,
+        labels,
+        protocol,
+        seed=seed,
+        database=database,
+        **protocol_args,
+    )
 
 
 def evaluate(
@@ -119,46 +109,27 @@ def evaluate(
 ) -> dict:
     """Retrieval mAP and precision@k of `subic` on a named protocol.
 
-    The full ranking of `protocol_scores` (with queries of kind `query`;
-    `None`: the model's `default_query`) is scored.
+    `scoring.evaluate` with queries of kind `query` (`None`: the model's
+    `default_query`) and, optionally, the database codes of `index`.
 
     Returns:
         A JSON-ready dict: `map` (with `ties`), `map_expected` (the exact
         expectation over random orders of tied items: codes shared by many
         images make large tie groups, where the pessimistic and expected APs
-        differ), `precision@k`, `recall@k`, the protocol, bits, sizes and
-        the tie handling.
+        differ), `map_21point`, `precision@k`, `recall@k`, the protocol,
+        query kind, bits, sizes and the tie handling.
     """
-    query = subic.default_query if query is None else query
-    scores, query_labels, database_labels, index = protocol_scores(
-        subic,
+    scorer, database = _scorer_and_database(
+        subic, labels, protocol, seed, index, query, protocol_args
+    )
+    return scoring.evaluate(
+        scorer,
         images,
         labels,
         protocol,
         seed=seed,
-        index=index,
-        query=query,
+        database=database,
+        ks=ks,
+        ties=ties,
         **protocol_args,
     )
-    result = evaluation.evaluate_retrieval(
-        scores, query_labels, database_labels, ks=ks, ties=ties
-    )
-    result["map_expected"] = (
-        result["map"]
-        if ties == "expected"
-        else evaluation.mean_average_precision(
-            scores, query_labels, database_labels, ties="expected"
-        )
-    )
-    result["distinct_database_codes"] = len(np.unique(index.get_codes(), axis=0))
-    result.update(
-        {
-            "protocol": protocol,
-            "query": query,
-            "bits": subic.num_blocks * int(math.log2(subic.block_size)),
-            "num_blocks": subic.num_blocks,
-            "block_size": subic.block_size,
-            "num_database": len(index),
-        }
-    )
-    return result

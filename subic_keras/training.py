@@ -18,11 +18,12 @@ import numpy as np
 from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras.backbones import mlp_backbone
 from subic_keras.callbacks import EpochTensorBoard
+from subic_keras.datasets import DATASETS, load_images
 from subic_keras.models import Subic, build_subic
 from subic_keras.recipe import Recipe, train_subic
 
-DATASETS = ("digits", "cifar10", "fashion_mnist")
 BACKBONES = ("auto", "dsh_cnn", "mlp")
 # `subic train`'s defaults are the recipe's.
 _RECIPE = Recipe()
@@ -130,44 +131,6 @@ class TrainConfig:
             batch_size=self.batch_size,
             augment=augment if self.augment is None else self.augment,
         )
-
-
-def load_images(name: str, data_dir: str | None = None, limit: int | None = None):
-    """Loads a dataset as uint8 images with a channel axis, `(n, H, W, C)`.
-
-    Returns:
-        `(x_train, y_train), (x_test, y_test)`.
-    """
-    if name == "digits":
-        (x_train, y_train), (x_test, y_test) = datasets.load_digits()
-    elif name == "cifar10":
-        (x_train, y_train), (x_test, y_test) = datasets.load_cifar10(
-            data_dir, max_per_split=limit
-        )
-    elif name == "fashion_mnist":
-        (x_train, y_train), (x_test, y_test) = datasets.load_fashion_mnist(
-            data_dir, max_per_split=limit
-        )
-    else:
-        raise ValueError(f"dataset must be one of {DATASETS}, received {name!r}")
-    if x_train.ndim == 3:
-        x_train, x_test = x_train[..., None], x_test[..., None]
-    if limit is not None:
-        x_train, y_train = x_train[:limit], y_train[:limit]
-    return (x_train, y_train), (x_test, y_test)
-
-
-def mlp_backbone(input_shape, units: int = 256, name: str = "mlp") -> keras.Model:
-    """A two-layer perceptron on flattened images, for tiny inputs (digits)."""
-    return keras.Sequential(
-        [
-            keras.Input(shape=tuple(input_shape)),
-            keras.layers.Flatten(),
-            keras.layers.Dense(units, activation="relu"),
-            keras.layers.Dense(units, activation="relu"),
-        ],
-        name=name,
-    )
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:

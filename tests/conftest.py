@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,12 +44,6 @@ def load_benchmark():
     """Imports a script of `benchmarks/` by file name, e.g. `"cross_domain"`."""
 
     def load(name: str):
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        # dataclasses look their module up in sys.modules.
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
+        return importlib.import_module(f"benchmarks.{name}")
 
     return load

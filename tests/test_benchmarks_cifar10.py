@@ -3,6 +3,7 @@ and its cache, aggregation and Markdown on hand-made entries."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -19,6 +20,9 @@ SCRIPT = REPO / "benchmarks" / "cifar10_retrieval.py"
 @pytest.fixture(scope="module")
 def bench(load_benchmark):
     return load_benchmark("cifar10_retrieval")
+
+
+report = importlib.import_module("benchmarks.cifar10_report")
 
 
 def _fake_entry(bench, method, bits, seed, paper_map, dsh_map, epochs=3):
@@ -59,7 +63,7 @@ def test_aggregate_means_and_stds_over_seeds(bench):
         _fake_entry(bench, "dsh", 12, 0, 0.30, 0.35),
         {"kind": "sweep", "method": "subic", "bits": 48},  # not a table row
     ]
-    rows = {(r["method"], r["bits"]): r for r in bench.aggregate(entries)}
+    rows = {(r["method"], r["bits"]): r for r in report.aggregate(entries)}
     assert set(rows) == {("subic", 48), ("dsh", 12)}
     subic = rows[("subic", 48)]["test"]["paper"]
     assert subic["map_mean"] == pytest.approx(0.45)
@@ -69,7 +73,7 @@ def test_aggregate_means_and_stds_over_seeds(bench):
     assert rows[("dsh", 12)]["test"]["dsh"]["map_std"] is None
 
     result = {
-        "rows": bench.aggregate(entries),
+        "rows": report.aggregate(entries),
         "paper_bits": [12, 24, 36, 48],
         "command": "python benchmarks/cifar10_retrieval.py",
         "num_entries": 3,
@@ -77,7 +81,7 @@ def test_aggregate_means_and_stds_over_seeds(bench):
         "machine": {"cpu_count": 2, "platform": "test"},
         "sweep": [],
     }
-    text = bench.markdown(result)
+    text = report.markdown(result)
     assert "| SuBiC (paper) | 0.6349 | 0.6719 | 0.6823 | 0.6863 |" in text
     assert "0.4500 ± 0.0500 (n=2)" in text
     assert "| DSH (ours), 3 epochs | 0.3000 | — | — | — |" in text
@@ -111,17 +115,17 @@ def test_comparison_takes_the_largest_budget_and_the_sweeps_choice(bench):
         _budget_entry(bench, "dsh", 12, 0, 0.65),
         _budget_entry(bench, "dsh", 48, 0, 0.60),
     ]
-    rows = bench.aggregate(entries)
+    rows = report.aggregate(entries)
     sweep = [
         {"hparams": dict(entries[4]["hparams"]), "validation_map": 0.5},
         {"hparams": dict(entries[2]["hparams"]), "validation_map": 0.4},
     ]
-    headline = bench.headline_rows(rows, sweep)
+    headline = report.headline_rows(rows, sweep)
     assert [(r["bits"], r["hparams"]["gamma"]) for r in headline] == [
         (12, 0.1),
         (48, 0.1),
     ]
-    result = bench.comparison(rows, sweep)
+    result = report.comparison(rows, sweep)
     assert (result["pretrain_epochs"], result["epochs"]) == (20, 3)
     low, high = result["bits"]
     assert low["bits"] == 12 and low["paper_subic"] == 0.6349
@@ -141,7 +145,7 @@ def test_comparison_takes_the_largest_budget_and_the_sweeps_choice(bench):
     assert high["met"]["subic_vs_our_dsh"] is True
     # Without a sweep at that budget: the setting covering more bit-rates
     # (both cover two here; then the one with more seeds).
-    assert [r["hparams"]["gamma"] for r in bench.headline_rows(rows, [])] == [
+    assert [r["hparams"]["gamma"] for r in report.headline_rows(rows, [])] == [
         0.1,
         0.1,
     ]
@@ -156,7 +160,7 @@ def test_comparison_takes_the_largest_budget_and_the_sweeps_choice(bench):
         "machine": {"cpu_count": 2, "platform": "test"},
         "sweep": [],
     }
-    text = bench.markdown(result)
+    text = report.markdown(result)
     assert "| 48 | 0.6863 | 0.7100 ± 0.0100 (n=2) | 0.7600 | 0.8100 |" in text
 
 
@@ -214,7 +218,7 @@ def test_code_shapes_and_bad_arguments(bench):
 def run_quick(tmp_path, shared_data_dir, *extra):
     """Runs the script with --quick into `tmp_path`; returns the process."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [sys.executable, str(SCRIPT), "--quick", *extra]
+    command = [sys.executable, "-m", "benchmarks.cifar10_retrieval", "--quick", *extra]
     for flag, path in (
         ("--data-dir", shared_data_dir),
         ("--output-dir", tmp_path / "out"),

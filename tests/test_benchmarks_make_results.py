@@ -175,12 +175,12 @@ def test_every_number_comes_from_the_jsons(make_results, tmp_path):
     positions = [text.index(title) for title in order]
     assert positions == sorted(positions)
     assert (
-        "`python benchmarks/cifar10_retrieval.py --bits 48` (wall time 1,234.5 s)"
+        "`python -m benchmarks.cifar10_retrieval --bits 48` (wall time 1,234.5 s)"
         in text
     )
-    assert "`python benchmarks/search_speed.py` (wall time 99.5 s)" in text
-    assert "`python benchmarks/train_overhead.py` (wall time not recorded)" in text
-    assert "`python benchmarks/cross_domain.py` (wall time 321.0 s)" in text
+    assert "`python -m benchmarks.search_speed` (wall time 99.5 s)" in text
+    assert "`python -m benchmarks.train_overhead` (wall time not recorded)" in text
+    assert "`python -m benchmarks.cross_domain` (wall time 321.0 s)" in text
 
     # CIFAR-10: paper numbers, ours with std, times, sweep.
     assert "| SuBiC (paper) | 0.6349 | — | — | 0.6863 |" in text
@@ -283,7 +283,7 @@ def test_a_command_on_a_cached_model_says_where_the_model_comes_from(
     _write(tmp_path, "export_parity.json", parity)
     text = make_results.make_results(str(tmp_path))
     assert (
-        "Its model is one that `python benchmarks/cifar10_retrieval.py` trains "
+        "Its model is one that `python -m benchmarks.cifar10_retrieval` trains "
         "and keeps under `benchmarks/cache/models/`" in text
     )
     _write(tmp_path, "export_parity.json", {**parity, "command": "python e.py"})

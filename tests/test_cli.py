@@ -129,8 +129,8 @@ def digits_model(tmp_path_factory):
 def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     import numpy as np
 
+    from subic_keras.datasets import load_images
     from subic_keras.search import SubicIndex
-    from subic_keras.training import load_images
 
     index_path = str(tmp_path / "db.subic")
     args = ["index", "build", digits_model, "--dataset", "digits", "--split", "train"]
@@ -193,7 +193,7 @@ def test_retrieval_commands_bad_input(digits_model, tmp_path, capsys):
 
 def test_evaluate_reports_expected_ap_over_tie_orders(digits_model):
     from subic_keras import evaluation, retrieval
-    from subic_keras.training import load_images
+    from subic_keras.datasets import load_images
 
     subic = _load_model(digits_model)
     (_, _), (images, labels) = load_images("digits")

@@ -4,33 +4,45 @@
   `ProductQuantizer` (PQ), `OptimizedProductQuantizer` (OPQ, "CKM" in the
   paper) and `LocalSearchQuantizer` (LSQ).
 - Supervised deep hashing, searched by Hamming distance: DSH (`build_dsh`,
-  `DSHLoss`) and DLBHC (`build_dlbhc`).
+  `DSHLoss`) and DLBHC (`build_dlbhc`), trained with SuBiC's recipe by
+  `train_hashing`.
 
-Their scores go into `subic_keras.evaluation` (`mean_average_precision`,
-`evaluate_retrieval`) like SuBiC's.
+Each is a `subic_keras.scoring.Scorer`, so `subic_keras.scoring.evaluate`
+scores them like SuBiC. Names load on first use: the quantizers do not
+import TensorFlow.
 """
 
-from subic_keras.baselines.dlbhc import DLBHC, build_dlbhc
-from subic_keras.baselines.dsh import DSH, DSHLoss, build_dsh
-from subic_keras.baselines.hashing import Binarize, HashingNetwork, hamming_search
-from subic_keras.baselines.quantizers import (
-    LocalSearchQuantizer,
-    OptimizedProductQuantizer,
-    ProductQuantizer,
-    Quantizer,
-)
+import importlib
 
-__all__ = [
-    "DLBHC",
-    "DSH",
-    "Binarize",
-    "DSHLoss",
-    "HashingNetwork",
-    "LocalSearchQuantizer",
-    "OptimizedProductQuantizer",
-    "ProductQuantizer",
-    "Quantizer",
-    "build_dlbhc",
-    "build_dsh",
-    "hamming_search",
-]
+_NAMES = {
+    "DLBHC": "dlbhc",
+    "build_dlbhc": "dlbhc",
+    "DSH": "dsh",
+    "DSHLoss": "dsh",
+    "build_dsh": "dsh",
+    "Binarize": "hashing",
+    "HashingNetwork": "hashing",
+    "hamming_search": "hashing",
+    "LocalSearchQuantizer": "quantizers",
+    "OptimizedProductQuantizer": "quantizers",
+    "ProductQuantizer": "quantizers",
+    "Quantizer": "quantizers",
+    "train_hashing": "training",
+}
+_SUBMODULES = ("dlbhc", "dsh", "hashing", "quantizers", "training")
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -16,6 +16,9 @@ import numpy as np
 from keras import ops
 
 from subic_keras._validation import check_int
+from subic_keras.datasets import as_model_inputs
+from subic_keras.evaluation import hamming_scores
+from subic_keras.scoring import Scorer
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
@@ -137,7 +140,7 @@ def hamming_search(
     return distances.astype(np.int32), indices.astype(np.int64)
 
 
-class HashingNetwork:
+class HashingNetwork(Scorer):
     """A trained hashing network and its binary encoder (shared weights).
 
     Attributes:
@@ -208,3 +211,20 @@ class HashingNetwork:
         bits = self.encoder.predict(images, batch_size=batch_size, verbose=0)
         bits = bits.astype(np.uint8)
         return np.packbits(bits, axis=1) if packed else bits
+
+    # Scorer: Hamming ranking of binary codes ------------------------------
+
+    def encode_database(self, inputs) -> np.ndarray:
+        """Bits `(n, B)` of uint8 images (scaled to `[0, 1]`) or float inputs."""
+        return self.encode(as_model_inputs(inputs))
+
+    def encode_queries(self, inputs) -> np.ndarray:
+        """Bits `(n, B)`: hashing searches symmetrically."""
+        return self.encode_database(inputs)
+
+    def score(self, queries: np.ndarray, database: np.ndarray) -> np.ndarray:
+        """Negated Hamming distances (`evaluation.hamming_scores`)."""
+        return hamming_scores(queries, database)
+
+    def describe(self) -> dict:
+        return {"bits": self.bits}

@@ -28,8 +28,9 @@ import warnings
 import faiss
 import numpy as np
 
+from subic_keras import evaluation
 from subic_keras._validation import check_int
-from subic_keras.evaluation import asymmetric_scores as _table_scores
+from subic_keras.scoring import Scorer
 
 # faiss prints a warning below 39 training points per centroid; we warn from
 # Python instead, so that callers can filter it.
@@ -63,7 +64,7 @@ def _check_features(name: str, features, dim: int | None = None) -> np.ndarray:
     return array
 
 
-class Quantizer(abc.ABC):
+class Quantizer(Scorer):
     """A vector quantizer with `M` codebooks of `K = 2**nbits` codewords.
 
     Subclasses train and apply one faiss quantizer; this class validates
@@ -207,6 +208,23 @@ class Quantizer(abc.ABC):
             scores[rows] = self._scores(queries[rows], codes, norms)
         return scores
 
+    # Scorer: asymmetric distance of real queries to codes ----------------
+
+    def encode_database(self, inputs) -> np.ndarray:
+        """Codes of database features (`encode`)."""
+        return self.encode(inputs)
+
+    def encode_queries(self, inputs) -> np.ndarray:
+        """Queries stay real vectors: the distance is asymmetric."""
+        return _check_features("queries", inputs, self._fitted_dim())
+
+    def score(self, queries: np.ndarray, database: np.ndarray) -> np.ndarray:
+        """`asymmetric_scores`: `−‖q − x̂(c)‖²`."""
+        return self.asymmetric_scores(queries, database)
+
+    def describe(self) -> dict:
+        return {"bits": self.bits, "num_codebooks": self.num_codebooks}
+
     def _fitted_dim(self) -> int:
         if self.dim is None:
             raise ValueError(
@@ -230,7 +248,7 @@ class Quantizer(abc.ABC):
             )
         return codes.astype(np.int32)
 
-    def _check_shape(self, n: int, dim: int) -> None:  # noqa: B027 (optional hook)
+    def _check_shape(self, n: int, dim: int) -> None:
         """Raises if the quantizer cannot train on `n` vectors of `dim` values."""
 
     def _reconstruction_norms(self, codes: np.ndarray) -> np.ndarray | None:
@@ -319,7 +337,9 @@ class ProductQuantizer(Quantizer):
         self._pq.compute_distance_tables(
             len(queries), faiss.swig_ptr(queries), faiss.swig_ptr(tables)
         )
-        return -_table_scores(tables.reshape(len(queries), m * k), codes, m, k)
+        return -evaluation.asymmetric_scores(
+            tables.reshape(len(queries), m * k), codes, m, k
+        )
 
 
 class OptimizedProductQuantizer(ProductQuantizer):
@@ -486,6 +506,6 @@ class LocalSearchQuantizer(Quantizer):
         m, k = self.num_codebooks, self.codebook_size
         queries = queries.astype(np.float64)
         inner = queries @ self._codebooks.reshape(m * k, -1).T
-        lookup = _table_scores(inner, codes, m, k)
+        lookup = evaluation.asymmetric_scores(inner, codes, m, k)
         query_norms = np.square(queries).sum(axis=1)
         return 2 * lookup - query_norms[:, None] - norms[None, :]

@@ -1,0 +1,199 @@
+"""Searching beyond one index: shards in one process, and result merging.
+
+A database too large for one index is split by id range into shards
+(`SubicIndex.shard`, or one `SubicIndex` built per machine from its own id
+range). The global top-k is the top-k of the shards' top-k lists, so
+searching each shard and merging gives the same result as one search of the
+whole database:
+
+- in one process, `ShardedSubicIndex` searches shards through faiss
+  `IndexShards` (one thread per shard, merged in faiss), then applies the
+  engine's exact re-scoring and tie order to the merged list;
+- across machines, each machine searches its own `SubicIndex` for the top
+  `k` and sends `(scores, ids)` (about 12 bytes per result) to one place,
+  where `merge_results` keeps the `k` best. Ties keep the order of the lists
+  passed, so shards given in id-range order merge to exactly the unsharded
+  ranking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from subic_keras._validation import check_int
+from subic_keras.search import engines
+from subic_keras.search.base import (
+    Searcher,
+    check_codes,
+    check_queries,
+    duplicates,
+    preview,
+    search_codes_with,
+)
+from subic_keras.search.subic_index import SubicIndex
+
+
+class ShardedSubicIndex(Searcher):
+    """Searches several `SubicIndex` shards as one, through faiss `IndexShards`.
+
+    faiss searches the shards in parallel threads and merges their results;
+    scores, ties and padding are those of one `SubicIndex` holding every
+    shard's items in shard order. The shards stay independent objects: they
+    may be added to or removed from between searches, and a search waits for
+    any such change to finish.
+
+    Example:
+
+    ```python
+    sharded = ShardedSubicIndex(index.shard(4))
+    scores, ids = sharded.search(z_star, k=100)  # same as index.search
+    ```
+
+    Args:
+        shards: `SubicIndex` objects with the same `num_blocks`, `block_size`,
+            engine (`exact`) and `shortlist`, and disjoint ids (e.g. from
+            `SubicIndex.shard`).
+
+    Raises:
+        ValueError: for no shards, mismatched settings or shared ids.
+        TypeError: for a shard that is not a `SubicIndex`.
+    """
+
+    def __init__(self, shards: Sequence[SubicIndex]):
+        shards = list(shards)
+        if not shards:
+            raise ValueError("shards must hold at least one SubicIndex, received none")
+        for i, shard in enumerate(shards):
+            if not isinstance(shard, SubicIndex):
+                raise TypeError(
+                    f"shards[{i}] must be a SubicIndex, received {type(shard).__name__}"
+                )
+            for name in ("num_blocks", "block_size", "exact", "shortlist"):
+                if getattr(shard, name) != getattr(shards[0], name):
+                    raise ValueError(
+                        "shards must share num_blocks, block_size, exact and "
+                        f"shortlist; shards[0] has {name}="
+                        f"{getattr(shards[0], name)}, shards[{i}] has "
+                        f"{name}={getattr(shard, name)}"
+                    )
+        repeated = duplicates(np.concatenate([s.get_ids() for s in shards]))
+        if repeated.size:
+            raise ValueError(f"shards share ids: {preview(repeated)}")
+        self._shards = shards
+
+    @property
+    def shards(self) -> list[SubicIndex]:
+        return list(self._shards)
+
+    @property
+    def num_blocks(self) -> int:
+        return self._shards[0].num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._shards[0].block_size
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._shards)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        # A writer holds one shard's lock only, so taking every read lock in
+        # order cannot deadlock with it.
+        with contextlib.ExitStack() as stack:
+            for shard in self._shards:
+                stack.enter_context(shard._lock.read())
+            yield
+
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        shard_engines = [shard._engine for shard in self._shards]
+        engine = engines.sharded(shard_engines)
+        ids = np.concatenate([shard._ids[: shard._size] for shard in self._shards])
+        return engines.top_k(engine, ids, queries, k, self._shards[0]._search_chunk)
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`SubicIndex.search` over the items of every shard."""
+        k = check_int("k", k, minimum=1)
+        queries = check_queries("queries", queries, self.num_blocks, self.block_size)
+        with self._reading():
+            return self._search(queries, k)
+
+    def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`SubicIndex.search_codes` over the items of every shard."""
+        k = check_int("k", k, minimum=1)
+        codes = check_codes("codes", codes, self.num_blocks, self.block_size)
+        with self._reading():
+            return search_codes_with(
+                self._search,
+                codes,
+                k,
+                self.block_size,
+                self._shards[0]._search_chunk,
+            )
+
+
+def merge_results(
+    results: Sequence[tuple[np.ndarray, np.ndarray]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merges per-shard top-k lists into the overall top-k by score.
+
+    Equal scores keep the order of `results`, then the order within each list,
+    so shards split by insertion order (`SubicIndex.shard`) merge to exactly
+    the unsharded ranking. Slots with id -1 (missing) are ignored.
+
+    Example:
+
+    ```python
+    scores, ids = merge_results([shard.search(z, 10) for shard in shards], 10)
+    ```
+
+    Args:
+        results: a list of `(scores, ids)` pairs, each `(nq, k_i)`, as
+            returned by `SubicIndex.search` on each shard.
+        k: results to keep per query, >= 1.
+
+    Returns:
+        `(scores, ids)`: float32 `(nq, k)` and int64 `(nq, k)`, padded with
+        score -inf and id -1 when fewer than `k` results exist.
+
+    Raises:
+        ValueError: for an empty list, mismatched shapes or NaN scores.
+    """
+    k = check_int("k", k, minimum=1)
+    results = list(results)
+    if not results:
+        raise ValueError("results must hold at least one (scores, ids) pair")
+    all_scores, all_ids = [], []
+    for i, pair in enumerate(results):
+        if len(pair) != 2:
+            raise ValueError(f"results[{i}] must be a (scores, ids) pair")
+        scores, ids = np.asarray(pair[0]), np.asarray(pair[1])
+        if scores.ndim != 2 or scores.shape != ids.shape:
+            raise ValueError(
+                f"results[{i}] must hold scores and ids of the same 2-D shape, "
+                f"received {scores.shape} and {ids.shape}"
+            )
+        if scores.shape[0] != np.shape(results[0][0])[0]:
+            raise ValueError(
+                f"results must share the number of queries; results[0] has "
+                f"{np.shape(results[0][0])[0]}, results[{i}] has {scores.shape[0]}"
+            )
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ValueError(f"results[{i}] ids must be integers, received {ids.dtype}")
+        if np.isnan(scores).any():
+            raise ValueError(f"results[{i}] scores must not be NaN")
+        all_scores.append(np.where(ids >= 0, scores, -np.inf).astype(np.float64))
+        all_ids.append(ids.astype(np.int64))
+    scores = np.concatenate(all_scores, axis=1)
+    ids = np.concatenate(all_ids, axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    out_scores = np.full((len(scores), k), -np.inf, dtype=np.float32)
+    out_ids = np.full((len(scores), k), -1, dtype=np.int64)
+    taken = order.shape[1]
+    out_scores[:, :taken] = np.take_along_axis(scores, order, axis=1)
+    out_ids[:, :taken] = np.take_along_axis(ids, order, axis=1)
+    out_ids[~np.isfinite(out_scores)] = -1
+    return out_scores, out_ids

@@ -1,0 +1,128 @@
+"""Tests for subic_keras.search.file_format through save and load."""
+
+import hashlib
+import os
+import struct
+
+import numpy as np
+import pytest
+from search_reference import (
+    random_codes,
+)
+
+from subic_keras.search import (
+    SubicIndex,
+)
+
+# Persistence -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "num_blocks, block_size, kwargs",
+    [(8, 256, {}), (5, 16, {"shortlist": 90}), (5, 16, {"exact": True}), (3, 64, {})],
+)
+def test_save_load_round_trip(rng, tmp_path, num_blocks, block_size, kwargs):
+    codes = random_codes(rng, 700, num_blocks, block_size)
+    index = SubicIndex(num_blocks, block_size, add_chunk_size=64, **kwargs)
+    index.add(codes, ids=rng.permutation(10_000)[:700])
+    index.remove(index.get_ids()[::5])
+    path = tmp_path / "index.subic"
+    index.save(path)
+    assert path.stat().st_size == 40 + len(index) * (index.code_size + 8) + 32
+    with open(path, "rb") as f:
+        assert f.read(8) == b"SUBICIDX"
+    loaded = SubicIndex.load(str(path), add_chunk_size=50)
+    assert (loaded.exact, loaded.shortlist) == (index.exact, index.shortlist)
+    np.testing.assert_array_equal(loaded.get_ids(), index.get_ids())
+    np.testing.assert_array_equal(loaded.get_codes(), index.get_codes())
+    queries = rng.random((5, num_blocks * block_size)).astype(np.float32)
+    for a, b in zip(loaded.search(queries, 12), index.search(queries, 12)):
+        np.testing.assert_array_equal(a, b)
+    assert not [p for p in os.listdir(tmp_path) if p != "index.subic"]
+    new_id = loaded.add(codes[:1])
+    np.testing.assert_array_equal(new_id, [index.get_ids().max() + 1])
+
+
+def test_save_load_empty_index(tmp_path):
+    SubicIndex(4, 16).save(tmp_path / "empty")
+    loaded = SubicIndex.load(tmp_path / "empty")
+    assert len(loaded) == 0 and not loaded.exact
+
+
+@pytest.fixture
+def saved(rng, tmp_path):
+    index = SubicIndex(4, 64)
+    index.add(random_codes(rng, 50, 4, 64))
+    path = tmp_path / "good.subic"
+    index.save(path)
+    return index, path, path.read_bytes()
+
+
+def _rewrite(path, data):
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("cut", [0, 5, 39, 40, 200, -33, -1])
+def test_truncated_file_raises_naming_path(saved, cut):
+    _, path, data = saved
+    _rewrite(path, data[:cut] if cut else b"")
+    with pytest.raises(ValueError, match=r"good\.subic"):
+        SubicIndex.load(path)
+
+
+@pytest.mark.parametrize("offset", [45, 300, -40, -3])
+def test_bit_flip_fails_checksum(saved, offset):
+    _, path, data = saved
+    data = bytearray(data)
+    data[offset] ^= 0x10
+    _rewrite(path, data)
+    with pytest.raises(ValueError, match="checksum"):
+        SubicIndex.load(path)
+
+
+def test_header_problems_raise(saved, tmp_path):
+    index, path, data = saved
+    bad = bytearray(data)
+    bad[:8] = b"NOTANIDX"
+    with pytest.raises(ValueError, match="magic"):
+        SubicIndex.load(_rewrite(path, bad))
+    bad = bytearray(data)
+    bad[8:12] = struct.pack("<I", 2)
+    with pytest.raises(ValueError, match="version 2 is not supported"):
+        SubicIndex.load(_rewrite(path, bad))
+    bad = bytearray(data)
+    bad[16:20] = struct.pack("<I", 48)
+    with pytest.raises(ValueError, match="block shape"):
+        SubicIndex.load(_rewrite(path, bad))
+    bad = bytearray(data)
+    bad[24:32] = struct.pack("<Q", 10**15)  # huge n: rejected before reading
+    with pytest.raises(ValueError, match="truncated"):
+        SubicIndex.load(_rewrite(path, bad))
+    # A well-formed file (valid checksum) announcing an absurd block shape.
+    header = struct.pack("<8sIIIIQII", b"SUBICIDX", 1, 10**6, 256, 1, 0, 10**6, 0)
+    crafted = header + hashlib.sha256(header).digest()
+    with pytest.raises(ValueError, match=r"good\.subic.*too large"):
+        SubicIndex.load(_rewrite(path, crafted))
+    text = tmp_path / "notes.txt"
+    text.write_text("not an index at all, just some text " * 5)
+    with pytest.raises(ValueError, match=r"notes\.txt"):
+        SubicIndex.load(text)
+    with pytest.raises(ValueError, match="trailing"):
+        SubicIndex.load(_rewrite(path, data + b"\0"))
+    # The in-memory index is untouched by failed loads.
+    assert len(index) == 50
+
+
+def test_failed_save_keeps_previous_file(saved, monkeypatch):
+    index, path, data = saved
+    index.add(np.zeros((1, 4), dtype=int))
+
+    def broken(positions):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(index._engine, "packed", broken)
+    with pytest.raises(OSError, match="disk full"):
+        index.save(path)
+    assert path.read_bytes() == data
+    assert os.listdir(path.parent) == ["good.subic"]

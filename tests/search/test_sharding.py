@@ -1,0 +1,113 @@
+"""Tests for subic_keras.search.sharding."""
+
+import faiss
+import numpy as np
+import pytest
+from search_reference import (
+    distinct_codes,
+    random_codes,
+)
+
+from subic_keras.search import ShardedSubicIndex, SubicIndex, merge_results
+
+# Sharding ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "block_size, num_queries", [(16, 15), (256, 15), (64, 15), (64, 40)]
+)
+def test_sharded_search_equals_unsharded(rng, monkeypatch, block_size, num_queries):
+    # K=16: fast-scan shortlists merged by IndexShards, then re-scored from the
+    # shards' codes; K=256 and K=64 (15 queries): IndexPQ shards; K=64 with 40
+    # queries: the byte-aligned batch scan over codes read from every shard.
+    made = []
+    original = faiss.IndexShards
+
+    def spy(*args):
+        made.append(original(*args))
+        return made[-1]
+
+    monkeypatch.setattr(faiss, "IndexShards", spy)
+    codes = distinct_codes(rng, 1000, 6, block_size)
+    index = SubicIndex(6, block_size)
+    index.add(codes, ids=rng.permutation(5000)[:1000])
+    shards = index.shard(3)
+    assert [len(s) for s in shards] == [333, 333, 334]
+    np.testing.assert_array_equal(
+        np.concatenate([s.get_ids() for s in shards]), index.get_ids()
+    )
+    sharded = ShardedSubicIndex(shards)
+    assert len(sharded) == 1000
+    queries = rng.random((num_queries, 6 * block_size)).astype(np.float32)
+    for k in (1, 25, 1200):
+        want = index.search(queries, k)
+        got = sharded.search(queries, k)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+        manual = merge_results([s.search(queries, k) for s in shards], k)
+        np.testing.assert_array_equal(manual[1], want[1])
+    assert made and all(m.ntotal == 1000 and m.count() == 3 for m in made)
+    want = index.search_codes(codes[:4], 7)
+    got = sharded.search_codes(codes[:4], 7)
+    # Integer scores tie a lot; which tied items make the cut is faiss's choice.
+    np.testing.assert_array_equal(got[0], want[0])
+    assert len(index.shard(5)[4]) == 200
+    empty = SubicIndex(6, block_size).shard(2)
+    assert [len(s) for s in empty] == [0, 0]
+    scores, ids = ShardedSubicIndex(empty).search(queries, 3)
+    assert (ids == -1).all() and np.isneginf(scores).all()
+
+
+def test_sharded_search_sees_later_changes_to_shards(rng):
+    codes = distinct_codes(rng, 600, 4, 64)
+    index = SubicIndex(4, 64)
+    index.add(codes[:400])
+    shards = [*index.shard(2), SubicIndex(4, 64)]
+    sharded = ShardedSubicIndex(shards)
+    shards[2].add(codes[400:], ids=np.arange(400, 600))
+    shards[0].remove(np.arange(50))
+    index.add(codes[400:], ids=np.arange(400, 600))
+    index.remove(np.arange(50))
+    queries = rng.random((5, 4 * 64)).astype(np.float32)
+    np.testing.assert_array_equal(
+        sharded.search(queries, 30)[1], index.search(queries, 30)[1]
+    )
+
+
+def test_sharded_index_rejects_bad_shards(rng):
+    a = SubicIndex(4, 16)
+    a.add(random_codes(rng, 3, 4, 16))
+    b = SubicIndex(4, 16)
+    b.add(random_codes(rng, 3, 4, 16), ids=[2, 3, 4])
+    with pytest.raises(ValueError, match=r"share ids: \[2\]"):
+        ShardedSubicIndex([a, b])
+    with pytest.raises(ValueError, match="shards.1. has block_size=64"):
+        ShardedSubicIndex([a, SubicIndex(4, 64)])
+    with pytest.raises(ValueError, match="shards.1. has exact=True"):
+        ShardedSubicIndex([a, SubicIndex(4, 16, exact=True)])
+    with pytest.raises(ValueError, match="at least one"):
+        ShardedSubicIndex([])
+    with pytest.raises(TypeError, match="SubicIndex"):
+        ShardedSubicIndex([a, "b"])
+
+
+def test_merge_results():
+    first = (np.array([[5.0, 1.0, -np.inf]]), np.array([[10, 11, -1]]))
+    second = (np.array([[5.0, 3.0]]), np.array([[20, 21]]))
+    scores, ids = merge_results([first, second], 3)
+    np.testing.assert_array_equal(ids, [[10, 20, 21]])  # tie: list order
+    np.testing.assert_array_equal(scores, [[5.0, 5.0, 3.0]])
+    assert scores.dtype == np.float32 and ids.dtype == np.int64
+    scores, ids = merge_results([first, second], 6)
+    np.testing.assert_array_equal(ids, [[10, 20, 21, 11, -1, -1]])
+    assert np.all(scores[0, 4:] == -np.inf)
+    with pytest.raises(ValueError, match="at least one"):
+        merge_results([], 3)
+    with pytest.raises(ValueError, match="same 2-D shape"):
+        merge_results([(np.zeros((1, 2)), np.zeros((1, 3), dtype=int))], 3)
+    with pytest.raises(ValueError, match="number of queries"):
+        merge_results([first, (np.zeros((2, 2)), np.zeros((2, 2), dtype=int))], 3)
+    with pytest.raises(ValueError, match="NaN"):
+        merge_results([(np.array([[np.nan]]), np.array([[1]]))], 1)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        merge_results([first], 0)
