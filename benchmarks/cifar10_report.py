@@ -422,7 +422,7 @@ def comparison(rows: list[dict], sweep_rows: list[dict]) -> dict | None:
 
     Paper protocol, mean over seeds. Baselines are the rows of ours with the
     same training budget. The paper's numbers come from the authors' code,
-    whose AP is 21-point interpolated (SPEC.md); they are compared with ours
+    whose AP is 21-point interpolated; they are compared with ours
     under that definition as well as under the strict one of the tables.
     """
     headline = headline_rows(rows, sweep_rows)

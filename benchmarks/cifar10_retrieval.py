@@ -34,8 +34,8 @@ by retrieval mAP on them (one tenth of the validation images as queries, the
 rest as database); the epoch with the best validation mAP is kept. SuBiC's
 hyper-parameters are the best setting of a small validation sweep at one
 bit-rate (`--sweep`, cached like the models) where one was run, and otherwise
-the default recipe (γ = μ = 1 ramped in over the first third of training,
-SPEC.md); the results say which. DSH and DLBHC use their papers' settings.
+the default recipe (γ = μ = 1 ramped in over the first third of training);
+the results say which. DSH and DLBHC use their papers' settings.
 
 Test protocols: "paper" (1,000 queries, 100 per class, drawn with seed 0; the
 other 9,000 test images are the database) and "dsh" (all 10,000 test images
@@ -74,6 +74,7 @@ from benchmarks import common
 from benchmarks.cifar10_report import (
     CLASS_QUERY,
     SELECTION_METRIC,
+    SUBIC_BLOCK_SIZES,
     build_result,
     fig5,
     markdown,
@@ -85,7 +86,6 @@ from subic_keras.training import standardization
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = ("subic", "subic16", "dsh", "dlbhc")
-SUBIC_BLOCK_SIZES = {"subic": 64, "subic16": 16}
 # The default recipe, used when no sweep result is available: γ = μ = 1
 # ramped in linearly over the first third of training. The warm-up is a fraction
 # of the epochs so that a setting chosen on a short sweep transfers.

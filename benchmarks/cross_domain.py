@@ -89,7 +89,7 @@ METHOD_TITLES = {
     "subic_2layer": "SuBiC 2-layer",
     "subic_3layer": "SuBiC 3-layer",
 }
-# SPEC.md, Table 3: VGG-M-128 features trained on ImageNet, 64 bits.
+# Paper Table 3: VGG-M-128 features trained on ImageNet, 64 bits.
 PAPER_TABLE3 = {
     "columns": ["VOC2007", "Caltech-101", "ImageNet"],
     "rows": {
