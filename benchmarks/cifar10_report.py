@@ -1,16 +1,14 @@
-"""The CIFAR-10 retrieval report: aggregation over seeds, Markdown, Fig. 5.
+"""The CIFAR-10 retrieval report: aggregation over seeds and Markdown.
 
 `build_result` turns the cached entries of `benchmarks.cifar10_retrieval`
-into the JSON of `benchmarks/results/cifar10_retrieval.json`, `markdown`
-renders it, and `fig5` draws the paper's Fig. 5 (top-10 retrievals of one
-query) from the saved models.
+into the JSON of `benchmarks/results/cifar10_retrieval.json`, and `markdown`
+renders it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 
 import numpy as np
@@ -174,8 +172,15 @@ def _hparams_text(row: dict) -> str:
 def _accuracy_text(row: dict) -> str:
     values = []
     for diagnostics in row.get("diagnostics", []):
-        value = diagnostics.get(
-            "test_accuracy_binary", diagnostics.get("test_accuracy")
+        # "accuracy_binary" from Subic.code_statistics; "test_accuracy_binary"
+        # in entries cached before it existed.
+        value = next(
+            (
+                diagnostics[key]
+                for key in ("accuracy_binary", "test_accuracy_binary", "test_accuracy")
+                if key in diagnostics
+            ),
+            None,
         )
         if value is not None:
             values.append(f"{value:.4f}")
@@ -379,7 +384,10 @@ def hparams_source(row: dict, sweep_rows: list[dict]) -> str:
                 f"{place} in the validation sweep ({s['bits']} bits, "
                 f"{s['epochs']} epochs, validation mAP {s['validation_map']:.4f})"
             )
-    return "default recipe (SPEC.md prototype), not re-validated by a sweep"
+    return (
+        "default recipe (γ = μ = 1, warm-up over the first third), not "
+        "re-validated by a sweep"
+    )
 
 
 def _budget(row: dict) -> tuple[int, int]:
@@ -560,75 +568,3 @@ def build_result(entries: list[dict], command: str) -> dict:
 
 # ---------------------------------------------------------------------------
 # Fig. 5.
-
-
-def fig5(result: dict, data, scale, models_dir: str, path: str) -> bool:
-    """Top-10 retrievals of one test query at the smallest and largest bits.
-
-    Uses the saved models of SuBiC's current recipe (`headline_rows`, first
-    seed); the query is the first query of the paper protocol (seed 0), not
-    chosen by its results. Returns False when the models are not available.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [
-        r
-        for r in headline_rows(result["rows"], result["sweep"])
-        if os.path.isfile(os.path.join(models_dir, r["keys"][0] + ".keras"))
-    ]
-    if len(rows) < 2:
-        return False
-    low = min(rows, key=lambda r: r["bits"])
-    high = max(rows, key=lambda r: r["bits"])
-    _name, protocol, args = scale.protocols[0]
-    import keras
-
-    from subic_keras import protocols, retrieval
-    from subic_keras.models import Subic
-
-    query_idx, database_idx = protocols.protocol_split(
-        protocol, data.y_test, seed=0, **args
-    )
-    query = int(query_idx[0])
-    classes = "airplane automobile bird cat deer dog frog horse ship truck".split()
-    fig, axes = plt.subplots(2, 11, figsize=(13, 3.0))
-    for line, row in enumerate((low, high)):
-        model = keras.saving.load_model(
-            os.path.join(models_dir, row["keys"][0] + ".keras")
-        )
-        subic = Subic.from_train_model(model)
-        index = retrieval.build_index(
-            subic, data.x_test[database_idx], ids=database_idx
-        )
-        z = subic.query(retrieval.as_model_inputs(data.x_test[query : query + 1]))
-        _, found = index.search(z, k=10)
-        ax = axes[line, 0]
-        ax.imshow(data.x_test[query])
-        ax.set_title(f"query: {classes[data.y_test[query]]}", fontsize=8)
-        ax.set_ylabel(f"{row['bits']} bits", fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        for j, item in enumerate(found[0]):
-            ax = axes[line, j + 1]
-            ax.imshow(data.x_test[item])
-            correct = data.y_test[item] == data.y_test[query]
-            for spine in ax.spines.values():
-                spine.set_edgecolor("green" if correct else "red")
-                spine.set_linewidth(3)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(classes[data.y_test[item]], fontsize=7)
-        keras.backend.clear_session()
-    fig.suptitle(
-        f"CIFAR-10: top-10 of test image {query} (first paper-protocol query), "
-        "SuBiC K=64; green = same class, red = other",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    with common.atomic_output(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    return True

@@ -34,6 +34,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def log(message: str) -> None:
+    """`message` on stderr with the time: progress of a long run."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def machine() -> dict:
     """The machine a measurement ran on, and how busy it was."""
     return {
@@ -103,7 +108,26 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str, obj) -> None:
     """Writes `obj` as indented JSON to `path` atomically."""
-    write_text(path, json.dumps(obj, indent=2) + "\n")
+    write_text(path, json.dumps(obj, indent=2, default=_plain) + "\n")
+
+
+def _plain(value):
+    """NumPy scalars and arrays as the Python values JSON can hold."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def add_data_dir(parser, layout: str) -> None:
+    """`--data-dir`, defaulting to `$SUBIC_DATA_DIR`; `layout` says what it holds."""
+    default = os.environ.get("SUBIC_DATA_DIR")
+    parser.add_argument(
+        "--data-dir",
+        default=default,
+        required=default is None,
+        help=f"the data directory: {layout} (default: $SUBIC_DATA_DIR"
+        + (f", now {default})" if default else ", unset)"),
+    )
 
 
 def read_json(path: str):
@@ -145,6 +169,25 @@ class ResultCache:
 
     def put(self, key: str, entry: dict) -> None:
         write_json(self.path(key), entry)
+
+    def compute(self, key: str, compute, label: str | None = None) -> dict:
+        """The entry at `key`, or `compute()`'s result, stored there first.
+
+        The entry records `wall_seconds` (of the run that computed it);
+        the returned copy adds `cached`, whether it was read.
+        """
+        label = label or key
+        entry = self.get(key)
+        if entry is not None:
+            log(f"{label}: cached ({key})")
+            return {**entry, "cached": True}
+        log(f"{label}: running")
+        start = time.perf_counter()
+        entry = compute()
+        entry["wall_seconds"] = time.perf_counter() - start
+        self.put(key, entry)
+        log(f"{label}: done in {entry['wall_seconds']:.0f} s")
+        return {**entry, "cached": False}
 
     def entries(self) -> list[dict]:
         """Every readable entry, in file-name order."""

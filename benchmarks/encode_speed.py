@@ -7,7 +7,7 @@ bytes), and the float32 and int8 LiteRT files; plus each artifact's size on
 disk. Every encoder returns both the codes and the query `z`. Each
 measurement repeats calls for at least `--seconds` after two warm-up calls.
 
-    python -m benchmarks.encode_speed --model RUN/best.keras --data-dir ../shared/data
+    python -m benchmarks.encode_speed --model RUN/best.keras --data-dir DIR
     python -m benchmarks.encode_speed --quick   # an untrained model, seconds
 """
 
@@ -37,7 +37,6 @@ from subic_keras.training import TrainConfig, build_model
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "encode_speed.json")
 QUICK_RESULTS = os.path.join(HERE, "results", "encode_speed_quick.json")
-DATA_DIR = os.path.join(HERE, "..", "..", "shared", "data")
 BATCHES = (1, 256)
 
 
@@ -55,9 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--data-dir",
-        default=DATA_DIR,
+        default=os.environ.get("SUBIC_DATA_DIR"),
         help="CIFAR-10 directory for the images and the int8 calibration "
-        "(random images when it is absent)",
+        "(default: $SUBIC_DATA_DIR; random images when neither is given)",
     )
     parser.add_argument("--seconds", type=float, default=None, help="per measurement")
     parser.add_argument(
@@ -114,7 +113,7 @@ def main(argv=None) -> dict:
     load_before = os.getloadavg()
     batches = (1, 16) if args.quick else BATCHES
     count = max(batches)
-    if os.path.isdir(args.data_dir):
+    if args.data_dir is not None:
         (x_train, _), (x_test, _) = datasets.load_cifar10(
             args.data_dir, max_per_split=max(count, 200)
         )

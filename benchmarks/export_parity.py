@@ -8,7 +8,7 @@ search, `random` protocol: `--queries-per-class` queries per class, the other
 images as the database; mAP over the full ranking, ties counted in
 expectation).
 
-    python -m benchmarks.export_parity --model RUN/best.keras --data-dir ../shared/data
+    python -m benchmarks.export_parity --model RUN/best.keras --data-dir DIR
     python -m benchmarks.export_parity --quick   # an untrained tiny model, seconds
 """
 
@@ -42,7 +42,6 @@ from subic_keras.training import TrainConfig, build_model
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "export_parity.json")
 QUICK_RESULTS = os.path.join(HERE, "results", "export_parity_quick.json")
-DATA_DIR = os.path.join(HERE, "..", "..", "shared", "data")
 # A code block counts as a near-tie when the two competing entries of the
 # Keras z differ by at most this much.
 NEAR_TIE = 1e-4
@@ -57,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--model", default=None, help="a trained SuBiC .keras model (CIFAR-10)"
     )
-    parser.add_argument("--data-dir", default=DATA_DIR, help="CIFAR-10 directory")
+    common.add_data_dir(parser, "CIFAR-10's binary or python batches")
     parser.add_argument("--num-images", type=int, default=None, help="test images")
     parser.add_argument("--num-representative", type=int, default=None)
     parser.add_argument("--queries-per-class", type=int, default=None)

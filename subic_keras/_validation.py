@@ -66,3 +66,27 @@ def check_finite(name: str, array: np.ndarray) -> None:
             f"{name} must be finite, received an array with {bad} NaN or "
             "infinite values"
         )
+
+
+def check_features(name: str, features, dim: int | None = None) -> np.ndarray:
+    """Returns `features` as a C-contiguous float32 `(n, d)` array, or raises."""
+    array = np.asarray(features)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must hold real numbers, received dtype {array.dtype}")
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(
+            f"{name} must be a non-empty 2-D array (n, d), received shape {array.shape}"
+        )
+    if dim is not None and array.shape[1] != dim:
+        raise ValueError(
+            f"{name} must have {dim} columns, the dimension of the fitted "
+            f"features, received {array.shape[1]}"
+        )
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    # Checked after the cast: float64 values beyond float32's range become inf.
+    if not np.all(np.isfinite(array)):
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        raise ValueError(
+            f"{name} must be finite (in float32), received {bad} NaN or infinite values"
+        )
+    return array

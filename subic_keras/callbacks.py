@@ -40,8 +40,11 @@ class EntropyWarmup(keras.callbacks.Callback):
 
     Example:
 
-    >>> subic.train_model.fit(dataset, epochs=30, shuffle=False,
-    ...                       callbacks=[EntropyWarmup(epochs=5)])
+    >>> subic = build_subic(backbones.dsh_cnn(), 4, 16, num_classes=10)
+    >>> history = subic.train_model.fit(images / 255, labels, epochs=2, verbose=0,
+    ...                                 callbacks=[EntropyWarmup(epochs=1)])
+    >>> len(history.history["loss"])
+    2
 
     Args:
         epochs: length of the ramp in epochs; `0` applies full weights at once.
@@ -151,10 +154,14 @@ class BestWeights(keras.callbacks.Callback):
 
     Example:
 
-    >>> subic.train_model.fit(
-    ...     data, epochs=5, shuffle=False,
-    ...     callbacks=[RetrievalValidation(subic, x_val, y_val),
-    ...                BestWeights("val_map_fc0")])
+    >>> subic = build_subic(backbones.dsh_cnn(), 4, 16, num_classes=10)
+    >>> selector = BestWeights("val_map_fc0")
+    >>> history = subic.train_model.fit(
+    ...     images[:40] / 255, labels[:40], epochs=2, verbose=0,
+    ...     callbacks=[RetrievalValidation(subic, images[40:], labels[40:]),
+    ...                selector])
+    >>> selector.best_epoch in (0, 1)   # the model now holds that epoch
+    True
 
     Args:
         monitor: the logged value to watch, e.g. `"val_map_fc0"` or
@@ -232,8 +239,12 @@ class RetrievalValidation(keras.callbacks.Callback):
 
     Example:
 
-    >>> subic.train_model.fit(data, epochs=5, shuffle=False,
-    ...                       callbacks=[RetrievalValidation(subic, x_val, y_val)])
+    >>> subic = build_subic(backbones.dsh_cnn(), 4, 16, num_classes=10)
+    >>> validation = RetrievalValidation(subic, images[40:], labels[40:])
+    >>> history = subic.train_model.fit(images[:40] / 255, labels[:40], verbose=0,
+    ...                                 callbacks=[validation])
+    >>> sorted(key for key in history.history if key.startswith("val_map"))
+    ['val_map_class_posterior', 'val_map_fc0']
 
     Args:
         scorer: the `Subic` (or other scorer) whose model is being fitted.

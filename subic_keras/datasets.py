@@ -75,8 +75,11 @@ def load_cifar10(
     1,024-byte R, G and B planes, row-major) or the official *python* version
     (`data_batch_1` … `data_batch_5`, `test_batch`: pickled dicts with
     `b"data"` and `b"labels"`). It may also be the parent of
-    `cifar-10-batches-bin/` or `cifar-10-batches-py/`. The python version is
-    read with `pickle`: only load files from a trusted source.
+    `cifar-10-batches-bin/` or `cifar-10-batches-py/`. The binary version is
+    the recommended one. The python version is unpickled by a restricted
+    reader that accepts only what the official batches hold (dicts, lists,
+    strings, bytes, integers and NumPy arrays): a file that references any
+    other code raises `ValueError` instead of running it.
 
     Example:
 
@@ -187,6 +190,34 @@ def _read_cifar_binary(
     return images, labels
 
 
+# The globals an official CIFAR-10 python batch (a Python 2 pickle of a dict
+# holding a NumPy array) references, and those of the same dict pickled by
+# Python 3 (`_codecs.encode` rebuilds bytes under protocols < 3, and
+# `_frombuffer` arrays under protocol 5). Nothing else is looked up, so a
+# crafted file cannot name a callable to run.
+_CIFAR_PICKLE_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+)
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _CIFAR_PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"it references {module}.{name}, which a CIFAR-10 batch never "
+                "does; refusing to run it"
+            )
+        return super().find_class(module, name)
+
+
 def _read_cifar_python(
     paths: list[str], limit: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -198,7 +229,11 @@ def _read_cifar_python(
             break
         with open(path, "rb") as handle:
             try:
-                batch = pickle.load(handle, encoding="bytes")
+                batch = _CifarUnpickler(handle, encoding="bytes").load()
+            except pickle.UnpicklingError as error:
+                raise ValueError(
+                    f"{path!r} is not a CIFAR-10 python batch: {error}"
+                ) from error
             except Exception as error:
                 raise ValueError(
                     f"{path!r} is truncated or not a CIFAR-10 python batch: {error}"
@@ -447,8 +482,10 @@ def load_tfds_images(
 
     Example:
 
-    >>> ds = load_tfds_images("caltech101", "test", data_dir="~/tfds")
-    >>> ds = ds.batch(64).prefetch(tf.data.AUTOTUNE)
+    Reads what `tensorflow-datasets` has prepared in `data_dir`, downloading
+    it first where the network allows:
+
+    ``load_tfds_images("caltech101", "test", data_dir="~/tfds").batch(64)``
 
     Args:
         name: `"voc/2007"`, `"caltech101"` or `"imagenet2012"`.
@@ -569,8 +606,9 @@ def channel_statistics(images) -> tuple[np.ndarray, np.ndarray]:
 
     Example:
 
-    >>> mean, std = channel_statistics(x_train)  # CIFAR-10: mean ≈ [0.491,
-    >>> x = standardize(x_train, mean, std)      #   0.482, 0.447]
+    >>> mean, std = channel_statistics(images)  # CIFAR-10's: mean ≈ [0.491,
+    >>> mean.shape, std.shape                   #   0.482, 0.447]
+    ((3,), (3,))
 
     Args:
         images: uint8 `(n, H, W, C)`, or `(n, H, W)` (one channel).
@@ -601,9 +639,10 @@ def standardize(images, mean, std) -> np.ndarray:
 
     Example:
 
-    >>> mean, std = channel_statistics(x_train)
-    >>> standardize(x_test, mean, std).dtype
-    dtype('float32')
+    >>> mean, std = channel_statistics(images)
+    >>> x = standardize(images, mean, std)
+    >>> x.dtype, bool(np.allclose(x.mean(axis=(0, 1, 2)), 0, atol=1e-5))
+    (dtype('float32'), True)
 
     Args:
         images: uint8 `(n, H, W, C)` or `(n, H, W)` (one channel, kept 3-D).
@@ -685,10 +724,15 @@ def make_dataset(
 
     Example:
 
-    >>> mean, std = channel_statistics(x_train)
-    >>> train = make_dataset(x_train, y_train, 200, shuffle=True, augment=True,
+    >>> mean, std = channel_statistics(images)
+    >>> train = make_dataset(images, labels, 16, shuffle=True, augment=True,
     ...                      mean=mean, std=std)
-    >>> model.fit(train, epochs=10, shuffle=False)
+    >>> batch_images, batch_labels = next(iter(train))
+    >>> tuple(batch_images.shape), batch_images.dtype.name
+    ((16, 32, 32, 3), 'float32')
+
+    Pass it to `model.fit(train, epochs=10, shuffle=False)`: the dataset
+    shuffles itself.
 
     Args:
         images: uint8 `(n, H, W, C)`, or `(n, H, W)` (given one channel).

@@ -60,7 +60,8 @@ def load_subic(model_or_path) -> Subic:
 
     Example:
 
-    >>> subic = load_subic("run/best.keras")
+    >>> build_subic(backbones.dsh_cnn(), 8, 64, 10).train_model.save("best.keras")
+    >>> subic = load_subic("best.keras")
     >>> subic.num_blocks, subic.block_size
     (8, 64)
 
@@ -141,11 +142,13 @@ def export_saved_model(
 
     Example:
 
-    >>> path = export_saved_model("run/best.keras", "serving")
+    >>> subic = build_subic(backbones.dsh_cnn(), 8, 64, 10)
+    >>> path = export_saved_model(subic, "serving")
     >>> path
     'serving/subic/1'
     >>> served = tf.saved_model.load(path)
-    >>> served.signatures["serving_default"](images=x)["codes"]
+    >>> served.signatures["serving_default"](images=images)["codes"].shape
+    TensorShape([64, 8])
 
     Args:
         model_or_path: a `Subic`, a SuBiC train model or a `.keras` path.
@@ -213,10 +216,11 @@ def export_litert(
 
     Example:
 
-    >>> export_litert("run/best.keras", "subic_int8.tflite", "int8",
-    ...               representative_images=x_train[:200])
-    >>> runner = Interpreter("subic_int8.tflite").get_signature_runner()
-    >>> runner(images=x)["codes"]
+    >>> subic = build_subic(backbones.dsh_cnn(), 8, 64, 10)
+    >>> path = export_litert(subic, "subic_int8.tflite", "int8",
+    ...                      representative_images=images)
+    >>> run_litert(path, images)["codes"].shape
+    (64, 8)
 
     Args:
         model_or_path: a `Subic`, a SuBiC train model or a `.keras` path.
@@ -279,9 +283,11 @@ def run_litert(
 
     Example:
 
-    >>> outputs = run_litert("subic.tflite", x_test)
+    >>> path = export_litert(build_subic(backbones.dsh_cnn(), 8, 64, 10),
+    ...                      "subic.tflite")
+    >>> outputs = run_litert(path, images)   # uint8 RGB `(64, 32, 32, 3)`
     >>> outputs["codes"].shape, outputs["query"].shape
-    ((10000, 8), (10000, 512))
+    ((64, 8), (64, 512))
 
     Args:
         path: the `.tflite` file.

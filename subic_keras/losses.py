@@ -86,7 +86,7 @@ def batch_block_entropy(probs, num_blocks: int, block_size: int) -> tf.Tensor:
     Example:
 
     >>> probs = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], "float32")
-    >>> batch_block_entropy(probs, num_blocks=1, block_size=4).numpy()
+    >>> batch_block_entropy(probs, num_blocks=1, block_size=4).numpy().item()
     1.0
 
     Args:
@@ -142,7 +142,7 @@ class ScaledCrossEntropy(keras.losses.Loss):
     Example:
 
     >>> loss = ScaledCrossEntropy()
-    >>> loss(np.array([0, 1]), np.full((2, 4), 0.25)).numpy()
+    >>> loss(np.array([0, 1]), np.full((2, 4), 0.25)).numpy().item()
     1.0
 
     Args:
@@ -248,7 +248,7 @@ class MeanBlockEntropyLoss(BlockEntropyLoss):
     Example:
 
     >>> loss = MeanBlockEntropyLoss(num_blocks=2, block_size=4, gamma=1.0)
-    >>> loss(None, np.full((3, 8), 0.25)).numpy()
+    >>> loss(None, np.full((3, 8), 0.25)).numpy().item()
     1.0
 
     Args:
@@ -291,7 +291,7 @@ class BatchBlockEntropyLoss(BlockEntropyLoss):
     Example:
 
     >>> loss = BatchBlockEntropyLoss(num_blocks=1, block_size=2, mu=1.0)
-    >>> loss(None, np.array([[1.0, 0.0], [0.0, 1.0]])).numpy()
+    >>> loss(None, np.array([[1.0, 0.0], [0.0, 1.0]])).numpy().item()
     -1.0
 
     Args:
@@ -333,11 +333,10 @@ class SubicEntropyLoss(BlockEntropyLoss):
 
     Example:
 
-    >>> model.compile(
-    ...     optimizer="adam",
-    ...     loss={"class_probs": ScaledCrossEntropy(),
-    ...           "block_probs": SubicEntropyLoss(8, 64, gamma=1.0, mu=1.0)},
-    ... )
+    >>> loss = SubicEntropyLoss(num_blocks=2, block_size=4, gamma=1.0, mu=1.0)
+    >>> one_hot = np.array([[1, 0, 0, 0, 0, 1, 0, 0], [0, 1, 0, 0, 1, 0, 0, 0]])
+    >>> loss(None, one_hot.astype("float32")).numpy().item()  # E(b̃)=0, E(b̄)=2 bits
+    -0.5
 
     Args:
         num_blocks: number of blocks `M`.

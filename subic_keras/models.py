@@ -32,7 +32,13 @@ from subic_keras._validation import check_block_shape, check_int, check_non_nega
 from subic_keras.datasets import as_model_inputs
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.losses import ScaledCrossEntropy, SubicEntropyLoss
-from subic_keras.metrics import subic_metrics
+from subic_keras.metrics import (
+    BinUsage,
+    MeanBlockEntropy,
+    OneHotCloseness,
+    SupportEntropy,
+    subic_metrics,
+)
 from subic_keras.scoring import Scorer
 from subic_keras.search import SubicIndex
 
@@ -186,9 +192,11 @@ class Subic(Scorer):
 
         Example:
 
+        >>> build_subic(backbones.dsh_cnn(), 4, 16, 10).train_model.save("subic.keras")
         >>> model = keras.saving.load_model("subic.keras")
         >>> subic = Subic.from_train_model(model)
-        >>> codes = subic.encoder.predict(images)
+        >>> subic.encode(images / 255).shape   # uint8 images `(n, 32, 32, 3)`
+        (64, 4)
         """
         loss = getattr(train_model, "loss", None)
         entropy = loss.get(BLOCK_PROBS) if isinstance(loss, dict) else None
@@ -223,11 +231,11 @@ class Subic(Scorer):
 
     def encode_database(self, inputs) -> np.ndarray:
         """Codes `(n, M)` of uint8 images (scaled to `[0, 1]`) or float inputs."""
-        return self.encode(as_model_inputs(inputs))
+        return self.encode(inputs)
 
     def encode_queries(self, inputs) -> np.ndarray:
         """Queries `(n, M·K)` of kind `default_query` (inputs as `encode_database`)."""
-        return self.query(as_model_inputs(inputs))
+        return self.query(inputs)
 
     def score(self, queries: np.ndarray, database: np.ndarray) -> np.ndarray:
         """Asymmetric scores `sum_m q[m*K + c_m]` (paper Sec. 3.3), `(nq, n)`."""
@@ -309,9 +317,41 @@ class Subic(Scorer):
         if self.train_model.compiled:
             self.train_model.compile_from_config(self.train_model.get_compile_config())
 
+    def model_inputs(self, images) -> np.ndarray:
+        """`images` as this model's float32 inputs, checked.
+
+        uint8 images are scaled to `[0, 1]` (`x / 255`), float inputs are
+        taken as they are: the one input convention of `encode`, `query`
+        and `code_statistics`.
+
+        Raises:
+            ValueError: for a shape other than `(n, *input_shape)`, or NaN
+                or infinite values.
+            TypeError: for a dtype other than uint8 or float.
+        """
+        inputs = as_model_inputs(images)
+        expected = tuple(self.train_model.input_shape[1:])
+        if inputs.ndim != len(expected) + 1 or any(
+            e is not None and e != s for e, s in zip(expected, inputs.shape[1:])
+        ):
+            raise ValueError(
+                "images must have shape (n, "
+                + ", ".join(str(e) for e in expected)
+                + f"), received {inputs.shape}"
+            )
+        if inputs.size and not np.all(np.isfinite(inputs)):
+            bad = int(inputs.size - np.count_nonzero(np.isfinite(inputs)))
+            raise ValueError(
+                f"images must be finite, received {bad} NaN or infinite values"
+            )
+        return inputs
+
     def encode(self, images, batch_size: int = 256) -> np.ndarray:
-        """Integer codes `(n, M)` of `images`, with `encoder.predict`."""
-        return self.encoder.predict(images, batch_size=batch_size, verbose=0)
+        """Integer codes `(n, M)` int32 of `images` (uint8, or float inputs)."""
+        inputs = self.model_inputs(images)
+        if not len(inputs):
+            return np.zeros((0, self.num_blocks), np.int32)
+        return self.encoder.predict(inputs, batch_size=batch_size, verbose=0)
 
     def query(
         self, images, batch_size: int = 256, kind: str | None = None
@@ -319,7 +359,7 @@ class Subic(Scorer):
         """Real-valued queries `(n, M·K)` of asymmetric search.
 
         Args:
-            images: model inputs.
+            images: uint8 images (scaled to `[0, 1]`) or float model inputs.
             batch_size: prediction batch size.
             kind: `"fc0"` for the paper's `z` (`query_encoder`),
                 `"class_posterior"` for `W₁ s` (`class_query_encoder`), or
@@ -329,8 +369,68 @@ class Subic(Scorer):
             float32 queries for `SubicIndex.search`.
         """
         kind = check_query_kind("kind", self.default_query if kind is None else kind)
+        inputs = self.model_inputs(images)
+        if not len(inputs):
+            return np.zeros((0, self.num_blocks * self.block_size), np.float32)
         encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
-        return encoder.predict(images, batch_size=batch_size, verbose=0)
+        return encoder.predict(inputs, batch_size=batch_size, verbose=0)
+
+    def code_statistics(self, images, labels=None, batch_size: int = 256) -> dict:
+        """How well the codes use their bits, on `images` (the paper's Fig. 3).
+
+        Reported, never used for selection: they explain a mAP, e.g. blocks
+        that use few bins, or saturated blocks (entropy near 0 bits, large
+        `z`) that stop learning.
+
+        Args:
+            images: model inputs (uint8 images are scaled to `[0, 1]`).
+            labels: class ids `(n,)`; adds FC1's accuracy on `b̃` and `b`.
+            batch_size: prediction batch size.
+
+        Returns:
+            A JSON-ready dict: `mean_block_entropy_bits` (the mean code
+            entropy `E(b̃) = Σ_m E(b̃_m)`, the mean-entropy term of Eq. 6),
+            `support_entropy_bits` (the entropy of each block's histogram of
+            bins of `b`, averaged over blocks; `log2 K` is uniform usage),
+            `bins_used_per_block`, `sorted_first_block` (the mean of `b̃_1`
+            sorted in each image, Fig. 3 left), `first_block_support_sorted`
+            and `first_block_bins_used` (Fig. 3 right), `mean_max_z`, and
+            with `labels` `accuracy_soft` and `accuracy_binary`.
+        """
+        inputs = self.model_inputs(images)
+        outputs = self.train_model.predict(inputs, batch_size=batch_size, verbose=0)
+        probs = outputs["block_probs"]
+        m, k = self.num_blocks, self.block_size
+        closeness = OneHotCloseness(m, k, block_index=0)
+        usage = BinUsage(m, k)
+        entropy = MeanBlockEntropy(m, k)
+        support = SupportEntropy(m, k)
+        for metric in (closeness, usage, entropy, support):
+            metric.update_state(None, probs)
+        histogram = usage.histogram()
+        first = np.sort(histogram[0])[::-1]
+        z = self.query(inputs, batch_size, kind="fc0").reshape(-1, m, k)
+        result = {
+            "mean_block_entropy_bits": float(entropy.result()),
+            "support_entropy_bits": float(support.result()),
+            "bins_used_per_block": [int(v) for v in np.count_nonzero(histogram, 1)],
+            "sorted_first_block": [float(v) for v in closeness.sorted_block()],
+            "first_block_support_sorted": [int(v) for v in first],
+            "first_block_bins_used": int(np.count_nonzero(first)),
+            "mean_max_z": float(z.max(-1).mean()),
+        }
+        if labels is not None:
+            labels = np.asarray(labels)
+            if labels.shape != (len(inputs),):
+                raise ValueError(
+                    f"labels must have shape ({len(inputs)},), one class id per "
+                    f"image, received {labels.shape}"
+                )
+            binary = self.classifier.predict(inputs, batch_size=batch_size, verbose=0)
+            soft = outputs["class_probs"].argmax(-1)
+            result["accuracy_soft"] = float(np.mean(soft == labels))
+            result["accuracy_binary"] = float(np.mean(binary.argmax(-1) == labels))
+        return result
 
 
 class _ClassPosteriorQuery(keras.layers.Layer):
@@ -432,8 +532,10 @@ def build_subic(
 
     >>> subic = build_subic(backbones.dsh_cnn(), num_blocks=8, block_size=64,
     ...                     num_classes=10)
-    >>> subic.train_model.fit(images, labels, epochs=10)
-    >>> codes = subic.encoder.predict(images)        # (n, 8) int32
+    >>> history = subic.train_model.fit(images / 255, labels, epochs=1, verbose=0)
+    >>> codes = subic.encode(images / 255)    # uint8 images `(n, 32, 32, 3)`
+    >>> codes.shape, codes.dtype, int(codes.max()) < 64
+    ((64, 8), dtype('int32'), True)
 
     Args:
         backbone: a Keras model or layer mapping inputs to feature vectors

@@ -142,6 +142,7 @@ def query_database_split(
 
     Example:
 
+    >>> y_test = np.repeat(np.arange(10), 1000)   # CIFAR-10's test labels
     >>> queries, database = query_database_split(y_test, queries_per_class=100)
     >>> len(queries), len(database)
     (1000, 9000)
@@ -215,6 +216,7 @@ def train_validation_split(
 
     Example:
 
+    >>> y_train = np.repeat(np.arange(10), 5000)  # CIFAR-10's training labels
     >>> train, val = train_validation_split(y_train, 5000)
     >>> len(train), len(val)
     (45000, 5000)

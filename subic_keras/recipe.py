@@ -357,8 +357,11 @@ def pretrain_backbone(
     Example:
 
     >>> backbone = backbones.dsh_cnn()
-    >>> record = pretrain_backbone(backbone, x_train, y_train, (x_val, y_val),
-    ...                            cache_dir="~/.cache/subic-keras")
+    >>> record = pretrain_backbone(
+    ...     backbone, images[:40], labels[:40], (images[40:], labels[40:]),
+    ...     recipe=Recipe(pretrain_epochs=2), cache_dir="cache")
+    >>> record["epochs"], record["best_epoch"] in (1, 2), record["cached"]
+    (2, True, False)
 
     Args:
         backbone: a Keras model mapping inputs to feature vectors.
@@ -513,10 +516,16 @@ def train_subic(
 
     Example:
 
-    >>> subic, summary = train_subic(backbones.dsh_cnn(), 8, 64, x_train,
-    ...                              y_train, (x_val, y_val))
-    >>> codes = subic.encode(x_test / 255)
-    >>> queries = subic.query(x_query / 255)   # the kind chosen on validation
+    >>> subic, summary = train_subic(
+    ...     backbones.dsh_cnn(), 8, 64, images[:40], labels[:40],
+    ...     (images[40:], labels[40:]), recipe=Recipe(pretrain_epochs=1, epochs=1))
+    >>> codes = subic.encode(images / 255)
+    >>> queries = subic.query(images / 255)   # the kind chosen on validation
+    >>> codes.shape, queries.shape, summary["query"] in QUERY_KINDS
+    ((64, 8), (64, 512), True)
+
+    `Recipe()`'s budgets are the validated defaults for CIFAR-10-sized data;
+    the small ones above only keep the example short.
 
     Args:
         backbone: a Keras model mapping inputs to feature vectors: any of

@@ -6,6 +6,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # Before any test module imports TensorFlow: keep its C++ logging quiet.
@@ -47,3 +48,21 @@ def load_benchmark():
         return importlib.import_module(f"benchmarks.{name}")
 
     return load
+
+
+@pytest.fixture(scope="module")
+def feature_data():
+    """640 16-d features in 4 separable classes: `(features, labels)`."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 160)
+    features = rng.normal(size=(640, 16)).astype(np.float32) + labels[:, None]
+    return features, labels
+
+
+@pytest.fixture(scope="module")
+def feature_subic():
+    """An untrained SuBiC (M = 4, K = 8, 4 classes) on 16-d features."""
+    from subic_keras.backbones import feature_input
+    from subic_keras.models import build_subic
+
+    return build_subic(feature_input(16), 4, 8, 4, input_shape=(16,))

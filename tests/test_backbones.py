@@ -502,6 +502,20 @@ def test_extractor_cache(extractor, cifar_images, tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.load(tmp_path / files[0]), first)
 
 
+def test_extractor_cache_in_chunks_resumes(extractor, cifar_images, tmp_path):
+    images = cifar_images[:5]
+    whole = extractor.extract(images, progress=False)
+    # A run interrupted after its first chunk left that chunk's entry.
+    extractor.extract(images[:2], cache_dir=tmp_path, progress=False)
+    chunked = extractor.extract(
+        images, cache_dir=tmp_path, progress=False, chunk_size=2
+    )
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6)
+    assert len(os.listdir(tmp_path)) == 3  # [0:2] reused, [2:4] and [4:5] added
+    with pytest.raises(ValueError, match="chunk_size must be >= 1, received 0"):
+        extractor.extract(images, cache_dir=tmp_path, chunk_size=0)
+
+
 def test_extractor_empty_input(extractor):
     features = extractor.extract(np.zeros((0, 32, 32, 3), np.uint8), progress=False)
     assert features.shape == (0, 1024)

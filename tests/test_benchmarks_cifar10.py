@@ -1,4 +1,4 @@
-"""Tests of `benchmarks/cifar10_retrieval.py`: its `--quick` run end to end,
+"""Tests of `python -m benchmarks.cifar10_retrieval`: its `--quick` run end to end,
 and its cache, aggregation and Markdown on hand-made entries."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "cifar10_retrieval.py"
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +22,15 @@ def bench(load_benchmark):
 
 
 report = importlib.import_module("benchmarks.cifar10_report")
+cifar_models = importlib.import_module("benchmarks.cifar10_models")
+common = importlib.import_module("benchmarks.common")
 
 
 def _fake_entry(bench, method, bits, seed, paper_map, dsh_map, epochs=3):
     hparams = bench.hparams_for(method, bench.DEFAULT_HPARAMS["subic"])
-    key = bench.entry_key("table", method, bits, seed, epochs, hparams, bench.FULL)
+    key = cifar_models.entry_key(
+        "table", method, bits, seed, epochs, hparams, bench.FULL
+    )
     test = {}
     for name, value in (("paper", paper_map), ("dsh", dsh_map)):
         test[name] = {
@@ -166,26 +169,26 @@ def test_comparison_takes_the_largest_budget_and_the_sweeps_choice(bench):
 
 def test_entry_key_depends_on_every_setting(bench):
     hparams = dict(bench.DEFAULT_HPARAMS["subic"])
-    base = bench.entry_key("table", "subic", 48, 0, 15, hparams, bench.FULL)
-    assert base == bench.entry_key(
+    base = cifar_models.entry_key("table", "subic", 48, 0, 15, hparams, bench.FULL)
+    assert base == cifar_models.entry_key(
         "table", "subic", 48, 0, 15, dict(hparams), bench.FULL
     )
     others = {
-        bench.entry_key("table", "subic", 48, 1, 15, hparams, bench.FULL),
-        bench.entry_key("table", "subic", 48, 0, 16, hparams, bench.FULL),
-        bench.entry_key("table", "subic", 12, 0, 15, hparams, bench.FULL),
-        bench.entry_key(
+        cifar_models.entry_key("table", "subic", 48, 1, 15, hparams, bench.FULL),
+        cifar_models.entry_key("table", "subic", 48, 0, 16, hparams, bench.FULL),
+        cifar_models.entry_key("table", "subic", 12, 0, 15, hparams, bench.FULL),
+        cifar_models.entry_key(
             "table", "subic", 48, 0, 15, {**hparams, "gamma": 2}, bench.FULL
         ),
-        bench.entry_key("table", "subic", 48, 0, 15, hparams, bench.QUICK),
-        bench.entry_key("sweep", "subic", 48, 0, 15, hparams, bench.FULL),
+        cifar_models.entry_key("table", "subic", 48, 0, 15, hparams, bench.QUICK),
+        cifar_models.entry_key("sweep", "subic", 48, 0, 15, hparams, bench.FULL),
     }
     assert base not in others and len(others) == 6
 
 
 def test_run_entry_reads_the_cache_without_training(bench, tmp_path):
     entry = _fake_entry(bench, "dlbhc", 24, 0, 0.2, 0.25, epochs=15)
-    bench.write_json(str(tmp_path / (entry["key"] + ".json")), entry)
+    common.write_json(str(tmp_path / (entry["key"] + ".json")), entry)
     got = bench.run_entry(
         "table",
         "dlbhc",

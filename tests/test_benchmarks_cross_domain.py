@@ -1,4 +1,4 @@
-"""Smoke test of `benchmarks/cross_domain.py --quick` (Table 3 and Figs. 3-4)."""
+"""Smoke test of `python -m benchmarks.cross_domain --quick` (Table 3 and Figs. 3-4)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "cross_domain.py"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,8 @@ def quick_run(shared_data_dir, tmp_path_factory):
     process = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            "-m",
+            "benchmarks.cross_domain",
             "--quick",
             "--data-dir",
             str(shared_data_dir),
@@ -41,6 +41,7 @@ def quick_run(shared_data_dir, tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
+        cwd=REPO,
         timeout=300,
     )
     assert process.returncode == 0, process.stderr[-4000:]
@@ -122,7 +123,7 @@ def test_quick_writes_markdown_and_figures(quick_run):
 
 
 def test_total_compute_seconds_counts_the_shared_sweep_point_once(load_benchmark):
-    module = load_benchmark("cross_domain")
+    module = load_benchmark("cross_domain_report")
     methods = {
         "pq": {"per_seed": {"0": {"wall_seconds": 10.0}, "1": {"wall_seconds": 5.0}}},
         "subic_2layer": {"per_seed": {"0": {"wall_seconds": 100.0}}},

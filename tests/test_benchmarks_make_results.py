@@ -1,4 +1,4 @@
-"""Tests of `benchmarks/make_results.py` on small fake result files."""
+"""Tests of `python -m benchmarks.make_results` on small fake result files."""
 
 from __future__ import annotations
 

@@ -6,23 +6,69 @@ import importlib
 import numpy as np
 import pytest
 
-# Modules whose every example is self-contained.
+# Modules whose every example runs, with `NAMESPACE` below.
 MODULES = (
+    "subic_keras.baselines.dlbhc",
+    "subic_keras.baselines.dsh",
+    "subic_keras.baselines.hashing",
+    "subic_keras.baselines.quantizers",
+    "subic_keras.baselines.uncompressed",
+    "subic_keras.backbones",
+    "subic_keras.datasets",
+    "subic_keras.callbacks",
+    "subic_keras.recipe",
+    "subic_keras.baselines.training",
+    "subic_keras.export",
+    "subic_keras.losses",
+    "subic_keras.models",
+    "subic_keras.protocols",
     "subic_keras.evaluation",
     "subic_keras.layers",
     "subic_keras.metrics",
     "subic_keras.scoring",
     "subic_keras.search.base",
+    "subic_keras.search.sharding",
+    "subic_keras.search.subic_index",
     "subic_keras.search.packing",
 )
 
 
+def namespace() -> dict:
+    """What every example may use: NumPy, Keras, and 64 small RGB images
+    (uint8, CIFAR-10's shape) with class ids, as a user's data would be."""
+    import keras
+
+    from subic_keras import backbones, evaluation
+    from subic_keras.models import build_subic
+    from subic_keras.recipe import Recipe
+
+    rng = np.random.default_rng(0)
+    return {
+        "np": np,
+        "keras": keras,
+        "backbones": backbones,
+        "evaluation": evaluation,
+        "build_subic": build_subic,
+        "Recipe": Recipe,
+        "images": rng.integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8),
+        "labels": rng.integers(0, 10, size=64),
+    }
+
+
+# Examples that read the official files from `data/` (the layout the loaders
+# document), linked to the offline data directory.
+NEEDS_DATA = ("subic_keras.backbones", "subic_keras.datasets")
+
+
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples(name):
+def test_docstring_examples(name, tmp_path, monkeypatch, request):
     module = importlib.import_module(name)
+    monkeypatch.chdir(tmp_path)  # examples that save a model write here
+    if name in NEEDS_DATA:
+        (tmp_path / "data").symlink_to(request.getfixturevalue("shared_data_dir"))
     result = doctest.testmod(
         module,
-        extraglobs={"np": np},
+        extraglobs=namespace(),
         optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
         report=True,
     )
@@ -36,7 +82,8 @@ def test_numpy_only_modules_do_not_import_tensorflow():
 
     code = (
         "import sys, subic_keras.evaluation, subic_keras.protocols, "
-        "subic_keras.scoring, subic_keras.search, subic_keras.baselines.quantizers; "
+        "subic_keras.scoring, subic_keras.search, subic_keras.baselines.quantizers, "
+        "subic_keras.baselines.uncompressed; "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -343,26 +343,6 @@ def test_asymmetric_scores_matches_dense_one_hot():
 # Protocols.
 
 
-def test_protocol_splits():
-    labels = np.repeat(np.arange(10), 1000)
-    queries, database = ev.protocol_split("paper", labels, seed=1)
-    assert len(queries) == 1000 and len(database) == 9000
-    assert np.all(np.bincount(labels[queries]) == 100)
-    assert np.intersect1d(queries, database).size == 0
-    again, _ = ev.protocol_split("paper", labels, seed=1)
-    np.testing.assert_array_equal(queries, again)
-
-    queries, database = ev.protocol_split("dsh", labels)
-    np.testing.assert_array_equal(queries, np.arange(10000))
-    np.testing.assert_array_equal(database, np.arange(10000))
-
-    queries, database = ev.protocol_split("random", labels, num_queries=250)
-    assert len(queries) == 250 and len(database) == 9750
-    queries, _ = ev.protocol_split("random", labels, queries_per_class=3)
-    assert np.all(np.bincount(labels[queries]) == 3)
-    assert set(ev.RETRIEVAL_PROTOCOLS) == {"paper", "dsh", "random"}
-
-
 # ---------------------------------------------------------------------------
 # Bad input: every error names the argument.
 

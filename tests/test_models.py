@@ -264,3 +264,46 @@ def test_losses_compile_alone_on_a_custom_model():
     x, _ = _data()
     history = model.fit(x, np.zeros(len(x)), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+def test_code_statistics_describe_the_codes_of_images():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(40, 8, 8, 3), dtype=np.uint8)
+    labels = rng.integers(0, 3, size=40)
+    backbone = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten()])
+    subic = build_subic(backbone, num_blocks=2, block_size=4, num_classes=3)
+    stats = subic.code_statistics(images, labels)
+    codes = subic.encode(images / 255)
+    used = [len(np.unique(codes[:, m])) for m in range(2)]
+    assert stats["bins_used_per_block"] == used
+    assert stats["first_block_bins_used"] == used[0]
+    assert sum(stats["first_block_support_sorted"]) == 40
+    assert stats["sorted_first_block"] == sorted(stats["sorted_first_block"])[::-1]
+    assert sum(stats["sorted_first_block"]) == pytest.approx(1.0, abs=1e-5)
+    assert 0.0 <= stats["mean_block_entropy_bits"] <= 2 * 2
+    assert 0.0 <= stats["support_entropy_bits"] <= 2
+    assert 0.0 <= stats["accuracy_binary"] <= 1.0
+    assert "accuracy_soft" in stats
+    assert "accuracy_soft" not in subic.code_statistics(images)
+    with pytest.raises(ValueError, match=r"labels must have shape \(40,\)"):
+        subic.code_statistics(images, labels[:5])
+
+
+def test_encode_and_query_take_uint8_as_x_over_255():
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, size=(30, 8, 8, 3), dtype=np.uint8)
+    backbone = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten()])
+    subic = build_subic(backbone, num_blocks=3, block_size=8, num_classes=2)
+    scaled = images.astype("float32") / 255
+    np.testing.assert_array_equal(subic.encode(images), subic.encode(scaled))
+    np.testing.assert_allclose(subic.query(images), subic.query(scaled), rtol=1e-6)
+    assert subic.encode(images[:0]).shape == (0, 3)
+    assert subic.query(images[:0]).shape == (0, 24)
+    bad = scaled.copy()
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="images must be finite, received 1 NaN"):
+        subic.encode(bad)
+    with pytest.raises(
+        ValueError, match=r"shape \(n, 8, 8, 3\), received \(30, 8, 8\)"
+    ):
+        subic.query(scaled[..., 0])

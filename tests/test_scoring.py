@@ -3,24 +3,21 @@
 import numpy as np
 import pytest
 
-from subic_keras import evaluation, retrieval, scoring
+from subic_keras import evaluation, scoring
 from subic_keras.backbones import feature_input
 from subic_keras.baselines import ProductQuantizer, Quantizer, build_dsh
 from subic_keras.baselines.hashing import HashingNetwork
-from subic_keras.models import Subic, build_subic
+from subic_keras.models import Subic
 
 
 @pytest.fixture(scope="module")
-def data():
-    rng = np.random.default_rng(0)
-    labels = np.repeat(np.arange(4), 160)
-    features = rng.normal(size=(640, 16)).astype(np.float32) + labels[:, None]
-    return features, labels
+def data(feature_data):
+    return feature_data
 
 
 @pytest.fixture(scope="module")
-def subic():
-    return build_subic(feature_input(16), 4, 8, 4, input_shape=(16,))
+def subic(feature_subic):
+    return feature_subic
 
 
 def test_every_method_is_a_scorer(subic):
@@ -75,29 +72,6 @@ def test_evaluate_is_the_same_for_every_method(subic, data):
     assert "map_21point" not in scoring.evaluate(
         subic, features, labels, "random", extras=False, **args
     )
-
-
-def test_retrieval_evaluate_with_an_index_equals_without(subic, data):
-    features, labels = data
-    _, database_idx = scoring.protocols.protocol_split(
-        "random", labels, seed=0, num_queries=40
-    )
-    index = retrieval.build_index(subic, features[database_idx], ids=database_idx)
-    args = {"seed": 0, "num_queries": 40, "query": "class_posterior"}
-    with_index = retrieval.evaluate(
-        subic, features, labels, "random", index=index, **args
-    )
-    without = retrieval.evaluate(subic, features, labels, "random", **args)
-    assert with_index == without
-    with pytest.raises(ValueError, match="index must hold the protocol's database"):
-        retrieval.evaluate(
-            subic,
-            features,
-            labels,
-            "random",
-            index=retrieval.build_index(subic, features[:10]),
-            **args,
-        )
 
 
 def test_bad_database_size(subic, data):

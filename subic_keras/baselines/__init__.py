@@ -6,6 +6,8 @@
 - Supervised deep hashing, searched by Hamming distance: DSH (`build_dsh`,
   `DSHLoss`) and DLBHC (`build_dlbhc`), trained with SuBiC's recipe by
   `train_hashing`.
+- The uncompressed reference, float features ranked by L2 distance or
+  cosine: `Uncompressed`.
 
 Each is a `subic_keras.scoring.Scorer`, so `subic_keras.scoring.evaluate`
 scores them like SuBiC. Names load on first use: the quantizers do not
@@ -28,8 +30,9 @@ _NAMES = {
     "ProductQuantizer": "quantizers",
     "Quantizer": "quantizers",
     "train_hashing": "training",
+    "Uncompressed": "uncompressed",
 }
-_SUBMODULES = ("dlbhc", "dsh", "hashing", "quantizers", "training")
+_SUBMODULES = ("dlbhc", "dsh", "hashing", "quantizers", "training", "uncompressed")
 
 __all__ = sorted(_NAMES)
 

@@ -89,8 +89,10 @@ def build_dlbhc(
     Example:
 
     >>> dlbhc = build_dlbhc(backbones.dsh_cnn(), bits=48, num_classes=10)
-    >>> dlbhc.train_model.fit(images, labels, epochs=10)
-    >>> bits = dlbhc.encode(images)                       # (n, 48) of 0/1
+    >>> history = dlbhc.train_model.fit(images / 255, labels, epochs=1, verbose=0)
+    >>> bits = dlbhc.encode(images / 255)    # uint8 images `(n, 32, 32, 3)`
+    >>> bits.shape, sorted(np.unique(bits).tolist()) in ([0, 1], [0], [1])
+    ((64, 48), True)
 
     Args:
         backbone: a Keras model or layer mapping inputs to feature vectors

@@ -64,7 +64,7 @@ class DSHLoss(keras.losses.Loss):
     Example:
 
     >>> loss = DSHLoss(bits=2, margin=4.0, alpha=0.0)
-    >>> loss(np.array([0, 1]), np.array([[1.0, 1.0], [1.0, -1.0]])).numpy()
+    >>> loss(np.array([0, 1]), np.array([[1.0, 1.0], [1.0, -1.0]])).numpy().item()
     0.0
 
     Args:
@@ -164,8 +164,10 @@ class DSH(HashingNetwork):
 
         Example:
 
+        >>> build_dsh(backbones.dsh_cnn(), bits=12).train_model.save("dsh.keras")
         >>> dsh = DSH.from_train_model(keras.saving.load_model("dsh.keras"))
-        >>> bits = dsh.encode(images)
+        >>> dsh.encode(images / 255).shape     # uint8 images `(n, 32, 32, 3)`
+        (64, 12)
         """
         loss = getattr(train_model, "loss", None)
         if not isinstance(loss, DSHLoss):
@@ -217,9 +219,10 @@ def build_dsh(
     Example:
 
     >>> dsh = build_dsh(backbones.dsh_cnn(), bits=48)
-    >>> dsh.train_model.fit(images, labels, batch_size=200, epochs=10)
-    >>> scores = evaluation.hamming_scores(dsh.encode(queries),
-    ...                                    dsh.encode(database))
+    >>> history = dsh.train_model.fit(images / 255, labels, epochs=1, verbose=0)
+    >>> bits = dsh.encode(images / 255)    # uint8 images `(n, 32, 32, 3)`
+    >>> bits.shape, evaluation.hamming_scores(bits[:2], bits).shape
+    ((64, 48), (2, 64))
 
     Args:
         backbone: a Keras model or layer mapping inputs to feature vectors

@@ -103,7 +103,11 @@ def hamming_search(
 
     Example:
 
-    >>> distances, indices = hamming_search(query_bits, database_bits, k=10)
+    >>> rng = np.random.default_rng(0)
+    >>> database_bits = rng.integers(0, 2, size=(100, 48))
+    >>> distances, indices = hamming_search(database_bits[:2], database_bits, k=10)
+    >>> indices.shape, distances[:, 0].tolist(), indices[:, 0].tolist()
+    ((2, 10), [0, 0], [0, 1])
 
     Args:
         query_bits: `(num_queries, num_bits)` of 0/1 (any integer, bool or

@@ -29,7 +29,7 @@ import faiss
 import numpy as np
 
 from subic_keras import evaluation
-from subic_keras._validation import check_int
+from subic_keras._validation import check_features, check_int
 from subic_keras.scoring import Scorer
 
 # faiss prints a warning below 39 training points per centroid; we warn from
@@ -38,30 +38,6 @@ _MIN_POINTS_PER_CENTROID = 39
 _MAX_BITS_PER_CODEBOOK = 16
 # Scores computed at a time (queries × database items) in `asymmetric_scores`.
 _CHUNK_ELEMENTS = 1 << 22
-
-
-def _check_features(name: str, features, dim: int | None = None) -> np.ndarray:
-    """Returns `features` as a C-contiguous float32 `(n, d)` array, or raises."""
-    array = np.asarray(features)
-    if array.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must hold real numbers, received dtype {array.dtype}")
-    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(
-            f"{name} must be a non-empty 2-D array (n, d), received shape {array.shape}"
-        )
-    if dim is not None and array.shape[1] != dim:
-        raise ValueError(
-            f"{name} must have {dim} columns, the dimension the quantizer was "
-            f"fitted on, received {array.shape[1]}"
-        )
-    array = np.ascontiguousarray(array, dtype=np.float32)
-    # Checked after the cast: float64 values beyond float32's range become inf.
-    if not np.all(np.isfinite(array)):
-        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
-        raise ValueError(
-            f"{name} must be finite (in float32), received {bad} NaN or infinite values"
-        )
-    return array
 
 
 class Quantizer(Scorer):
@@ -125,7 +101,7 @@ class Quantizer(Scorer):
                 of them, or `d` not suited to the quantizer.
             TypeError: on non-numeric features.
         """
-        features = _check_features("features", features)
+        features = check_features("features", features)
         seed = check_int("seed", seed, minimum=0)
         n, dim = features.shape
         self._check_shape(n, dim)
@@ -152,7 +128,7 @@ class Quantizer(Scorer):
         Raises:
             ValueError: if not fitted, or on features of the wrong shape.
         """
-        features = _check_features("features", features, self._fitted_dim())
+        features = check_features("features", features, self._fitted_dim())
         packed = self._compute_codes(features)
         return faiss.unpack_bitstrings(
             packed, self.num_codebooks, self.bits_per_codebook
@@ -181,9 +157,12 @@ class Quantizer(Scorer):
 
         Example:
 
-        >>> pq = ProductQuantizer(num_subspaces=8).fit(train_features)
-        >>> scores = pq.asymmetric_scores(queries, pq.encode(database))
-        >>> mean_average_precision(scores, query_labels, database_labels)
+        >>> rng = np.random.default_rng(0)
+        >>> features = rng.normal(size=(1000, 16)).astype("float32")
+        >>> pq = ProductQuantizer(4, bits_per_subspace=4).fit(features, seed=0)
+        >>> scores = pq.asymmetric_scores(features[:3], pq.encode(features))
+        >>> scores.shape, bool(np.all(scores <= 0))
+        ((3, 1000), True)
 
         Args:
             queries: `(num_queries, d)` real vectors.
@@ -194,7 +173,7 @@ class Quantizer(Scorer):
         Returns:
             float32 `(num_queries, num_database)`.
         """
-        queries = _check_features("queries", queries, self._fitted_dim())
+        queries = check_features("queries", queries, self._fitted_dim())
         codes = self._check_codes(codes)
         if chunk_size is None:
             chunk_size = max(1, _CHUNK_ELEMENTS // max(1, len(codes)))
@@ -216,7 +195,7 @@ class Quantizer(Scorer):
 
     def encode_queries(self, inputs) -> np.ndarray:
         """Queries stay real vectors: the distance is asymmetric."""
-        return _check_features("queries", inputs, self._fitted_dim())
+        return check_features("queries", inputs, self._fitted_dim())
 
     def score(self, queries: np.ndarray, database: np.ndarray) -> np.ndarray:
         """`asymmetric_scores`: `−‖q − x̂(c)‖²`."""
@@ -281,10 +260,14 @@ class ProductQuantizer(Quantizer):
 
     Example:
 
-    >>> pq = ProductQuantizer(num_subspaces=8, bits_per_subspace=8)  # 64 bits
-    >>> pq.fit(train_features, seed=0)
-    >>> codes = pq.encode(database_features)                        # (n, 8)
-    >>> scores = pq.asymmetric_scores(query_features, codes)
+    >>> rng = np.random.default_rng(0)
+    >>> features = rng.normal(size=(4000, 32)).astype("float32")
+    >>> pq = ProductQuantizer(num_subspaces=8, bits_per_subspace=4)  # 32 bits
+    >>> codes = pq.fit(features, seed=0).encode(features)
+    >>> codes.shape, codes.dtype, int(codes.max()) < 16
+    ((4000, 8), dtype('int32'), True)
+    >>> pq.asymmetric_scores(features[:2], codes).shape
+    (2, 4000)
 
     Args:
         num_subspaces: `M >= 1`, which must divide the feature dimension.
@@ -357,9 +340,12 @@ class OptimizedProductQuantizer(ProductQuantizer):
 
     Example:
 
-    >>> ckm = OptimizedProductQuantizer(num_subspaces=8)           # 64 bits
-    >>> ckm.fit(train_features)
-    >>> reconstructed = ckm.decode(ckm.encode(features))
+    >>> rng = np.random.default_rng(0)
+    >>> features = rng.normal(size=(4000, 32)).astype("float32")
+    >>> ckm = OptimizedProductQuantizer(num_subspaces=8, bits_per_subspace=4)
+    >>> reconstructed = ckm.fit(features, seed=0).decode(ckm.encode(features))
+    >>> reconstructed.shape
+    (4000, 32)
 
     Args:
         num_subspaces: `M >= 1`, which must divide the feature dimension.
@@ -437,9 +423,14 @@ class LocalSearchQuantizer(Quantizer):
 
     Example:
 
-    >>> lsq = LocalSearchQuantizer(num_codebooks=8, bits_per_codebook=8)
-    >>> lsq.fit(train_features, seed=0)
-    >>> scores = lsq.asymmetric_scores(queries, lsq.encode(database))
+    >>> rng = np.random.default_rng(0)
+    >>> features = rng.normal(size=(1000, 16)).astype("float32")
+    >>> lsq = LocalSearchQuantizer(num_codebooks=4, bits_per_codebook=4,
+    ...                            num_iterations=2)
+    >>> scores = lsq.fit(features, seed=0).asymmetric_scores(
+    ...     features[:3], lsq.encode(features))
+    >>> scores.shape
+    (3, 1000)
 
     Args:
         num_codebooks: `M >= 1`.

@@ -37,9 +37,13 @@ def train_hashing(
 
     Example:
 
+    >>> from subic_keras.baselines import build_dsh
     >>> dsh = build_dsh(backbones.dsh_cnn(), bits=48)
-    >>> summary = train_hashing(dsh, x_train, y_train, (x_val, y_val))
-    >>> bits = dsh.encode(x_test / 255)
+    >>> summary = train_hashing(dsh, images[:40], labels[:40],
+    ...                         (images[40:], labels[40:]), recipe=Recipe(epochs=1))
+    >>> bits = dsh.encode(images / 255)
+    >>> bits.shape, summary["epochs_run"]
+    ((64, 48), 1)
 
     Args:
         network: a built `HashingNetwork` (`build_dsh`, `build_dlbhc`),

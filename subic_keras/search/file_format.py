@@ -109,13 +109,13 @@ def read(path: str | os.PathLike) -> tuple[Header, np.ndarray, np.ndarray]:
 
     Returns:
         `(header, packed, ids)`: packed codes `(n, code_size)` uint8 (a
-        read-only view of the file's bytes; clear their padding bits with
-        `packing.clear_padding_bits` on a copy), and int64 ids `(n,)`.
+        read-only view of the file's bytes, padding bits zero), and int64
+        ids `(n,)`.
 
     Raises:
         ValueError: naming the path, if the file is not a SuBiC index, has an
             unsupported version, is truncated, fails its checksum, or holds
-            negative or repeated ids.
+            non-zero padding bits or negative or repeated ids.
     """
     path = os.fspath(path)
 
@@ -155,6 +155,12 @@ def read(path: str | os.PathLike) -> tuple[Header, np.ndarray, np.ndarray]:
         raise fail("checksum mismatch (the file is corrupted)")
     packed = np.frombuffer(body, dtype=np.uint8, count=n * code_size)
     packed = packed.reshape(n, code_size)
+    used = (m * header.nbits) % 8
+    if n and used and np.any(packed[:, -1] >> used):
+        # `write` stores zeros there; other bits would decode to other codes
+        # depending on the engine, so they are refused rather than dropped.
+        bad = int(np.count_nonzero(packed[:, -1] >> used))
+        raise fail(f"{bad} codes have non-zero padding bits")
     ids = np.frombuffer(body, dtype="<i8", count=n, offset=n * code_size)
     ids = ids.astype(np.int64)
     if n and (int(ids.min()) < 0 or duplicates(ids).size):

@@ -64,10 +64,3 @@ def unpack(
     )
     shifts = (offsets % 8).astype(np.uint32)
     return ((words >> shifts) & mask).astype(dtype)
-
-
-def clear_padding_bits(packed: np.ndarray, num_blocks: int, nbits: int) -> None:
-    """Zeroes, in place, the unused trailing bits of each packed code."""
-    used = (num_blocks * nbits) % 8
-    if used:
-        packed[:, -1] &= (1 << used) - 1

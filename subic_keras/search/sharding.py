@@ -47,10 +47,14 @@ class ShardedSubicIndex(Searcher):
 
     Example:
 
-    ```python
-    sharded = ShardedSubicIndex(index.shard(4))
-    scores, ids = sharded.search(z_star, k=100)  # same as index.search
-    ```
+    >>> rng = np.random.default_rng(0)
+    >>> index = SubicIndex(num_blocks=4, block_size=64)
+    >>> ids = index.add(rng.integers(0, 64, size=(1000, 4)))
+    >>> z_star = rng.random((3, 4 * 64), dtype=np.float32)
+    >>> sharded = ShardedSubicIndex(index.shard(4))
+    >>> [np.array_equal(a, b) for a, b in zip(sharded.search(z_star, k=100),
+    ...                                       index.search(z_star, k=100))]
+    [True, True]
 
     Args:
         shards: `SubicIndex` objects with the same `num_blocks`, `block_size`,
@@ -79,6 +83,15 @@ class ShardedSubicIndex(Searcher):
                         f"{getattr(shards[0], name)}, shards[{i}] has "
                         f"{name}={getattr(shard, name)}"
                     )
+        positions = {}
+        for i, shard in enumerate(shards):
+            if id(shard) in positions:
+                # Even empty: a later add would give the same items twice.
+                raise ValueError(
+                    f"shards must be distinct SubicIndex objects, received the "
+                    f"same one at positions {positions[id(shard)]} and {i}"
+                )
+            positions[id(shard)] = i
         repeated = duplicates(np.concatenate([s.get_ids() for s in shards]))
         if repeated.size:
             raise ValueError(f"shards share ids: {preview(repeated)}")
@@ -146,9 +159,11 @@ def merge_results(
 
     Example:
 
-    ```python
-    scores, ids = merge_results([shard.search(z, 10) for shard in shards], 10)
-    ```
+    >>> first = (np.array([[3.0, 1.0]]), np.array([[7, 8]]))
+    >>> second = (np.array([[2.0, -np.inf]]), np.array([[9, -1]]))
+    >>> scores, ids = merge_results([first, second], k=3)
+    >>> scores.tolist(), ids.tolist()
+    ([[3.0, 2.0, 1.0]], [[7, 9, 8]])
 
     Args:
         results: a list of `(scores, ids)` pairs, each `(nq, k_i)`, as

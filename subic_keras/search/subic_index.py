@@ -41,11 +41,13 @@ class SubicIndex(SearchBackend):
 
     Example:
 
-    ```python
-    index = SubicIndex(num_blocks=8, block_size=256)
-    index.add(np.random.randint(0, 256, size=(1000, 8)))
-    scores, ids = index.search(z_star, k=10)   # z_star: (nq, 8 * 256)
-    ```
+    >>> rng = np.random.default_rng(0)
+    >>> index = SubicIndex(num_blocks=8, block_size=256)
+    >>> ids = index.add(rng.integers(0, 256, size=(1000, 8)))  # ids 0..999
+    >>> z_star = rng.random((2, 8 * 256), dtype=np.float32)  # SuBiC's queries
+    >>> scores, ids = index.search(z_star, k=10)
+    >>> ids.shape, bool(np.all(np.diff(scores, axis=1) <= 0))
+    ((2, 10), True)
 
     Args:
         num_blocks: `M`, blocks per code (>= 1).
@@ -159,9 +161,11 @@ class SubicIndex(SearchBackend):
 
         Example:
 
-        ```python
-        index.add(np.array([[3, 0, 7, 1]]), ids=[42])
-        ```
+        >>> index = SubicIndex(num_blocks=4, block_size=8)
+        >>> index.add(np.array([[3, 0, 7, 1]]), ids=[42])
+        array([42])
+        >>> len(index)
+        1
 
         Args:
             codes: integer codes `(n, M)` with values in `[0, K)`, or real
@@ -307,9 +311,12 @@ class SubicIndex(SearchBackend):
 
         Example:
 
-        ```python
-        scores, ids = index.search(z_star, k=100)
-        ```
+        >>> index = SubicIndex(num_blocks=2, block_size=4)
+        >>> ids = index.add(np.array([[0, 1], [2, 3]]), ids=[10, 11])
+        >>> z_star = np.array([[0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+        >>> scores, ids = index.search(z_star, k=3)   # 5 + 1 = 6 for id 11
+        >>> scores.tolist(), ids.tolist()
+        ([[6.0, 0.0, -inf]], [[11, 10, -1]])
 
         Args:
             queries: real `(nq, M*K)` array (e.g. SuBiC's ReLU output `z*`).
@@ -455,9 +462,7 @@ class SubicIndex(SearchBackend):
                 f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
             ) from error
         for start in range(0, header.size, index._add_chunk):
-            chunk = packed[start : start + index._add_chunk].copy()
-            packing.clear_padding_bits(chunk, header.num_blocks, header.nbits)
-            index._engine.add_packed(chunk)
+            index._engine.add_packed(packed[start : start + index._add_chunk].copy())
         index._ids, index._size = ids, header.size
         index._max_id = int(ids.max()) if header.size else -1
         return index

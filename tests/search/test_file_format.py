@@ -114,6 +114,19 @@ def test_header_problems_raise(saved, tmp_path):
     assert len(index) == 50
 
 
+def test_nonzero_padding_bits_are_refused(rng, tmp_path):
+    index = SubicIndex(3, 8)  # 9 bits: 7 padding bits in each code's 2nd byte
+    index.add(random_codes(rng, 5, 3, 8))
+    path = tmp_path / "padded.subic"
+    index.save(path)
+    data = bytearray(path.read_bytes())
+    header_size, code_size = 40, 2
+    data[header_size + code_size - 1] |= 0x80  # the first code's last bit
+    data[-32:] = hashlib.sha256(bytes(data[:-32])).digest()  # checksum still valid
+    with pytest.raises(ValueError, match=r"padded\.subic.*1 codes have non-zero"):
+        SubicIndex.load(_rewrite(path, data))
+
+
 def test_failed_save_keeps_previous_file(saved, monkeypatch):
     index, path, data = saved
     index.add(np.zeros((1, 4), dtype=int))

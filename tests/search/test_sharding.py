@@ -111,3 +111,9 @@ def test_merge_results():
         merge_results([(np.array([[np.nan]]), np.array([[1]]))], 1)
     with pytest.raises(ValueError, match="k must be >= 1"):
         merge_results([first], 0)
+
+
+def test_the_same_shard_twice_is_refused():
+    shard = SubicIndex(2, 16)
+    with pytest.raises(ValueError, match="same one at positions 0 and 2"):
+        ShardedSubicIndex([shard, SubicIndex(2, 16), shard])
