@@ -360,6 +360,7 @@ def run_search(args) -> int:
     from subic_keras import retrieval
     from subic_keras.search import SubicIndex
 
+    check_int("-k", args.k, minimum=1)
     subic = _load_subic(args.model)
     index = SubicIndex.load(args.index)
     if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
@@ -371,7 +372,9 @@ def run_search(args) -> int:
     shape = subic.train_model.inputs[0].shape[1:]
     names, images = _read_query_images(args.images, shape)
     queries = subic.query(retrieval.as_model_inputs(images), kind=args.query)
-    scores, ids = index.search(queries, args.k)
+    # Beyond the index's size there is nothing to print: searching for more
+    # would only allocate padding (bounded memory whatever -k says).
+    scores, ids = index.search(queries, max(1, min(args.k, len(index))))
     for name, row_scores, row_ids in zip(names, scores, ids):
         found = row_ids >= 0
         print(
@@ -565,7 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("model", help="a SuBiC .keras model")
     search.add_argument("index", help="a SubicIndex file")
     search.add_argument("images", nargs="+", help=".npy uint8 arrays or image files")
-    search.add_argument("-k", type=int, default=10)
+    search.add_argument(
+        "-k",
+        type=int,
+        default=10,
+        help="results per query, at least 1; at most the index's size are "
+        "printed (default: 10)",
+    )
     _add_query_argument(search)
     search.set_defaults(run=run_search)
 

@@ -306,15 +306,25 @@ def run_litert(
     except ImportError:  # pragma: no cover - ai-edge-litert is a dependency
         Interpreter = tf.lite.Interpreter
     images = np.asarray(images)
-    if images.ndim != 4:
-        raise ValueError(
-            f"images must have shape (n, H, W, C), received shape {images.shape}"
-        )
     if images.dtype == np.uint8:
         images = images.astype(np.float32) / np.float32(255.0)
+    elif images.dtype.kind != "f":
+        raise TypeError(f"images must be uint8 or float, received dtype {images.dtype}")
     images = images.astype(np.float32, copy=False)
     interpreter = Interpreter(model_path=os.fspath(path), num_threads=num_threads)
     runner = interpreter.get_signature_runner("serving_default")
+    expected = tuple(int(d) for d in runner.get_input_details()["images"]["shape"][1:])
+    if images.shape[1:] != expected or images.ndim != 4:
+        raise ValueError(
+            f"images must have shape (n, {', '.join(map(str, expected))}) for "
+            f"{os.fspath(path)!r}, received {images.shape}"
+        )
+    check_finite("images", images)
+    if not len(images):
+        return {
+            name: np.zeros((0, *details["shape"][1:]), details["dtype"])
+            for name, details in runner.get_output_details().items()
+        }
     outputs = [
         runner(images=images[start : start + batch_size])
         for start in range(0, len(images), batch_size)

@@ -177,6 +177,14 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     assert main([*search, "-k", "3", "--query", "class_posterior"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [len(line["ids"]) for line in lines] == [3, 3]
+    # A -k far beyond the index prints what it holds, without allocating for k.
+    size = len(SubicIndex.load(index_path))
+    assert main([*search, "-k", str(10**12)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [len(line["ids"]) for line in lines] == [size, size]
+    with pytest.raises(SystemExit):
+        main([*search, "-k", "0"])
+    assert "-k must be >= 1, received 0" in capsys.readouterr().err
 
 
 def test_retrieval_commands_bad_input(digits_model, tmp_path, capsys):

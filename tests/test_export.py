@@ -503,6 +503,23 @@ def test_litert_float_matches_keras(
     np.testing.assert_array_equal(floats["codes"], out["codes"])
 
 
+def test_run_litert_bad_batches(litert_paths, cifar):
+    path = litert_paths["float32"]
+    empty = run_litert(path, cifar[2][:0])
+    assert empty["codes"].shape == (0, M) and empty["codes"].dtype == np.int32
+    assert empty["query"].shape == (0, M * K)
+    with pytest.raises(ValueError, match=r"shape \(n, 32, 32, 3\).*\(2, 16, 16, 3\)"):
+        run_litert(path, cifar[2][:2, :16, :16])
+    with pytest.raises(ValueError, match=r"shape \(n, 32, 32, 3\).*\(32, 32, 3\)"):
+        run_litert(path, cifar[2][0])
+    bad = cifar[2][:2] / np.float32(255.0)
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="images must be finite"):
+        run_litert(path, bad)
+    with pytest.raises(TypeError, match="uint8 or float, received dtype int64"):
+        run_litert(path, cifar[2][:2].astype(np.int64))
+
+
 def test_litert_int8(litert_paths, cifar, keras_outputs, keras_class_query):
     from ai_edge_litert.interpreter import Interpreter
 
