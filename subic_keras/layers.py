@@ -25,12 +25,13 @@ def first_max_index(blocks):
         blocks: a tensor `(..., M, K)`.
 
     Returns:
-        An int32 tensor `(..., M)` with values in `[0, K)`.
+        An int32 tensor `(..., M)` with values in `[0, K)`; a block without a
+        maximum (holding NaN) gets `K − 1`, never an out-of-range index.
     """
     size = ops.shape(blocks)[-1]
     is_max = ops.equal(blocks, ops.max(blocks, axis=-1, keepdims=True))
     candidates = ops.where(is_max, ops.arange(size, dtype="int32"), size)
-    return ops.min(candidates, axis=-1)
+    return ops.minimum(ops.min(candidates, axis=-1), size - 1)
 
 
 class _BlockLayer(keras.layers.Layer):

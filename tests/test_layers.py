@@ -166,3 +166,9 @@ def test_litert_conversion_builtin_ops_only():
                     matched += 1
                     break
     assert matched == 3
+
+
+def test_argmax_of_a_nan_block_stays_in_range():
+    z = np.array([[np.nan, np.nan, np.nan, np.nan, 0.0, 3.0, 1.0, 3.0]], "float32")
+    codes = np.asarray(BlockArgmax(num_blocks=2, block_size=4)(z))
+    assert codes.tolist() == [[3, 1]]
