@@ -13,6 +13,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["subic_keras", "subic_keras.*"]),
+    # PEP 561: the package's type hints are visible to users' type checkers.
+    package_data={"subic_keras": ["py.typed"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.16",
@@ -27,6 +29,7 @@ setup(
     extras_require={
         "litert": ["ai-edge-litert>=1.0"],
         "notebooks": [
+            "nbconvert>=7",  # `jupyter nbconvert --execute`, as tutorials/README.md
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6",
