@@ -147,7 +147,8 @@ def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig)
         "--max-train-images",
         type=int,
         default=None,
-        help="use the first N training images only (default: all)",
+        help="use the first N training images only; the test images are "
+        "always all of them (default: all)",
     )
     parser.add_argument(
         "--seed",

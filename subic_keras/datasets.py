@@ -878,7 +878,8 @@ def load_images(
             `"fashion_mnist"`.
         data_dir: directory of the official files (`load_cifar10`,
             `load_fashion_mnist`); `None` uses `tensorflow_datasets`.
-        limit: at most this many training and test images.
+        limit: at most this many training images (the first ones); the
+            test split is always whole.
 
     Returns:
         `(x_train, y_train), (x_test, y_test)`.
@@ -886,13 +887,9 @@ def load_images(
     if name == "digits":
         (x_train, y_train), (x_test, y_test) = load_digits()
     elif name == "cifar10":
-        (x_train, y_train), (x_test, y_test) = load_cifar10(
-            data_dir, max_per_split=limit
-        )
+        (x_train, y_train), (x_test, y_test) = load_cifar10(data_dir)
     elif name == "fashion_mnist":
-        (x_train, y_train), (x_test, y_test) = load_fashion_mnist(
-            data_dir, max_per_split=limit
-        )
+        (x_train, y_train), (x_test, y_test) = load_fashion_mnist(data_dir)
     else:
         raise ValueError(f"dataset must be one of {DATASETS}, received {name!r}")
     if x_train.ndim == 3:

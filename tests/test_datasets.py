@@ -536,3 +536,13 @@ def test_cifar_python_layout_reads_any_pickle_protocol(tmp_path, protocol):
     (x, y), _ = load_cifar10(python)
     np.testing.assert_array_equal(x, x_train)
     np.testing.assert_array_equal(y, y_train)
+
+
+def test_load_images_limit_caps_training_images_only(shared_data_dir):
+    from subic_keras.datasets import load_images
+
+    (x_train, y_train), (x_test, y_test) = load_images(
+        "cifar10", str(shared_data_dir / "cifar-10-batches-bin"), limit=50
+    )
+    assert len(x_train) == len(y_train) == 50
+    assert len(x_test) == len(y_test) == 10000
