@@ -306,7 +306,7 @@ def fig5(result: dict, data, scale, models_dir: str, path: str) -> bool:
         index = retrieval.build_index(
             subic, data.x_test[database_idx], ids=database_idx
         )
-        z = subic.query(retrieval.as_model_inputs(data.x_test[query : query + 1]))
+        z = subic.query(data.x_test[query : query + 1])
         _, found = index.search(z, k=10)
         ax = axes[line, 0]
         ax.imshow(data.x_test[query])

@@ -259,7 +259,7 @@ def run_quickstart(args) -> int:
     index = retrieval.build_index(subic, x_db)
     index_path = os.path.join(config.output_dir, "database.subic")
     index.save(index_path)
-    queries = subic.query(retrieval.as_model_inputs(x_query))
+    queries = subic.query(x_query)
     scores, ids = retrieval.full_scores(index, queries)
     results = evaluation.evaluate_retrieval(scores, y_query, y_db[ids], ks=(10, 100))
     result = {
@@ -358,7 +358,6 @@ def _read_query_images(paths: list[str], shape) -> tuple[list[str], np.ndarray]:
 
 
 def run_search(args) -> int:
-    from subic_keras import retrieval
     from subic_keras.search import SubicIndex
 
     check_int("-k", args.k, minimum=1)
@@ -372,7 +371,7 @@ def run_search(args) -> int:
         )
     shape = subic.train_model.inputs[0].shape[1:]
     names, images = _read_query_images(args.images, shape)
-    queries = subic.query(retrieval.as_model_inputs(images), kind=args.query)
+    queries = subic.query(images, kind=args.query)
     # Beyond the index's size there is nothing to print: searching for more
     # would only allocate padding (bounded memory whatever -k says).
     scores, ids = index.search(queries, max(1, min(args.k, len(index))))

@@ -89,12 +89,7 @@ def protocol_split(
             f"name must be one of {tuple(RETRIEVAL_PROTOCOLS)}, received {name!r}"
         )
     seed = check_int("seed", seed, minimum=0)
-    labels = np.asarray(labels)
-    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
-        raise ValueError(
-            "labels must be a non-empty array of class ids (n,) or multi-hot "
-            f"labels (n, C), received shape {labels.shape}"
-        )
+    labels = _check_labels(labels)
     if name == "paper" and labels.ndim != 1:
         raise ValueError(
             "protocol 'paper' draws queries per class, so labels must be class "
@@ -161,13 +156,8 @@ def query_database_split(
         ValueError: both counts None, counts out of range, or a class with fewer
             than `queries_per_class` items (named with its count).
     """
-    labels = np.asarray(labels)
+    labels = _check_labels(labels)
     seed = check_int("seed", seed, minimum=0)
-    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
-        raise ValueError(
-            "labels must be a non-empty array of shape (n,) or (n, C), received "
-            f"shape {labels.shape}"
-        )
     n = labels.shape[0]
     rng = np.random.default_rng(seed)
     if num_queries is not None:
@@ -235,13 +225,8 @@ def train_validation_split(
     Raises:
         ValueError: bad `validation_size` or labels.
     """
-    labels = np.asarray(labels)
+    labels = _check_labels(labels)
     seed = check_int("seed", seed, minimum=0)
-    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
-        raise ValueError(
-            "labels must be a non-empty array of shape (n,) or (n, C), received "
-            f"shape {labels.shape}"
-        )
     n = labels.shape[0]
     size = _check_split_size(validation_size, n)
     rng = np.random.default_rng(seed)
@@ -297,6 +282,17 @@ def _class_members(labels: np.ndarray, what: str) -> tuple[np.ndarray, list]:
     order = np.argsort(inverse, kind="stable")
     bounds = np.cumsum(np.bincount(inverse, minlength=classes.size))[:-1]
     return classes, np.split(order.astype(np.int64), bounds)
+
+
+def _check_labels(labels) -> np.ndarray:
+    """`labels` as an array of shape `(n,)` or `(n, C)`, `n >= 1`, or raises."""
+    labels = np.asarray(labels)
+    if labels.ndim not in (1, 2) or labels.shape[0] == 0:
+        raise ValueError(
+            "labels must be a non-empty array of class ids (n,) or multi-hot "
+            f"labels (n, C), received shape {labels.shape}"
+        )
+    return labels
 
 
 def _complement_split(selected: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

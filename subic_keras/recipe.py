@@ -117,6 +117,25 @@ def learning_rate_schedule(rate: float, total_steps: int):
     )
 
 
+def stage_optimizer(recipe: Recipe, num_images: int, epochs: int):
+    """Adam at `recipe.learning_rate` for a stage of `epochs` over `num_images`
+    (`learning_rate_schedule`: ×0.1 after 75% of the stage's steps)."""
+    steps = math.ceil(num_images / recipe.batch_size) * epochs
+    return keras.optimizers.Adam(learning_rate_schedule(recipe.learning_rate, steps))
+
+
+def training_data(images, labels, recipe: Recipe, seed: int):
+    """A stage's training batches: shuffled, augmented if `recipe.augment`."""
+    return fit_dataset(
+        images,
+        labels,
+        recipe.batch_size,
+        shuffle=True,
+        augment=recipe.augment,
+        seed=seed,
+    )
+
+
 def fit_dataset(
     images, labels, batch_size: int, *, shuffle: bool, augment: bool, seed: int
 ):
@@ -414,9 +433,8 @@ def pretrain_backbone(
                 return {**json.load(handle), "cached": True}
 
     classifier = _classifier(backbone, preprocessing, input_shape, num_classes)
-    steps = math.ceil(len(images) / recipe.batch_size) * recipe.pretrain_epochs
     classifier.compile(
-        keras.optimizers.Adam(learning_rate_schedule(recipe.learning_rate, steps)),
+        stage_optimizer(recipe, len(images), recipe.pretrain_epochs),
         "sparse_categorical_crossentropy",
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
@@ -426,14 +444,7 @@ def pretrain_backbone(
     if partial is not None:
         initial_epoch = _resume(classifier, selector, partial, recipe.pretrain_epochs)
         stage_callbacks.insert(1, _Progress(partial, selector))
-    fit_data = fit_dataset(
-        images,
-        labels,
-        recipe.batch_size,
-        shuffle=True,
-        augment=recipe.augment,
-        seed=seed,
-    )
+    fit_data = training_data(images, labels, recipe, seed)
     val_data = fit_dataset(*validation, 256, shuffle=False, augment=False, seed=seed)
     classifier.fit(
         fit_data,
@@ -592,21 +603,11 @@ def train_subic(
         preprocessing=_fresh_copy(preprocessing),
         optimizer=None,
     )
-    steps = math.ceil(len(images) / recipe.batch_size) * recipe.epochs
-    subic.compile(
-        keras.optimizers.Adam(learning_rate_schedule(recipe.learning_rate, steps))
-    )
+    subic.compile(stage_optimizer(recipe, len(images), recipe.epochs))
     validator = RetrievalValidation(subic, *validation, queries=QUERY_KINDS)
     selector = BestWeights(f"val_map_{QUERY_KINDS[0]}", mode="max")
     history = subic.train_model.fit(
-        fit_dataset(
-            images,
-            labels,
-            recipe.batch_size,
-            shuffle=True,
-            augment=recipe.augment,
-            seed=seed,
-        ),
+        training_data(images, labels, recipe, seed),
         validation_data=fit_dataset(
             *validation, 256, shuffle=False, augment=False, seed=seed
         ),

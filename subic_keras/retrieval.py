@@ -22,9 +22,9 @@ def build_index(
     ids: np.ndarray | None = None,
     batch_size: int = 256,
 ) -> SubicIndex:
-    """Encodes uint8 `images` with `subic.encoder` into a new `SubicIndex`."""
+    """Encodes `images` (uint8, or float inputs) into a new `SubicIndex`."""
     index = SubicIndex(subic.num_blocks, subic.block_size)
-    index.add(subic.encode(as_model_inputs(images), batch_size=batch_size), ids=ids)
+    index.add(subic.encode(images, batch_size=batch_size), ids=ids)
     return index
 
 

@@ -6,45 +6,39 @@ import pytest
 from subic_keras import retrieval, scoring
 
 
-@pytest.fixture(scope="module")
-def data(feature_data):
-    return feature_data
-
-
-@pytest.fixture(scope="module")
-def subic(feature_subic):
-    return feature_subic
-
-
-def test_full_scores_are_subic_scores_in_id_order(subic, data):
-    features, _ = data
+def test_full_scores_are_subic_scores_in_id_order(feature_subic, feature_data):
+    features, _ = feature_data
     ids = np.arange(100)[::-1] * 3  # decreasing ids: columns must be re-sorted
-    index = retrieval.build_index(subic, features[:100], ids=ids)
-    queries = subic.query(features[100:105])
+    index = retrieval.build_index(feature_subic, features[:100], ids=ids)
+    queries = feature_subic.query(features[100:105])
     scores, found_ids = retrieval.full_scores(index, queries)
     np.testing.assert_array_equal(found_ids, np.sort(ids))
-    expected = subic.score(queries, subic.encode(features[:100]))[:, ::-1]
+    expected = feature_subic.score(queries, feature_subic.encode(features[:100]))[
+        :, ::-1
+    ]
     np.testing.assert_allclose(scores, expected, rtol=1e-6)
 
 
-def test_retrieval_evaluate_with_an_index_equals_without(subic, data):
-    features, labels = data
+def test_retrieval_evaluate_with_an_index_equals_without(feature_subic, feature_data):
+    features, labels = feature_data
     _, database_idx = scoring.protocols.protocol_split(
         "random", labels, seed=0, num_queries=40
     )
-    index = retrieval.build_index(subic, features[database_idx], ids=database_idx)
+    index = retrieval.build_index(
+        feature_subic, features[database_idx], ids=database_idx
+    )
     args = {"seed": 0, "num_queries": 40, "query": "class_posterior"}
     with_index = retrieval.evaluate(
-        subic, features, labels, "random", index=index, **args
+        feature_subic, features, labels, "random", index=index, **args
     )
-    without = retrieval.evaluate(subic, features, labels, "random", **args)
+    without = retrieval.evaluate(feature_subic, features, labels, "random", **args)
     assert with_index == without
     with pytest.raises(ValueError, match="index must hold the protocol's database"):
         retrieval.evaluate(
-            subic,
+            feature_subic,
             features,
             labels,
             "random",
-            index=retrieval.build_index(subic, features[:10]),
+            index=retrieval.build_index(feature_subic, features[:10]),
             **args,
         )

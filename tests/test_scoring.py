@@ -10,28 +10,18 @@ from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.models import Subic
 
 
-@pytest.fixture(scope="module")
-def data(feature_data):
-    return feature_data
-
-
-@pytest.fixture(scope="module")
-def subic(feature_subic):
-    return feature_subic
-
-
-def test_every_method_is_a_scorer(subic):
+def test_every_method_is_a_scorer(feature_subic):
     dsh = build_dsh(feature_input(16), 12, input_shape=(16,))
-    for method in (subic, dsh, ProductQuantizer(num_subspaces=4)):
+    for method in (feature_subic, dsh, ProductQuantizer(num_subspaces=4)):
         assert isinstance(method, scoring.Scorer)
     assert isinstance(dsh, HashingNetwork) and issubclass(Quantizer, scoring.Scorer)
 
 
-def test_subic_scores_are_the_asymmetric_scores(subic, data):
-    features, _ = data
-    codes = subic.encode_database(features[:50])
+def test_subic_scores_are_the_asymmetric_scores(feature_subic, feature_data):
+    features, _ = feature_data
+    codes = feature_subic.encode_database(features[:50])
     for kind in ("fc0", "class_posterior"):
-        view = subic.with_query(kind)
+        view = feature_subic.with_query(kind)
         queries = view.encode_queries(features[50:60])
         np.testing.assert_allclose(
             view.score(queries, codes),
@@ -46,12 +36,12 @@ def test_subic_scores_are_the_asymmetric_scores(subic, data):
             "block_size": 8,
         }
     # The views share the model but not the query kind.
-    assert subic.default_query == "fc0"
-    assert subic.with_query("class_posterior").encoder is subic.encoder
+    assert feature_subic.default_query == "fc0"
+    assert feature_subic.with_query("class_posterior").encoder is feature_subic.encoder
 
 
-def test_evaluate_is_the_same_for_every_method(subic, data):
-    features, labels = data
+def test_evaluate_is_the_same_for_every_method(feature_subic, feature_data):
+    features, labels = feature_data
     pq = ProductQuantizer(num_subspaces=4, bits_per_subspace=4).fit(features)
     args = {"num_queries": 40, "ks": (10,)}
     result = scoring.evaluate(pq, features, labels, "random", seed=1, **args)
@@ -67,17 +57,22 @@ def test_evaluate_is_the_same_for_every_method(subic, data):
     assert result["map"] == pytest.approx(expected)
     assert result["bits"] == 16 and result["num_database"] == 600
     assert {"map_expected", "map_21point", "precision@10"} <= set(result)
-    subic_result = scoring.evaluate(subic, features, labels, "random", **args)
+    subic_result = scoring.evaluate(feature_subic, features, labels, "random", **args)
     assert subic_result["query"] == "fc0" and 0 <= subic_result["map"] <= 1
     assert "map_21point" not in scoring.evaluate(
-        subic, features, labels, "random", extras=False, **args
+        feature_subic, features, labels, "random", extras=False, **args
     )
 
 
-def test_bad_database_size(subic, data):
-    features, labels = data
+def test_bad_database_size(feature_subic, feature_data):
+    features, labels = feature_data
     with pytest.raises(ValueError, match="database must hold the protocol's 600"):
         scoring.evaluate(
-            subic, features, labels, "random", num_queries=40, database=np.zeros((3, 4))
+            feature_subic,
+            features,
+            labels,
+            "random",
+            num_queries=40,
+            database=np.zeros((3, 4)),
         )
-    assert isinstance(subic, Subic)
+    assert isinstance(feature_subic, Subic)

@@ -11,7 +11,6 @@ differs only in the method. Pre-train the backbone first with
 
 from __future__ import annotations
 
-import math
 import time
 
 import keras
@@ -19,7 +18,7 @@ import numpy as np
 
 from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.callbacks import BestWeights, RetrievalValidation
-from subic_keras.recipe import Recipe, fit_dataset, learning_rate_schedule
+from subic_keras.recipe import Recipe, stage_optimizer, training_data
 
 
 def train_hashing(
@@ -76,19 +75,9 @@ def train_hashing(
     images = np.asarray(images)
     validator = RetrievalValidation(network, *validation, queries=None)
     selector = BestWeights("val_map", mode="max")
-    steps = math.ceil(len(images) / recipe.batch_size) * recipe.epochs
-    network.compile(
-        keras.optimizers.Adam(learning_rate_schedule(recipe.learning_rate, steps))
-    )
+    network.compile(stage_optimizer(recipe, len(images), recipe.epochs))
     history = network.train_model.fit(
-        fit_dataset(
-            images,
-            labels,
-            recipe.batch_size,
-            shuffle=True,
-            augment=recipe.augment,
-            seed=seed,
-        ),
+        training_data(images, labels, recipe, seed),
         epochs=recipe.epochs,
         callbacks=[validator, selector, keras.callbacks.TerminateOnNaN(), *callbacks],
         verbose=verbose,
