@@ -22,6 +22,9 @@ setup(
         "numpy>=1.26",
         "scikit-learn>=1.3",
         "tensorflow-datasets>=4.9",
+        # tensorflow-datasets' file access (etils.epath) imports it, but
+        # tensorflow-datasets does not declare it.
+        "importlib_resources>=5",
         "faiss-cpu>=1.8",
         "tqdm>=4.60",
         "tensorboard>=2.16",

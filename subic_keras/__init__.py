@@ -21,6 +21,7 @@ _SUBMODULES = (
     "backbones",
     "baselines",
     "callbacks",
+    "config",
     "datasets",
     "evaluation",
     "export",
@@ -28,6 +29,7 @@ _SUBMODULES = (
     "losses",
     "metrics",
     "models",
+    "pixels",
     "protocols",
     "recipe",
     "retrieval",
@@ -39,7 +41,9 @@ _NAMES = {
     "BlockArgmax": "layers",
     "BlockOneHot": "layers",
     "BlockSoftmax": "layers",
-    "Recipe": "recipe",
+    "ImageModel": "pixels",
+    "Recipe": "config",
+    "TrainConfig": "config",
     "Scorer": "scoring",
     "SearchBackend": "search",
     "ShardedSubicIndex": "search",
@@ -67,6 +71,7 @@ _KERAS_MODULES = (
     "losses",
     "metrics",
     "models",
+    "pixels",
 )
 
 

@@ -1,12 +1,25 @@
-"""Atomic file and directory writes: nothing saved is ever half-written."""
+"""Atomic file and directory writes: nothing saved is ever half-written.
+
+Every save writes a temporary beside its destination, named
+`.<destination name>.subic-tmp-<pid>-<random>`, and renames it into place
+when complete. A save killed before the rename (SIGKILL, power loss) leaves
+its temporary behind; the next save to the same destination removes every
+temporary whose writing process is gone (`remove_stale_temporaries`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+
+# Marks the temporaries of `atomic_path` and `atomic_directory` in their names.
+TEMPORARY_MARK = ".subic-tmp-"
+# Suffix of the previous version that `atomic_directory` moves aside.
+_OLD = ".old"
 
 
 def _umask() -> int:
@@ -15,13 +28,71 @@ def _umask() -> int:
     return mask
 
 
+def _temporary_stem(path: str) -> str:
+    return "." + os.path.basename(path) + TEMPORARY_MARK
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
+    """Removes the temporaries that killed saves to `path` left behind.
+
+    A temporary is stale when the process that wrote it no longer runs
+    (its pid is in the name), so saves running concurrently keep theirs. A
+    directory save killed between moving the old version aside and moving
+    the new one in has left no `path`: the old version is moved back.
+
+    Returns:
+        The names removed (or restored), for logging.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    stem = _temporary_stem(path)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        if not name.startswith(stem):
+            continue
+        writer = name[len(stem) :].split("-", 1)[0]
+        if not writer.isdigit() or _process_alive(int(writer)):
+            continue
+        stale = os.path.join(directory, name)
+        if name.endswith(_OLD) and os.path.isdir(stale) and not os.path.exists(path):
+            os.replace(stale, path)
+        elif os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
+        removed.append(name)
+    return removed
+
+
+def _temporary_prefix(path: str) -> str:
+    return f"{_temporary_stem(path)}{os.getpid()}-"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
     """Yields a temporary path beside `path`; renames it onto `path` on success.
 
     The temporary file lives in the destination's directory so that the final
     `os.replace` is a same-filesystem rename, which POSIX makes atomic. On any
-    exception the temporary file is removed and `path` is left untouched.
+    exception the temporary file is removed and `path` is left untouched;
+    temporaries of earlier, killed saves to `path` are removed first.
 
     Args:
         path: the final destination.
@@ -29,12 +100,13 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
             `model.save`) choose the format from the extension.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a file", path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
+    remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(
-        prefix="." + os.path.basename(path) + ".",
-        suffix=suffix or ".tmp",
-        dir=directory,
+        prefix=_temporary_prefix(path), suffix=suffix or ".tmp", dir=directory
     )
     os.close(fd)
     try:
@@ -63,19 +135,21 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
             after the new one is complete).
     """
     path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent):
+        remove_stale_temporaries(path)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(
             f"path already exists: {path!r}; pass overwrite=True to replace it"
         )
-    parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", dir=parent)
+    tmp = tempfile.mkdtemp(prefix=_temporary_prefix(path), dir=parent)
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide it
         if os.path.exists(path):
             old = tempfile.mkdtemp(
-                prefix="." + os.path.basename(path) + ".old.", dir=parent
+                prefix=_temporary_prefix(path), suffix=_OLD, dir=parent
             )
             os.rmdir(old)
             os.replace(path, old)
@@ -86,3 +160,53 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def load_keras_file(path: str | os.PathLike, compile: bool = True):
+    """`keras.saving.load_model(path)`, with errors that say what the file is.
+
+    Keras reports a truncated or non-zip file as "File not found"; this
+    checks the archive first, so that a user learns what is wrong with it.
+    Keras's safe mode stays on: a file cannot run code (no `Lambda` layers).
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: `path` is no file.
+        ValueError: `path` is not a readable `.keras` archive, or Keras
+            cannot rebuild the model it holds.
+    """
+    import zipfile
+
+    import keras
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            errno.EISDIR, "a directory, not a .keras model file", path
+        )
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, "model file not found", path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            corrupt = archive.testzip()
+    except (zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(
+            f"not a Keras model file: not a zip archive, or truncated ({error}) "
+            f"({path})"
+        ) from None
+    if "config.json" not in names:
+        raise ValueError(
+            f"not a Keras model file: no config.json in the archive ({path})"
+        )
+    if corrupt is not None:
+        raise ValueError(
+            f"not a Keras model file: corrupt archive member {corrupt} ({path})"
+        )
+    try:
+        return keras.saving.load_model(path, compile=compile)
+    except Exception as error:
+        # Keras raises anything from TypeError to h5py's OSError for a
+        # well-formed archive it cannot rebuild.
+        raise ValueError(
+            f"cannot load the Keras model in {path!r}: {type(error).__name__}: {error}"
+        ) from error

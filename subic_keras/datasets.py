@@ -15,12 +15,16 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import shutil
+import socket
 import struct
 
 import numpy as np
 import tensorflow as tf
 
 from subic_keras._validation import check_int
+from subic_keras.config import DATASETS as DATASETS
+from subic_keras.pixels import PIXEL_LEVELS, scale_pixels
 
 # The splits live in `protocols` (NumPy only); re-exported here, where
 # earlier releases defined them.
@@ -450,15 +454,91 @@ def load_digits(
     return (images[train], labels[train]), (images[test], labels[test])
 
 
+# Where tensorflow-datasets downloads the small sets from, and the layout
+# `data_dir` takes instead (for the error that says what to do offline).
+_TFDS_SOURCES = {
+    "cifar10": (
+        "www.cs.toronto.edu",
+        "cifar-10-batches-bin/ (or cifar-10-batches-py/) from "
+        "https://www.cs.toronto.edu/~kriz/cifar.html",
+    ),
+    "fashion_mnist": (
+        "fashion-mnist.s3-website.eu-central-1.amazonaws.com",
+        "the four files train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz from "
+        "https://github.com/zalandoresearch/fashion-mnist",
+    ),
+}
+_NETWORK_TIMEOUT = 10.0  # seconds to reach a download host before giving up
+
+
+def _check_reachable(name: str) -> None:
+    """Fails fast, naming `data_dir`, when `name`'s download host is unreachable
+    (tensorflow-datasets itself would retry for minutes)."""
+    if name not in _TFDS_SOURCES:
+        return
+    host, layout = _TFDS_SOURCES[name]
+    try:
+        socket.create_connection((host, 443), timeout=_NETWORK_TIMEOUT).close()
+    except OSError as error:
+        raise ConnectionError(
+            f"cannot download {name} with tensorflow-datasets: {host} is not "
+            f"reachable ({error}); download it elsewhere and pass its directory "
+            f"as data_dir (--data-dir DIR on the command line), DIR holding "
+            f"{layout}"
+        ) from None
+
+
+def _prepare_tfds(builder, name: str) -> None:
+    """`builder.download_and_prepare()`, leaving nothing behind if it fails.
+
+    tensorflow-datasets writes into `incomplete.*` directories and `*.tmp.*`
+    downloads and leaves them when interrupted; those this call created are
+    removed, and so are the dataset's directories if this call made them.
+    """
+    _check_reachable(name)
+    root = os.fspath(builder.data_dir_root)
+    places = [os.path.join(root, builder.name), os.path.join(root, "downloads")]
+    existed = {place: os.path.isdir(place) for place in [root, *places]}
+    before = {
+        place: set(os.listdir(place)) if existed[place] else set() for place in places
+    }
+    try:
+        builder.download_and_prepare()
+    except BaseException:
+        for place in reversed([root, *places]):
+            if not existed[place]:
+                shutil.rmtree(place, ignore_errors=True)
+        for place in places:
+            if not existed[place] or not os.path.isdir(place):
+                continue
+            for entry in set(os.listdir(place)) - before[place]:
+                entry = os.path.join(place, entry)
+                if os.path.isdir(entry):
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    os.remove(entry)
+        raise
+
+
 def _load_tfds_arrays(name: str, limit: int | None, download: bool):
     """Both splits of a small tfds dataset as NumPy arrays."""
     import tensorflow_datasets as tfds
 
+    builder = tfds.builder(name)
+    if not builder.is_prepared():
+        if not download:
+            raise FileNotFoundError(
+                f"tensorflow_datasets dataset {name!r} is not prepared in "
+                f"{os.fspath(builder.data_dir)!r}; pass download=True, or the "
+                "directory of the official files as data_dir"
+            )
+        _prepare_tfds(builder, name)
     splits = (
         ["train", "test"] if limit is None else [f"train[:{limit}]", f"test[:{limit}]"]
     )
-    loaded = tfds.load(
-        name, split=splits, batch_size=-1, as_supervised=True, download=download
+    loaded = tfds.as_numpy(
+        builder.as_dataset(split=splits, batch_size=-1, as_supervised=True)
     )
     return tuple(
         (np.asarray(images, dtype=np.uint8), np.asarray(labels, dtype=np.int64))
@@ -521,7 +601,7 @@ def load_tfds_images(
                 f"data_dir={data_dir!r} (looked for {os.fspath(builder.data_dir)!r}); "
                 "prepare it with `tfds build` or pass download=True"
             )
-        builder.download_and_prepare()
+        _prepare_tfds(builder, name)
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     return dataset.map(
         lambda example: _tfds_example_to_pair(example, name, image_size),
@@ -786,7 +866,7 @@ def make_dataset(
     std_t = tf.constant(std, tf.float32)
 
     def standardize_batch(batch):
-        return (tf.cast(batch, tf.float32) / 255.0 - mean_t) / std_t
+        return (scale_pixels(batch) - mean_t) / std_t
 
     # Shuffle indices, not images: the buffer is small and each batch is one
     # vectorised gather.
@@ -859,13 +939,11 @@ def as_model_inputs(images: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"images must have shape (n, H, W) or (n, H, W, C), received {images.shape}"
         )
-    return images.astype(np.float32) / 255.0
+    return PIXEL_LEVELS[images]
 
 
 # --------------------------------------------------------------------------
 # By name
-
-DATASETS = ("digits", "cifar10", "fashion_mnist")
 
 
 def load_images(

@@ -42,10 +42,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from subic_keras._io import atomic_directory, atomic_path
+from subic_keras._io import atomic_directory, atomic_path, load_keras_file
 from subic_keras._validation import check_finite, check_int
 from subic_keras.layers import BlockArgmax, BlockSoftmax
 from subic_keras.models import BLOCK_PROBS, FC0, FC1, Subic
+from subic_keras.pixels import PIXEL_LEVELS, scale_pixels
 
 SAVED_MODEL_SIGNATURES = ("serving_default", "encode_images", "classify")
 QUANTIZATIONS = ("float32", "int8")
@@ -74,21 +75,17 @@ def load_subic(model_or_path) -> Subic:
         The `Subic` holding the model and its test-time views.
 
     Raises:
-        FileNotFoundError: the path does not exist.
+        FileNotFoundError, IsADirectoryError: the path is not a file.
         TypeError: `model_or_path` is none of the above.
-        ValueError: the model is not a SuBiC model.
+        ValueError: the file is not a Keras model file, or the model is not
+            a SuBiC model.
     """
     if isinstance(model_or_path, Subic):
         return model_or_path
     source = ""
     if isinstance(model_or_path, (str, os.PathLike)):
         path = os.fspath(model_or_path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"model_or_path: no saved model at {path!r} (expected a .keras "
-                "file written by `subic train` or `model.save`)"
-            )
-        model = keras.saving.load_model(path, compile=False)
+        model = load_keras_file(path, compile=False)
         source = f" loaded from {path!r}"
     elif isinstance(model_or_path, keras.Model):
         model = model_or_path
@@ -307,7 +304,7 @@ def run_litert(
         Interpreter = tf.lite.Interpreter
     images = np.asarray(images)
     if images.dtype == np.uint8:
-        images = images.astype(np.float32) / np.float32(255.0)
+        images = PIXEL_LEVELS[images]
     elif images.dtype.kind != "f":
         raise TypeError(f"images must be uint8 or float, received dtype {images.dtype}")
     images = images.astype(np.float32, copy=False)
@@ -385,11 +382,6 @@ def _serving_module(subic: Subic, height: int, width: int, channels: int):
     images_spec = tf.TensorSpec((None, height, width, channels), tf.float32, IMAGES)
     bytes_spec = tf.TensorSpec((None,), tf.string, IMAGE_BYTES)
 
-    # x / 255 as a table of the 256 exact float32 quotients: TensorFlow's
-    # graph optimiser turns a division by a constant into a multiplication by
-    # its reciprocal, which rounds differently from `x.astype("float32") / 255`.
-    levels = tf.constant(np.arange(256, dtype=np.float32) / np.float32(255.0))
-
     def check(images):
         # Serving hosts do not all check feeds against the signature's shape;
         # this fails, naming the input, on every host.
@@ -407,7 +399,7 @@ def _serving_module(subic: Subic, height: int, width: int, channels: int):
         image = tf.io.decode_image(
             data, channels=channels, dtype=tf.uint8, expand_animations=False
         )
-        scaled = tf.gather(levels, tf.cast(image, tf.int32))
+        scaled = scale_pixels(image)
         # Bilinear resampling to the same size is the identity, exactly.
         return tf.image.resize(scaled, (height, width), method="bilinear")
 
@@ -536,7 +528,7 @@ def _representative_images(images, input_shape: tuple) -> np.ndarray:
             f"the model's input, received shape {images.shape}"
         )
     if images.dtype == np.uint8:
-        return images.astype(np.float32) / 255.0
+        return PIXEL_LEVELS[images]
     if images.dtype.kind != "f":
         raise TypeError(
             "representative_images must be uint8 images in [0, 255] or floats "

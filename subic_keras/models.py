@@ -29,6 +29,8 @@ import numpy as np
 # application preprocessing), which SuBiC `.keras` files may hold.
 import subic_keras.backbones  # noqa: F401
 from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras.callbacks import PredictionProgress
+from subic_keras.config import QUERY_KINDS as QUERY_KINDS
 from subic_keras.datasets import as_model_inputs
 from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
 from subic_keras.losses import ScaledCrossEntropy, SubicEntropyLoss
@@ -39,6 +41,7 @@ from subic_keras.metrics import (
     SupportEntropy,
     subic_metrics,
 )
+from subic_keras.pixels import ImageModel
 from subic_keras.scoring import Scorer
 from subic_keras.search import SubicIndex
 
@@ -48,7 +51,6 @@ BLOCK_PROBS = "block_probs"
 FC1 = "fc1"
 CLASS_PROBS = "class_probs"
 TRAINING_MODES = ("full", "2-layer", "3-layer")
-QUERY_KINDS = ("fc0", "class_posterior")
 
 
 def check_query_kind(name: str, kind) -> str:
@@ -59,15 +61,16 @@ def check_query_kind(name: str, kind) -> str:
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
-class SubicTrainModel(keras.Model):
+class SubicTrainModel(ImageModel):
     """SuBiC's functional train graph, outputs `class_probs` and `block_probs`.
 
-    A plain functional model except for two conveniences: when `y` is a
-    single tensor of class labels, it is given as the target of every output,
-    so `fit(images, labels)` works although the entropy losses and the code
-    metrics on `block_probs` need no target; and it carries `default_query`,
-    the query kind (`QUERY_KINDS`) chosen for this model on validation data,
-    saved with it in its `.keras` file (`"fc0"` when never set).
+    A functional `ImageModel` (it takes uint8 pixels or `[0, 1]` floats) with
+    two conveniences: when `y` is a single tensor of class labels, it is
+    given as the target of every output, so `fit(images, labels)` works
+    although the entropy losses and the code metrics on `block_probs` need no
+    target; and it carries `default_query`, the query kind (`QUERY_KINDS`)
+    chosen for this model on validation data, saved with it in its `.keras`
+    file (`"fc0"` when never set).
     """
 
     default_query = QUERY_KINDS[0]
@@ -132,6 +135,9 @@ class Subic(Scorer):
     """
 
     _query: str | None = None
+    # `encode`, `query` and `code_statistics` show a progress bar on a
+    # terminal's standard error (set by the command line).
+    show_progress = False
 
     def __init__(self, train_model: keras.Model, gamma: float = 0.3, mu: float = 0.3):
         try:
@@ -164,18 +170,18 @@ class Subic(Scorer):
         inputs = train_model.inputs
         z = fc0.output
         m, k = self.num_blocks, self.block_size
-        self.query_encoder = keras.Model(inputs, z, name="query_encoder")
+        self.query_encoder = ImageModel(inputs, z, name="query_encoder")
         posterior = train_model.get_layer(CLASS_PROBS).output
-        self.class_query_encoder = keras.Model(
+        self.class_query_encoder = ImageModel(
             inputs,
             _ClassPosteriorQuery(fc1, name="class_posterior_query")(posterior),
             name="class_query_encoder",
         )
-        self.encoder = keras.Model(
+        self.encoder = ImageModel(
             inputs, BlockArgmax(m, k, name="codes")(z), name="encoder"
         )
         binary = BlockOneHot(m, k, name="block_one_hot")(z)
-        self.classifier = keras.Model(
+        self.classifier = ImageModel(
             inputs, _softmax(fc1(binary), "binary_class_probs"), name="classifier"
         )
         codes = keras.Input((m * k,), name="one_hot_codes")
@@ -318,18 +324,20 @@ class Subic(Scorer):
             self.train_model.compile_from_config(self.train_model.get_compile_config())
 
     def model_inputs(self, images) -> np.ndarray:
-        """`images` as this model's float32 inputs, checked.
-
-        uint8 images are scaled to `[0, 1]` (`x / 255`), float inputs are
-        taken as they are: the one input convention of `encode`, `query`
-        and `code_statistics`.
+        """`images` checked against this model's input: uint8 pixels, kept as
+        they are (the models scale them, `subic_keras.pixels`), or float
+        inputs as float32.
 
         Raises:
             ValueError: for a shape other than `(n, *input_shape)`, or NaN
                 or infinite values.
             TypeError: for a dtype other than uint8 or float.
         """
-        inputs = as_model_inputs(images)
+        inputs = np.asarray(images)
+        if inputs.dtype != np.uint8:
+            inputs = as_model_inputs(inputs)
+        elif inputs.ndim == 3:
+            inputs = inputs[..., None]  # grey images without a channel axis
         expected = tuple(self.train_model.input_shape[1:])
         if inputs.ndim != len(expected) + 1 or any(
             e is not None and e != s for e, s in zip(expected, inputs.shape[1:])
@@ -339,19 +347,27 @@ class Subic(Scorer):
                 + ", ".join(str(e) for e in expected)
                 + f"), received {inputs.shape}"
             )
-        if inputs.size and not np.all(np.isfinite(inputs)):
+        if inputs.dtype != np.uint8 and not np.all(np.isfinite(inputs)):
             bad = int(inputs.size - np.count_nonzero(np.isfinite(inputs)))
             raise ValueError(
                 f"images must be finite, received {bad} NaN or infinite values"
             )
         return inputs
 
+    def _predict(self, model, inputs, batch_size: int, description: str):
+        callbacks = []
+        if self.show_progress:
+            callbacks.append(PredictionProgress(description, len(inputs)))
+        return model.predict(
+            inputs, batch_size=batch_size, verbose=0, callbacks=callbacks
+        )
+
     def encode(self, images, batch_size: int = 256) -> np.ndarray:
         """Integer codes `(n, M)` int32 of `images` (uint8, or float inputs)."""
         inputs = self.model_inputs(images)
         if not len(inputs):
             return np.zeros((0, self.num_blocks), np.int32)
-        return self.encoder.predict(inputs, batch_size=batch_size, verbose=0)
+        return self._predict(self.encoder, inputs, batch_size, "encoding")
 
     def query(
         self, images, batch_size: int = 256, kind: str | None = None
@@ -373,7 +389,7 @@ class Subic(Scorer):
         if not len(inputs):
             return np.zeros((0, self.num_blocks * self.block_size), np.float32)
         encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
-        return encoder.predict(inputs, batch_size=batch_size, verbose=0)
+        return self._predict(encoder, inputs, batch_size, "queries")
 
     def code_statistics(self, images, labels=None, batch_size: int = 256) -> dict:
         """How well the codes use their bits, on `images` (the paper's Fig. 3).
@@ -398,7 +414,7 @@ class Subic(Scorer):
             with `labels` `accuracy_soft` and `accuracy_binary`.
         """
         inputs = self.model_inputs(images)
-        outputs = self.train_model.predict(inputs, batch_size=batch_size, verbose=0)
+        outputs = self._predict(self.train_model, inputs, batch_size, "statistics")
         probs = outputs["block_probs"]
         m, k = self.num_blocks, self.block_size
         closeness = OneHotCloseness(m, k, block_index=0)
@@ -532,10 +548,15 @@ def build_subic(
 
     >>> subic = build_subic(backbones.dsh_cnn(), num_blocks=8, block_size=64,
     ...                     num_classes=10)
-    >>> history = subic.train_model.fit(images / 255, labels, epochs=1, verbose=0)
-    >>> codes = subic.encode(images / 255)    # uint8 images `(n, 32, 32, 3)`
+    >>> history = subic.train_model.fit(images, labels, epochs=1, verbose=0)
+    >>> codes = subic.encode(images)    # uint8 images `(n, 32, 32, 3)`
     >>> codes.shape, codes.dtype, int(codes.max()) < 64
     ((64, 8), dtype('int32'), True)
+
+    Images are uint8 pixels in `[0, 255]` or floats in `[0, 1]`: every model
+    it builds scales uint8 itself (`subic_keras.pixels.ImageModel`), so uint8
+    `x` gives exactly the outputs of `x.astype("float32") / 255`, in `fit`,
+    `predict`, `encode`, `query` and the exported signatures.
 
     Args:
         backbone: a Keras model or layer mapping inputs to feature vectors

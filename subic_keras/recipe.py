@@ -56,57 +56,14 @@ import numpy as np
 
 from subic_keras import datasets
 from subic_keras._io import atomic_path
-from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras._validation import check_block_shape, check_int
 from subic_keras.callbacks import BestWeights, EntropyWarmup, RetrievalValidation
-from subic_keras.models import QUERY_KINDS, Subic, build_subic, leaf_layers
+from subic_keras.config import QUERY_KINDS
+from subic_keras.config import Recipe as Recipe
+from subic_keras.models import Subic, build_subic, leaf_layers
 
 _CACHE_FORMAT = 1
 _PRETRAIN_HEAD = "classes"
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """The budgets and weights of SuBiC's two-stage recipe (module docstring).
-
-    Attributes:
-        pretrain_epochs: epochs of classifier pre-training; 0 skips it.
-        epochs: epochs of the SuBiC stage, >= 1.
-        gamma, mu: the entropy weights `γ`, `μ` of Eq. 8.
-        warmup_fraction: the fraction of the SuBiC epochs over which `γ` and
-            `μ` ramp up from 0.
-        learning_rate: Adam's rate in both stages, ×0.1 after 75% of a
-            stage's steps.
-        batch_size: images per batch in both stages.
-        augment: random flips and shifts of image inputs in both stages.
-    """
-
-    pretrain_epochs: int = 50
-    epochs: int = 5
-    gamma: float = 0.3
-    mu: float = 0.3
-    warmup_fraction: float = 1 / 3
-    learning_rate: float = 1e-3
-    batch_size: int = 200
-    augment: bool = True
-
-    def __post_init__(self):
-        check_int("pretrain_epochs", self.pretrain_epochs, minimum=0)
-        check_int("epochs", self.epochs, minimum=1)
-        check_non_negative("gamma", self.gamma)
-        check_non_negative("mu", self.mu)
-        check_int("batch_size", self.batch_size, minimum=1)
-        if not 0 <= self.warmup_fraction <= 1:
-            raise ValueError(
-                f"warmup_fraction must be in [0, 1], received {self.warmup_fraction!r}"
-            )
-        if not self.learning_rate > 0:
-            raise ValueError(
-                f"learning_rate must be > 0, received {self.learning_rate!r}"
-            )
-
-    @property
-    def warmup_epochs(self) -> float:
-        return self.warmup_fraction * self.epochs
 
 
 def learning_rate_schedule(rate: float, total_steps: int):

@@ -17,120 +17,14 @@ import numpy as np
 
 from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path
-from subic_keras._validation import check_block_shape, check_int, check_non_negative
 from subic_keras.backbones import mlp_backbone
 from subic_keras.callbacks import EpochTensorBoard
-from subic_keras.datasets import DATASETS, load_images
+from subic_keras.config import BACKBONES as BACKBONES
+from subic_keras.config import TrainConfig as TrainConfig
+from subic_keras.config import default_cache_dir as default_cache_dir
+from subic_keras.datasets import load_images
 from subic_keras.models import Subic, build_subic
-from subic_keras.recipe import Recipe, train_subic
-
-BACKBONES = ("auto", "dsh_cnn", "mlp")
-# `subic train`'s defaults are the recipe's.
-_RECIPE = Recipe()
-
-
-def default_cache_dir() -> str:
-    """Where `subic train` caches pre-trained backbones: `$SUBIC_CACHE_DIR`, or
-    `~/.cache/subic-keras`."""
-    return os.environ.get("SUBIC_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "subic-keras"
-    )
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything `train` needs; the CLI's flags map one to one onto it.
-
-    The defaults are the recipe of `subic_keras.recipe` (its docstring says
-    how each was chosen): 48-bit codes of 8 blocks of 64, the backbone
-    pre-trained as a classifier for 50 epochs, then 5 SuBiC epochs with
-    `γ = μ = 0.3` ramped in over the first third, selection by validation
-    retrieval mAP and the query chosen on validation.
-
-    Attributes:
-        dataset: `"digits"` (bundled, offline), `"cifar10"` or
-            `"fashion_mnist"`.
-        data_dir: a directory in the dataset's standard layout; `None` uses
-            tensorflow-datasets (network needed once) for CIFAR-10 and
-            Fashion-MNIST.
-        num_blocks, block_size: `M` and `K`; codes have `M·log2 K` bits.
-        gamma, mu: weights of the mean and batch block entropies (Eq. 8).
-        pretrain_epochs: epochs of classifier pre-training (0: none).
-        epochs: epochs of the SuBiC stage.
-        batch_size, learning_rate: Adam's schedule in both stages; the
-            learning rate drops ×0.1 after 75% of a stage's steps.
-        warmup_epochs: SuBiC epochs over which γ and μ ramp up from 0, at
-            most `epochs`; `None` is a third of `epochs`.
-        validation_size: fraction or count of training images held out for
-            model selection (never the test set); the split is the same for
-            every seed, so that seeds are compared on the same images.
-        backbone: `"dsh_cnn"`, `"mlp"`, or `"auto"` (MLP for 8×8 digits, the
-            DSH CNN otherwise).
-        augment: random flips and shifts during training; `None` turns them
-            on for images of at least 16×16 pixels.
-        max_train_images: train on the first `n` training images only
-            (quick runs); the test set is read up to the same count.
-        seed: seed of the initial weights, the data order and augmentation.
-        output_dir: where `best.keras`, `summary.json` and TensorBoard logs go.
-        cache_dir: where pre-trained backbones are cached, keyed by
-            everything they depend on; `None` is `default_cache_dir()`.
-    """
-
-    dataset: str = "digits"
-    data_dir: str | None = None
-    num_blocks: int = 8
-    block_size: int = 64
-    gamma: float = _RECIPE.gamma
-    mu: float = _RECIPE.mu
-    pretrain_epochs: int = _RECIPE.pretrain_epochs
-    epochs: int = _RECIPE.epochs
-    batch_size: int = _RECIPE.batch_size
-    learning_rate: float = _RECIPE.learning_rate
-    warmup_epochs: float | None = None
-    validation_size: float = 0.1
-    backbone: str = "auto"
-    augment: bool | None = None
-    max_train_images: int | None = None
-    seed: int = 0
-    output_dir: str = "subic_run"
-    cache_dir: str | None = None
-
-    def __post_init__(self):
-        if self.dataset not in DATASETS:
-            raise ValueError(
-                f"dataset must be one of {DATASETS}, received {self.dataset!r}"
-            )
-        if self.backbone not in BACKBONES:
-            raise ValueError(
-                f"backbone must be one of {BACKBONES}, received {self.backbone!r}"
-            )
-        check_block_shape(self.num_blocks, self.block_size)
-        check_int("epochs", self.epochs, minimum=1)
-        if self.warmup_epochs is not None:
-            check_non_negative("warmup_epochs", self.warmup_epochs)
-            if self.warmup_epochs > self.epochs:
-                raise ValueError(
-                    f"warmup_epochs must be at most epochs ({self.epochs}), "
-                    f"received {self.warmup_epochs}"
-                )
-        if self.max_train_images is not None:
-            check_int("max_train_images", self.max_train_images, minimum=2)
-        self.recipe()  # validates the budgets and weights
-
-    def recipe(self, augment: bool = True) -> Recipe:
-        """The `Recipe` of this configuration (`augment` when `self.augment`
-        is `None`)."""
-        warmup = self.epochs / 3 if self.warmup_epochs is None else self.warmup_epochs
-        return Recipe(
-            pretrain_epochs=self.pretrain_epochs,
-            epochs=self.epochs,
-            gamma=self.gamma,
-            mu=self.mu,
-            warmup_fraction=warmup / self.epochs,
-            learning_rate=self.learning_rate,
-            batch_size=self.batch_size,
-            augment=augment if self.augment is None else self.augment,
-        )
+from subic_keras.recipe import train_subic
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:

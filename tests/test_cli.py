@@ -1,9 +1,12 @@
+import argparse
 import json
 import os
 import subprocess
 import sys
+import time
 
 import keras
+import numpy as np
 import pytest
 
 from subic_keras import Subic
@@ -102,6 +105,53 @@ def test_console_script_help():
     assert done.returncode == 0 and "--gamma" in done.stdout and "--bits" in done.stdout
 
 
+def _options(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                yield from ((f"{name} {n}", a) for n, a in _options(command))
+        elif action.option_strings and action.dest != "help":
+            yield action.option_strings[0], action
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    from subic_keras.cli import build_parser
+
+    options = list(_options(build_parser()))
+    assert len(options) > 50
+    for name, action in options:
+        assert action.help, name
+        text = action.help.replace("%(default)s", str(action.default))
+        assert "default" in text or "required" in text, (name, text)
+
+
+def _seconds(*command: str) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    return time.perf_counter() - start
+
+
+def test_help_is_instant_next_to_importing_tensorflow():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import subic_keras.cli, sys; print(sorted("
+            "{'tensorflow', 'keras', 'faiss'} & set(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip() == "[]"
+    tensorflow = _seconds(sys.executable, "-c", "import tensorflow")
+    helps = [
+        _seconds(sys.executable, "-m", "subic_keras.cli", *command, "--help")
+        for command in ([], ["search"], ["train"])
+    ]
+    assert max(helps) <= 0.15 * tensorflow, (helps, tensorflow)
+
+
 @pytest.fixture(scope="module")
 def digits_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits")
@@ -187,6 +237,37 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     assert "-k must be >= 1, received 0" in capsys.readouterr().err
 
 
+def test_commands_print_no_tensorflow_log_lines(digits_model, tmp_path):
+    from subic_keras.datasets import load_images
+
+    (_, _), (x_test, _) = load_images("digits")
+    np.save(tmp_path / "queries.npy", x_test[:3])
+    index = str(tmp_path / "db.subic")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
+    for command in (
+        ["index", "build", digits_model, "--dataset", "digits", "--output", index],
+        ["search", digits_model, index, str(tmp_path / "queries.npy"), "-k", "2"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "subic_keras.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert len(done.stdout.strip().splitlines()) == 3
+    # --verbose shows them.
+    done = subprocess.run(
+        [sys.executable, "-m", "subic_keras.cli", *command, "--verbose"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0 and "I0000" in done.stderr
+
+
 def test_retrieval_commands_bad_input(digits_model, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["search", str(tmp_path / "missing.keras"), "x.subic", "q.npy"])
@@ -227,3 +308,41 @@ def _load_model(path):
     from subic_keras import Subic
 
     return Subic.from_train_model(keras.saving.load_model(path))
+
+
+def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
+    import resource
+
+    from subic_keras.datasets import load_images
+
+    (_, _), (x_test, _) = load_images("digits")
+    np.save(tmp_path / "queries.npy", x_test[:2])
+    index = str(tmp_path / "db.subic")
+    assert (
+        main(["index", "build", digits_model, "--dataset", "digits", "--output", index])
+        == 0
+    )
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "subic_keras.cli",
+            "search",
+            digits_model,
+            index,
+            str(tmp_path / "queries.npy"),
+            "-k",
+            "1000000000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_memory,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [len(line["ids"]) for line in lines] == [599, 599]

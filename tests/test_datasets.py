@@ -1,4 +1,5 @@
 import gzip
+import io
 import os
 import pickle
 import struct
@@ -143,25 +144,81 @@ def test_cifar_errors(tmp_path):
         load_cifar10(python)
 
 
-def test_cifar_tfds_fallback_is_called(monkeypatch):
+class FakeBuilder:
+    """A tfds builder whose data is prepared (or is made by `prepare`)."""
+
+    def __init__(self, name, root, splits, prepared=True, prepare=None):
+        self.name, self.data_dir_root = name, root
+        self.data_dir = os.path.join(root, name, "1.0.0")
+        self.splits, self.prepared, self.prepare = splits, prepared, prepare
+        self.requests = []
+
+    def is_prepared(self):
+        return self.prepared
+
+    def download_and_prepare(self):
+        self.prepare(self)
+
+    def as_dataset(self, split, batch_size, as_supervised):
+        self.requests.append((split, batch_size, as_supervised))
+        return [tuple(tf.constant(array) for array in part) for part in self.splits]
+
+
+def _fake_tfds(monkeypatch, builder):
     import tensorflow_datasets as tfds
 
-    calls = []
+    monkeypatch.setattr(tfds, "builder", lambda name, **kwargs: builder)
 
-    def fake_load(name, **kwargs):
-        calls.append((name, kwargs))
-        return [
-            (np.ones((4, 32, 32, 3), np.uint8), np.arange(4)),
-            (np.zeros((2, 32, 32, 3), np.uint8), np.arange(2)),
-        ]
 
-    monkeypatch.setattr(tfds, "load", fake_load)
+def test_cifar_tfds_fallback_is_called(monkeypatch, tmp_path):
+    splits = [
+        (np.ones((4, 32, 32, 3), np.uint8), np.arange(4)),
+        (np.zeros((2, 32, 32, 3), np.uint8), np.arange(2)),
+    ]
+    builder = FakeBuilder("cifar10", str(tmp_path), splits)
+    _fake_tfds(monkeypatch, builder)
     (x_train, y_train), (x_test, _) = load_cifar10(max_per_split=4, download=False)
-    assert calls[0][0] == "cifar10"
-    assert calls[0][1]["split"] == ["train[:4]", "test[:4]"]
-    assert calls[0][1]["batch_size"] == -1 and calls[0][1]["download"] is False
+    assert builder.requests == [(["train[:4]", "test[:4]"], -1, True)]
     assert x_train.shape == (4, 32, 32, 3) and y_train.dtype == np.int64
     assert x_test.shape == (2, 32, 32, 3)
+    builder.prepared = False
+    with pytest.raises(FileNotFoundError, match="pass download=True"):
+        load_cifar10(download=False)
+
+
+def test_tfds_offline_fails_fast_and_leaves_nothing(monkeypatch, tmp_path):
+    import socket
+
+    def unreachable(address, timeout):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    builder = FakeBuilder("fashion_mnist", str(tmp_path / "tfds"), [], prepared=False)
+    _fake_tfds(monkeypatch, builder)
+    with pytest.raises(ConnectionError, match=r"--data-dir DIR.*t10k-images"):
+        load_fashion_mnist()
+    assert not (tmp_path / "tfds").exists()
+
+
+def test_tfds_download_failing_midway_leaves_nothing(monkeypatch, tmp_path):
+    import socket
+
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: io.BytesIO())
+    root = tmp_path / "tfds"
+    (root / "downloads").mkdir(parents=True)
+    (root / "downloads" / "kept.gz").write_text("an earlier download")
+
+    def prepare(builder):
+        (root / "fashion_mnist" / "incomplete.X").mkdir(parents=True)
+        (root / "downloads" / "file.gz.tmp.1").write_text("partial")
+        raise ConnectionError("connection reset")
+
+    builder = FakeBuilder("fashion_mnist", str(root), [], False, prepare)
+    _fake_tfds(monkeypatch, builder)
+    with pytest.raises(ConnectionError, match="connection reset"):
+        load_fashion_mnist()
+    assert sorted(os.listdir(root)) == ["downloads"]
+    assert os.listdir(root / "downloads") == ["kept.gz"]
 
 
 # --------------------------------------------------------------------------
@@ -257,18 +314,15 @@ def test_fashion_mnist_errors(tmp_path):
         load_fashion_mnist(tmp_path)
 
 
-def test_fashion_mnist_tfds_fallback_squeezes_channel(monkeypatch):
-    import tensorflow_datasets as tfds
-
-    def fake_load(name, **kwargs):
-        assert name == "fashion_mnist" and kwargs["split"] == ["train", "test"]
-        return [
-            (np.ones((3, 28, 28, 1), np.uint8), np.arange(3)),
-            (np.ones((2, 28, 28, 1), np.uint8), np.arange(2)),
-        ]
-
-    monkeypatch.setattr(tfds, "load", fake_load)
+def test_fashion_mnist_tfds_fallback_squeezes_channel(monkeypatch, tmp_path):
+    splits = [
+        (np.ones((3, 28, 28, 1), np.uint8), np.arange(3)),
+        (np.ones((2, 28, 28, 1), np.uint8), np.arange(2)),
+    ]
+    builder = FakeBuilder("fashion_mnist", str(tmp_path), splits)
+    _fake_tfds(monkeypatch, builder)
     (x_train, _), (x_test, _) = load_fashion_mnist()
+    assert builder.requests[0][0] == ["train", "test"]
     assert x_train.shape == (3, 28, 28) and x_test.shape == (2, 28, 28)
 
 

@@ -30,6 +30,7 @@ MODULES = (
     "subic_keras.search.sharding",
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
+    "subic_keras.pixels",
 )
 
 
@@ -83,7 +84,7 @@ def test_numpy_only_modules_do_not_import_tensorflow():
     code = (
         "import sys, subic_keras.evaluation, subic_keras.protocols, "
         "subic_keras.scoring, subic_keras.search, subic_keras.baselines.quantizers, "
-        "subic_keras.baselines.uncompressed; "
+        "subic_keras.baselines.uncompressed, subic_keras.config, subic_keras.cli; "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

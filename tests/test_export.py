@@ -381,7 +381,7 @@ def test_refuses_models_that_are_not_subic(tiny, tmp_path):
             rf"'{plain.name}' .* layers \['fc0'\]",
         ):
             function(plain, *args)
-    with pytest.raises(ValueError, match="received a Functional named 'encoder'"):
+    with pytest.raises(ValueError, match="received a ImageModel named 'encoder'"):
         export_saved_model(tiny.encoder, str(tmp_path))
     with pytest.raises(TypeError, match="received dict"):
         export_saved_model({}, str(tmp_path))
@@ -612,14 +612,24 @@ def test_cli_export(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*arguments, "--version", "1"])
     assert exit_info.value.code == 2
-    assert "already exists; pass --overwrite" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli_main([*arguments, "--litert"])  # subic.tflite exists
-    assert sorted(os.listdir(out / "subic")) == ["1", "2"]  # nothing written
+    assert "version exists; pass --overwrite" in capsys.readouterr().err
+    # Exporting again writes the next version and replaces the LiteRT file
+    # with its encoder (export/README.md).
+    before = (out / "subic.tflite").stat().st_mtime_ns
+    assert cli_main([*arguments, "--litert"]) == 0
+    assert sorted(os.listdir(out / "subic")) == ["1", "2", "3"]
+    assert (out / "subic.tflite").stat().st_mtime_ns > before
+    assert f"{out / 'subic' / '3'}" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli_main([*arguments, "--int8"])
     assert "--int8 needs --representative-data" in capsys.readouterr().err
     assert cli_main([*arguments, "--version", "1", "--overwrite", "--litert"]) == 0
+    assert sorted(os.listdir(out)) == [
+        "digits",
+        "subic",
+        "subic.tflite",
+        "subic_int8.tflite",
+    ]
 
 
 def test_cli_help(capsys):

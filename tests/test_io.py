@@ -1,9 +1,20 @@
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
 
-from subic_keras._io import atomic_directory, atomic_path
+from subic_keras._io import (
+    TEMPORARY_MARK,
+    atomic_directory,
+    atomic_path,
+    remove_stale_temporaries,
+)
+from subic_keras.search import SubicIndex
 
 
 def _mode(path):
@@ -49,3 +60,91 @@ def test_atomic_directory(tmp_path):
         raise RuntimeError("failed export")
     assert (target / "saved_model.pb").exists()
     assert sorted(os.listdir(tmp_path)) == ["1"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temporaries_of_gone_writers_are_removed(tmp_path):
+    target = tmp_path / "db.subic"
+    stale = tmp_path / f".db.subic{TEMPORARY_MARK}{_dead_pid()}-abc.tmp"
+    live = tmp_path / f".db.subic{TEMPORARY_MARK}{os.getpid()}-def.tmp"
+    other = tmp_path / f".other.subic{TEMPORARY_MARK}{_dead_pid()}-ghi.tmp"
+    for path in (stale, live, other):
+        path.write_text("partial")
+    with atomic_path(target) as tmp, open(tmp, "w") as handle:
+        handle.write("new")
+    # Only the dead writer's temporary of this destination goes.
+    assert sorted(os.listdir(tmp_path)) == sorted(["db.subic", live.name, other.name])
+
+
+def test_directory_save_killed_midway_is_restored(tmp_path):
+    # Killed after moving the old version aside, before moving the new one in.
+    target = tmp_path / "1"
+    old = tmp_path / f".1{TEMPORARY_MARK}{_dead_pid()}-xyz.old"
+    old.mkdir()
+    (old / "saved_model.pb").write_text("old")
+    assert remove_stale_temporaries(target) == [old.name]
+    assert (target / "saved_model.pb").read_text() == "old"
+
+
+_SAVER = """
+import os, sys
+import numpy as np
+from subic_keras._io import atomic_directory
+from subic_keras.search import SubicIndex
+
+path, folder = sys.argv[1], sys.argv[2]
+versions = []
+for value in (3, 5):
+    index = SubicIndex(8, 16)
+    index.add(np.full((100_000, 8), value, np.int32))
+    versions.append(index)
+print("ready", flush=True)
+for i in range(10**6):
+    versions[i % 2].save(path)
+    with atomic_directory(folder, overwrite=True) as tmp:
+        for part in range(20):
+            with open(os.path.join(tmp, f"part{part}"), "w") as handle:
+                handle.write(str(i % 2) * 20_000)
+"""
+
+
+def _check_complete(path, folder) -> None:
+    if path.exists():
+        values = np.unique(SubicIndex.load(path).get_codes())
+        assert values.tolist() in ([3], [5])
+    remove_stale_temporaries(folder)  # what the next save does first
+    if folder.exists():
+        contents = {(folder / f"part{part}").read_text() for part in range(20)}
+        assert len(contents) == 1 and contents.pop() in ("0" * 20_000, "1" * 20_000)
+
+
+def test_saves_killed_at_random_points_leave_a_complete_file(tmp_path):
+    path, folder = tmp_path / "db.subic", tmp_path / "export"
+    rng = np.random.default_rng(0)
+    litter = 0
+    for _ in range(30):
+        saver = subprocess.Popen(
+            [sys.executable, "-c", _SAVER, str(path), str(folder)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert saver.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.15))
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+        saver.stdout.close()
+        litter += sum(TEMPORARY_MARK in name for name in os.listdir(tmp_path))
+        _check_complete(path, folder)
+    # The next saves leave no temporary behind, whatever the kills left.
+    index = SubicIndex(8, 16)
+    index.add(np.zeros((10, 8), np.int32))
+    index.save(path)
+    with atomic_directory(folder, overwrite=True) as tmp:
+        (open(os.path.join(tmp, "part0"), "w")).close()
+    assert sorted(os.listdir(tmp_path)) == ["db.subic", "export"]
+    assert litter > 0  # the kills did interrupt saves

@@ -14,6 +14,7 @@ import keras
 from subic_keras._validation import check_int
 from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.models import attach_backbone
+from subic_keras.pixels import ImageModel
 
 LATENT = "latent"
 LOGITS = "logits"
@@ -118,7 +119,7 @@ def build_dlbhc(
     probs = keras.layers.Activation("softmax", dtype="float32", name=CLASS_PROBS)(
         logits
     )
-    dlbhc = DLBHC(keras.Model(inputs, probs, name=name))
+    dlbhc = DLBHC(ImageModel(inputs, probs, name=name))
     if optimizer is not None:
         dlbhc.compile(optimizer)
     return dlbhc

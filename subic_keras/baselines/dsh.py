@@ -19,6 +19,7 @@ from keras import ops
 from subic_keras._validation import check_int, check_non_negative
 from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.models import attach_backbone
+from subic_keras.pixels import ImageModel
 
 RELAXED_CODES = "relaxed_codes"
 
@@ -246,7 +247,7 @@ def build_dsh(
     inputs, features = attach_backbone(backbone, input_shape, preprocessing)
     # float32 codes under mixed precision: the loss squares them.
     relaxed = keras.layers.Dense(bits, dtype="float32", name=RELAXED_CODES)(features)
-    dsh = DSH(keras.Model(inputs, relaxed, name=name), margin=margin, alpha=alpha)
+    dsh = DSH(ImageModel(inputs, relaxed, name=name), margin=margin, alpha=alpha)
     if optimizer is not None:
         dsh.compile(optimizer)
     return dsh

@@ -18,6 +18,7 @@ from keras import ops
 from subic_keras._validation import check_int
 from subic_keras.datasets import as_model_inputs
 from subic_keras.evaluation import hamming_scores
+from subic_keras.pixels import ImageModel
 from subic_keras.scoring import Scorer
 
 
@@ -184,7 +185,7 @@ class HashingNetwork(Scorer):
             ) from error
         self.train_model = train_model
         self.bits = int(codes.output.shape[-1])
-        self.encoder = keras.Model(
+        self.encoder = ImageModel(
             train_model.inputs,
             Binarize(threshold, name="bits")(codes.output),
             name="encoder",

@@ -1,0 +1,45 @@
+"""The `subic` command line: quickstart, train, index build, search, evaluate,
+export.
+
+Parsing, `--help` and argument errors load no TensorFlow (`parser`); a
+command imports what it needs when it runs (`commands`), with TensorFlow's
+start-up log lines hidden unless `--verbose` or `SUBIC_DEBUG=1` asks. A
+user's mistake (a missing, unreadable or corrupt file, a directory where a
+file belongs, a non-image, a bad value) is one line on standard error,
+`subic <command>: error: <what went wrong> (<path>)`, with exit status 2;
+`--verbose` or `SUBIC_DEBUG=1` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from subic_keras.cli.console import (
+    USER_ERRORS,
+    debug_requested,
+    describe,
+    quiet_imports,
+)
+from subic_keras.cli.parser import build_parser
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `subic` with `argv` (default: `sys.argv[1:]`); returns the exit
+    status, or exits with 2 on a user's mistake."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = debug_requested(args.verbose)
+    try:
+        with quiet_imports(not debug):
+            commands = importlib.import_module("subic_keras.cli.commands")
+        return getattr(commands, args.run)(args)
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        parser.exit(2, f"subic {args.command_name}: error: {describe(error)}\n")
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        parser.exit(130, f"subic {args.command_name}: interrupted\n")

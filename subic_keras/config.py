@@ -1,0 +1,176 @@
+"""The settings of SuBiC's training, with no TensorFlow import.
+
+`Recipe` holds the budgets and weights of the two-stage recipe
+(`subic_keras.recipe`), `TrainConfig` everything `subic train` needs. They
+live apart from the code that trains so that the command line can show its
+options and defaults, and check them, without loading TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from subic_keras._validation import check_block_shape, check_int, check_non_negative
+
+# The datasets `subic train` and `datasets.load_images` read by name.
+DATASETS = ("digits", "cifar10", "fashion_mnist")
+# The backbones of `TrainConfig.backbone`.
+BACKBONES = ("auto", "dsh_cnn", "mlp")
+# The queries of asymmetric search: FC0's output `z` (Sec. 3.3) or FC1's
+# kernel times the class posterior.
+QUERY_KINDS = ("fc0", "class_posterior")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The budgets and weights of SuBiC's two-stage recipe (the docstring of
+    `subic_keras.recipe` says how each default was chosen).
+
+    Attributes:
+        pretrain_epochs: epochs of classifier pre-training; 0 skips it.
+        epochs: epochs of the SuBiC stage, >= 1.
+        gamma, mu: the entropy weights `γ`, `μ` of Eq. 8.
+        warmup_fraction: the fraction of the SuBiC epochs over which `γ` and
+            `μ` ramp up from 0.
+        learning_rate: Adam's rate in both stages, ×0.1 after 75% of a
+            stage's steps.
+        batch_size: images per batch in both stages.
+        augment: random flips and shifts of image inputs in both stages.
+    """
+
+    pretrain_epochs: int = 50
+    epochs: int = 5
+    gamma: float = 0.3
+    mu: float = 0.3
+    warmup_fraction: float = 1 / 3
+    learning_rate: float = 1e-3
+    batch_size: int = 200
+    augment: bool = True
+
+    def __post_init__(self):
+        check_int("pretrain_epochs", self.pretrain_epochs, minimum=0)
+        check_int("epochs", self.epochs, minimum=1)
+        check_non_negative("gamma", self.gamma)
+        check_non_negative("mu", self.mu)
+        check_int("batch_size", self.batch_size, minimum=1)
+        if not 0 <= self.warmup_fraction <= 1:
+            raise ValueError(
+                f"warmup_fraction must be in [0, 1], received {self.warmup_fraction!r}"
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"learning_rate must be > 0, received {self.learning_rate!r}"
+            )
+
+    @property
+    def warmup_epochs(self) -> float:
+        return self.warmup_fraction * self.epochs
+
+
+# `subic train`'s defaults are the recipe's.
+_RECIPE = Recipe()
+
+
+def default_cache_dir() -> str:
+    """Where `subic train` caches pre-trained backbones: `$SUBIC_CACHE_DIR`, or
+    `~/.cache/subic-keras`."""
+    return os.environ.get("SUBIC_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "subic-keras"
+    )
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything `train` needs; the CLI's flags map one to one onto it.
+
+    The defaults are the recipe of `subic_keras.recipe` (its docstring says
+    how each was chosen): 48-bit codes of 8 blocks of 64, the backbone
+    pre-trained as a classifier for 50 epochs, then 5 SuBiC epochs with
+    `γ = μ = 0.3` ramped in over the first third, selection by validation
+    retrieval mAP and the query chosen on validation.
+
+    Attributes:
+        dataset: `"digits"` (bundled, offline), `"cifar10"` or
+            `"fashion_mnist"`.
+        data_dir: a directory in the dataset's standard layout; `None` uses
+            tensorflow-datasets (network needed once) for CIFAR-10 and
+            Fashion-MNIST.
+        num_blocks, block_size: `M` and `K`; codes have `M·log2 K` bits.
+        gamma, mu: weights of the mean and batch block entropies (Eq. 8).
+        pretrain_epochs: epochs of classifier pre-training (0: none).
+        epochs: epochs of the SuBiC stage.
+        batch_size, learning_rate: Adam's schedule in both stages; the
+            learning rate drops ×0.1 after 75% of a stage's steps.
+        warmup_epochs: SuBiC epochs over which γ and μ ramp up from 0, at
+            most `epochs`; `None` is a third of `epochs`.
+        validation_size: fraction or count of training images held out for
+            model selection (never the test set); the split is the same for
+            every seed, so that seeds are compared on the same images.
+        backbone: `"dsh_cnn"`, `"mlp"`, or `"auto"` (MLP for 8×8 digits, the
+            DSH CNN otherwise).
+        augment: random flips and shifts during training; `None` turns them
+            on for images of at least 16×16 pixels.
+        max_train_images: train on the first `n` training images only
+            (quick runs); the test split is always whole.
+        seed: seed of the initial weights, the data order and augmentation.
+        output_dir: where `best.keras`, `summary.json` and TensorBoard logs go.
+        cache_dir: where pre-trained backbones are cached, keyed by
+            everything they depend on; `None` is `default_cache_dir()`.
+    """
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    num_blocks: int = 8
+    block_size: int = 64
+    gamma: float = _RECIPE.gamma
+    mu: float = _RECIPE.mu
+    pretrain_epochs: int = _RECIPE.pretrain_epochs
+    epochs: int = _RECIPE.epochs
+    batch_size: int = _RECIPE.batch_size
+    learning_rate: float = _RECIPE.learning_rate
+    warmup_epochs: float | None = None
+    validation_size: float = 0.1
+    backbone: str = "auto"
+    augment: bool | None = None
+    max_train_images: int | None = None
+    seed: int = 0
+    output_dir: str = "subic_run"
+    cache_dir: str | None = None
+
+    def __post_init__(self):
+        if self.dataset not in DATASETS:
+            raise ValueError(
+                f"dataset must be one of {DATASETS}, received {self.dataset!r}"
+            )
+        if self.backbone not in BACKBONES:
+            raise ValueError(
+                f"backbone must be one of {BACKBONES}, received {self.backbone!r}"
+            )
+        check_block_shape(self.num_blocks, self.block_size)
+        check_int("epochs", self.epochs, minimum=1)
+        if self.warmup_epochs is not None:
+            check_non_negative("warmup_epochs", self.warmup_epochs)
+            if self.warmup_epochs > self.epochs:
+                raise ValueError(
+                    f"warmup_epochs must be at most epochs ({self.epochs}), "
+                    f"received {self.warmup_epochs}"
+                )
+        if self.max_train_images is not None:
+            check_int("max_train_images", self.max_train_images, minimum=2)
+        self.recipe()  # validates the budgets and weights
+
+    def recipe(self, augment: bool = True) -> Recipe:
+        """The `Recipe` of this configuration (`augment` when `self.augment`
+        is `None`)."""
+        warmup = self.epochs / 3 if self.warmup_epochs is None else self.warmup_epochs
+        return Recipe(
+            pretrain_epochs=self.pretrain_epochs,
+            epochs=self.epochs,
+            gamma=self.gamma,
+            mu=self.mu,
+            warmup_fraction=warmup / self.epochs,
+            learning_rate=self.learning_rate,
+            batch_size=self.batch_size,
+            augment=augment if self.augment is None else self.augment,
+        )
