@@ -136,8 +136,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     """
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(parent):
-        remove_stale_temporaries(path)
+    remove_stale_temporaries(path)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(
             f"path already exists: {path!r}; pass overwrite=True to replace it"
@@ -162,6 +161,17 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
         raise
 
 
+def check_file(path: str | os.PathLike, kind: str) -> str:
+    """`path` if it names a file; otherwise the `OSError` that says which
+    `kind` of file was expected (`"model file not found (m.keras)"`)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"a directory, not a {kind}", path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"{kind} not found", path)
+    return path
+
+
 def load_keras_file(path: str | os.PathLike, compile: bool = True):
     """`keras.saving.load_model(path)`, with errors that say what the file is.
 
@@ -178,13 +188,7 @@ def load_keras_file(path: str | os.PathLike, compile: bool = True):
 
     import keras
 
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(
-            errno.EISDIR, "a directory, not a .keras model file", path
-        )
-    if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, "model file not found", path)
+    path = check_file(path, "model file")
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())

@@ -24,6 +24,7 @@ import pytest
 from subic_keras import build_subic
 from subic_keras.cli import main
 from subic_keras.cli.commands import _read_query_images
+from subic_keras.export import load_subic
 from subic_keras.search import ShardedSubicIndex, SubicIndex
 
 SCALE = int(os.environ.get("SUBIC_FUZZ_SCALE", "1"))
@@ -267,10 +268,7 @@ def _keras_variant(kind: str, seed: int):
             with zipfile.ZipFile(buffer, "w") as archive:
                 archive.writestr("metadata.json", "{}")
             data = buffer.getvalue()
-        path = _write(world, f"model_{kind}_{seed}.keras", data)
-        from subic_keras.export import load_subic
-
-        return load_subic(path)
+        return load_subic(_write(world, f"model_{kind}_{seed}.keras", data))
 
     return run
 
@@ -282,7 +280,7 @@ for _seed in range(12 * SCALE):
         )
 case("keras-no-config", ValueError, "no config.json")(_keras_variant("no-config", 0))
 case("keras-directory", IsADirectoryError, "a directory")(
-    lambda world: __import__("subic_keras.export").export.load_subic(world["root"])
+    lambda world: load_subic(world["root"])
 )
 
 

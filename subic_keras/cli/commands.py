@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from subic_keras import evaluation, protocols, retrieval
-from subic_keras._io import atomic_path
+from subic_keras._io import atomic_path, check_file
 from subic_keras._validation import check_int
 from subic_keras.cli.parser import config_from_args
 from subic_keras.datasets import load_images
@@ -158,7 +158,7 @@ def _read_npy(path: str, shape) -> np.ndarray:
         array = np.load(path, allow_pickle=False)
     except (ValueError, EOFError) as error:
         raise ValueError(f"not a NumPy .npy array ({error}) ({path})") from None
-    if array.ndim == len(shape) - 1 or (len(shape) == 3 and array.ndim == 2):
+    if array.ndim == len(shape) - 1:
         array = array[None]  # one image
     if array.ndim == len(shape) and len(shape) == 3:
         array = array[..., None]  # grey images without a channel axis
@@ -197,10 +197,7 @@ def _read_query_images(paths: list[str], shape) -> tuple[list[str], np.ndarray]:
     shape = tuple(shape)
     names, batches = [], []
     for path in paths:
-        if os.path.isdir(path):
-            raise IsADirectoryError(21, "a directory, not an image file", path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(2, "query image file not found", path)
+        check_file(path, "query image file")
         if path.endswith(".npy"):
             array = _read_npy(path, shape)
             names += [f"{path}[{i}]" for i in range(len(array))]
