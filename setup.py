@@ -41,6 +41,7 @@ setup(
         "test": [
             "pytest>=7.4",
             "ruff>=0.5",
+            "mypy>=1.10",  # .ci/run type-checks subic_keras (pyproject.toml)
             "ai-edge-litert>=1.0",
             "nbclient>=0.10",
             "nbformat>=5.9",

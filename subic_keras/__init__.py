@@ -86,8 +86,8 @@ def __getattr__(name: str):
     module = _NAMES.get(name, name)
     if module in _KERAS_MODULES:
         _register_keras_objects()
-    module = importlib.import_module(f"{__name__}.{module}")
-    value = module if name in _SUBMODULES else getattr(module, name)
+    loaded = importlib.import_module(f"{__name__}.{module}")
+    value = loaded if name in _SUBMODULES else getattr(loaded, name)
     globals()[name] = value
     return value
 

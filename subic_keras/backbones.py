@@ -140,7 +140,10 @@ def _check_image_shape(name: str, shape) -> tuple[int, int, int]:
         raise ValueError(
             f"{name} must be a (height, width, channels) tuple, received {shape!r}"
         )
-    return tuple(check_int(f"{name}[{i}]", v, minimum=1) for i, v in enumerate(shape))
+    height, width, channels = (
+        check_int(f"{name}[{i}]", v, minimum=1) for i, v in enumerate(shape)
+    )
+    return height, width, channels
 
 
 def _caffe_pool(x, kind: str, name: str):
@@ -550,7 +553,10 @@ class LiteRTFeatureExtractor:
         scale, zero_point = self._input_quantization
         if self._input_dtype.kind in "iu" and scale > 0:
             # Raw pixels fill the integer range: q = pixel + qmin.
-            default = (zero_point - np.iinfo(self._input_dtype).min, 1.0 / scale)
+            default = (
+                float(zero_point - np.iinfo(self._input_dtype).min),
+                1.0 / scale,
+            )
         elif self._input_dtype.kind == "f":
             default = (127.5, 127.5)
         else:
@@ -676,7 +682,7 @@ class LiteRTFeatureExtractor:
     def _cache_key(self, images: np.ndarray) -> str:
         key = hashlib.sha256()
         key.update(self._model_digest.encode())
-        key.update(hashlib.sha256(np.ascontiguousarray(images)).digest())
+        key.update(hashlib.sha256(np.ascontiguousarray(images).data).digest())
         key.update(
             repr(
                 (

@@ -882,16 +882,14 @@ def make_dataset(
         # parallel map, and fresh on every pass over the dataset.
         batch_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
         dataset = tf.data.Dataset.zip((indices, batch_seeds))
-
-        def load(idx, batch_seed):
-            batch = _augment_batch(tf.gather(images_t, idx), batch_seed)
-            return standardize_batch(batch), tf.gather(labels_t, idx)
-
     else:
         dataset = indices
 
-        def load(idx):
-            return standardize_batch(tf.gather(images_t, idx)), tf.gather(labels_t, idx)
+    def load(idx, batch_seed=None):
+        batch = tf.gather(images_t, idx)
+        if batch_seed is not None:
+            batch = _augment_batch(batch, batch_seed)
+        return standardize_batch(batch), tf.gather(labels_t, idx)
 
     dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return dataset.prefetch(tf.data.AUTOTUNE)

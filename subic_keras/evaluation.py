@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -165,6 +165,23 @@ class _Ranking(NamedTuple):
     in_group: np.ndarray | None
     num_relevant: np.ndarray
 
+    def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`(start, size, before, in_group)`, kept by every tie rule but "index"."""
+        if (
+            self.start is None
+            or self.size is None
+            or self.before is None
+            or self.in_group is None
+        ):
+            raise ValueError('ties="index" keeps no tie groups')
+        return self.start, self.size, self.before, self.in_group
+
+    def ranked_relevance(self) -> np.ndarray:
+        """`relevant`, kept by every tie rule but "expected"."""
+        if self.relevant is None:
+            raise ValueError('ties="expected" keeps no ranked relevance')
+        return self.relevant
+
 
 def _rank(scores: np.ndarray, relevant: np.ndarray, ties: str) -> _Ranking:
     rows, n = scores.shape
@@ -238,10 +255,11 @@ def _expected_terms(r: _Ranking) -> np.ndarray:
     (j - 1)(r - 1)/(n - 1) of the other r - 1 relevant items (hypergeometric).
     Hence E[rel(p) * #relevant in 1..p] = (r/n)(c + 1 + (j - 1)(r - 1)/(n - 1)).
     """
-    position = np.arange(r.start.shape[1])
-    slope = np.where(r.size > 1, (r.in_group - 1) / np.maximum(r.size - 1, 1), 0.0)
-    expected_hits = r.before + 1 + slope * (position - r.start)
-    return (r.in_group / r.size) * expected_hits / (position + 1)
+    start, size, before, in_group = r.groups()
+    position = np.arange(start.shape[1])
+    slope = np.where(size > 1, (in_group - 1) / np.maximum(size - 1, 1), 0.0)
+    expected_hits = before + 1 + slope * (position - start)
+    return (in_group / size) * expected_hits / (position + 1)
 
 
 def _nan_where_none_relevant(values: np.ndarray, num_relevant: np.ndarray):
@@ -270,7 +288,8 @@ def _ap_top_k(r: _Ranking, k: int, harmonic: np.ndarray) -> np.ndarray:
 
     # "expected": only the tie group that straddles rank k is uncertain.
     terms = _expected_terms(r)
-    start = r.start[:, k - 1]
+    starts, sizes, befores, in_groups = r.groups()
+    start = starts[:, k - 1]
     in_front = np.arange(terms.shape[1]) < start[:, None]
     settled = np.where(in_front, terms, 0.0).sum(axis=1)
     ap = np.zeros(len(start))
@@ -279,10 +298,10 @@ def _ap_top_k(r: _Ranking, k: int, harmonic: np.ndarray) -> np.ndarray:
             continue
         ap[row] = _expected_ap_at_cut(
             settled=settled[row],
-            before=int(r.before[row, k - 1]),
+            before=int(befores[row, k - 1]),
             start=int(start[row]),
-            size=int(r.size[row, k - 1]),
-            in_group=int(r.in_group[row, k - 1]),
+            size=int(sizes[row, k - 1]),
+            in_group=int(in_groups[row, k - 1]),
             taken=k - int(start[row]),
             harmonic=harmonic,
         )
@@ -333,7 +352,7 @@ def _expected_ap_at_cut(
 
 
 def _ap_interpolated(r: _Ranking, levels: int) -> np.ndarray:
-    hits = np.cumsum(r.relevant, axis=1)
+    hits = np.cumsum(r.ranked_relevance(), axis=1)
     precision = hits / np.arange(1, hits.shape[1] + 1)
     # Best precision at this rank or any later one (recall only grows).
     best_after = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
@@ -355,8 +374,9 @@ def _hits_at(r: _Ranking, cutoffs: np.ndarray) -> np.ndarray:
     if r.relevant is not None:
         return np.cumsum(r.relevant, axis=1)[:, cutoffs - 1].astype(np.float64)
     p = cutoffs - 1
-    taken = p - r.start[:, p] + 1
-    return r.before[:, p] + r.in_group[:, p] * taken / r.size[:, p]
+    start, size, before, in_group = r.groups()
+    taken = p - start[:, p] + 1
+    return before[:, p] + in_group[:, p] * taken / size[:, p]
 
 
 def _prepare(scores, query_labels, database_labels, ties, chunk_size):
@@ -746,7 +766,9 @@ def evaluate_retrieval(
     ap, hits, num_relevant = _per_query(
         scores, query, database, ties, chunk_size, ap=mode, cutoffs=cutoffs
     )
-    result = {"map": float(_mean_over_queries(ap, "evaluate_retrieval"))}
+    result: dict[str, Any] = {
+        "map": float(_mean_over_queries(ap, "evaluate_retrieval"))
+    }
     keep = num_relevant > 0
     precision = (hits[keep] / cutoffs).mean(axis=0)
     recall = (hits[keep] / num_relevant[keep, None]).mean(axis=0)

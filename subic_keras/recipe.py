@@ -180,7 +180,7 @@ def _digest(*arrays) -> str:
     for array in arrays:
         array = np.ascontiguousarray(array)
         hasher.update(f"{array.dtype.str}{array.shape}".encode())
-        hasher.update(memoryview(array).cast("B"))
+        hasher.update(array.data.cast("B"))
     return hasher.hexdigest()
 
 
@@ -371,19 +371,9 @@ def pretrain_backbone(
     key = pretraining_key(
         backbone, preprocessing, images, labels, validation, num_classes, recipe, seed
     )
-    weights_path = record_path = partial = None
-    if cache_dir is not None:
-        cache_dir = os.path.expanduser(os.fspath(cache_dir))
-        try:
-            os.makedirs(cache_dir, exist_ok=True)
-        except OSError as error:
-            raise ValueError(
-                f"cache_dir must be a directory that can be created or written, "
-                f"received {cache_dir!r} ({error.strerror})"
-            ) from error
-        weights_path = os.path.join(cache_dir, f"pretrain-{key}.weights.h5")
-        record_path = os.path.join(cache_dir, f"pretrain-{key}.json")
-        partial = os.path.join(cache_dir, f"pretrain-{key}.partial")
+    paths = None if cache_dir is None else _cache_paths(cache_dir, key)
+    if paths is not None:
+        weights_path, record_path, _ = paths
         if os.path.isfile(record_path) and os.path.isfile(weights_path):
             backbone.load_weights(weights_path)
             with open(record_path) as handle:
@@ -398,11 +388,15 @@ def pretrain_backbone(
     selector = BestWeights("val_accuracy", mode="max")
     stage_callbacks = [selector, keras.callbacks.TerminateOnNaN(), *callbacks]
     initial_epoch = 0
-    if partial is not None:
+    if paths is not None:
+        partial = paths[2]
         initial_epoch = _resume(classifier, selector, partial, recipe.pretrain_epochs)
         stage_callbacks.insert(1, _Progress(partial, selector))
     fit_data = training_data(images, labels, recipe, seed)
-    val_data = fit_dataset(*validation, 256, shuffle=False, augment=False, seed=seed)
+    val_images, val_labels = validation
+    val_data = fit_dataset(
+        val_images, val_labels, 256, shuffle=False, augment=False, seed=seed
+    )
     classifier.fit(
         fit_data,
         validation_data=val_data,
@@ -431,17 +425,38 @@ def pretrain_backbone(
         "num_validation": len(validation[1]),
         "num_classes": num_classes,
     }
-    if cache_dir is not None:
-        with atomic_path(weights_path, suffix=".weights.h5") as tmp:
-            backbone.save_weights(tmp)
-        with atomic_path(record_path, suffix=".json") as tmp:
-            with open(tmp, "w") as handle:
-                json.dump(record, handle, indent=2)
-        for path in glob.glob(os.path.join(partial, "*")):
-            os.remove(path)
-        with contextlib.suppress(OSError):
-            os.rmdir(partial)
+    if paths is not None:
+        _save_pretraining(backbone, record, *paths)
     return {**record, "cached": False}
+
+
+def _cache_paths(cache_dir: str, key: str) -> tuple[str, str, str]:
+    """The pre-training's weights, record and resumable-snapshot paths."""
+    cache_dir = os.path.expanduser(os.fspath(cache_dir))
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"cache_dir must be a directory that can be created or written, "
+            f"received {cache_dir!r} ({error.strerror})"
+        ) from error
+    stem = os.path.join(cache_dir, f"pretrain-{key}")
+    return f"{stem}.weights.h5", f"{stem}.json", f"{stem}.partial"
+
+
+def _save_pretraining(
+    backbone, record: dict, weights_path: str, record_path: str, partial: str
+) -> None:
+    """Writes the cache entry, then drops the resumable snapshot."""
+    with atomic_path(weights_path, suffix=".weights.h5") as tmp:
+        backbone.save_weights(tmp)
+    with atomic_path(record_path, suffix=".json") as tmp:
+        with open(tmp, "w") as handle:
+            json.dump(record, handle, indent=2)
+    for path in glob.glob(os.path.join(partial, "*")):
+        os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(partial)
 
 
 def _fresh_copy(layer: keras.layers.Layer | None):
@@ -561,12 +576,13 @@ def train_subic(
         optimizer=None,
     )
     subic.compile(stage_optimizer(recipe, len(images), recipe.epochs))
-    validator = RetrievalValidation(subic, *validation, queries=QUERY_KINDS)
+    val_images, val_labels = validation
+    validator = RetrievalValidation(subic, val_images, val_labels, queries=QUERY_KINDS)
     selector = BestWeights(f"val_map_{QUERY_KINDS[0]}", mode="max")
     history = subic.train_model.fit(
         training_data(images, labels, recipe, seed),
         validation_data=fit_dataset(
-            *validation, 256, shuffle=False, augment=False, seed=seed
+            val_images, val_labels, 256, shuffle=False, augment=False, seed=seed
         ),
         epochs=recipe.epochs,
         callbacks=[

@@ -208,8 +208,9 @@ def _check_search(k):
         scores, ids = result
         expected, _ = _exact_top(world, queries, k)
         found = min(k, len(world["index"]))
-        np.testing.assert_allclose(scores[:, :found], expected, rtol=1e-5, atol=1e-5)
-        assert (ids[:, found:] == -1).all() and (ids[:, :found] >= 0).all()
+        assert scores.shape == ids.shape == (len(queries), found)
+        np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
+        assert (ids >= 0).all()
 
     return check
 

@@ -8,6 +8,7 @@ faiss's `IndexBinaryFlat` (`hamming_search`, for the top `k`).
 
 from __future__ import annotations
 
+import abc
 import numbers
 
 import faiss
@@ -190,15 +191,20 @@ class HashingNetwork(Scorer):
             Binarize(threshold, name="bits")(codes.output),
             name="encoder",
         )
-        head = {code_layer, *head}
+        head_names = {code_layer, *head}
         trunk = [
             layer
             for layer in train_model.layers
-            if layer.name not in head and not isinstance(layer, keras.layers.InputLayer)
+            if layer.name not in head_names
+            and not isinstance(layer, keras.layers.InputLayer)
         ]
         # Functional layers are in topological order: a preprocessing layer,
         # if any, comes before the backbone.
         self.backbone = trunk[-1] if trunk else None
+
+    @abc.abstractmethod
+    def compile(self, optimizer="adam", **kwargs) -> keras.Model:
+        """Compiles `train_model` with the method's loss; returns it."""
 
     def encode(self, images, batch_size: int = 256, packed: bool = False) -> np.ndarray:
         """Binary codes of `images`.

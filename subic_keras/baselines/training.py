@@ -73,7 +73,8 @@ def train_hashing(
     recipe = Recipe() if recipe is None else recipe
     start = time.time()
     images = np.asarray(images)
-    validator = RetrievalValidation(network, *validation, queries=None)
+    val_images, val_labels = validation
+    validator = RetrievalValidation(network, val_images, val_labels, queries=None)
     selector = BestWeights("val_map", mode="max")
     network.compile(stage_optimizer(recipe, len(images), recipe.epochs))
     history = network.train_model.fit(

@@ -223,17 +223,15 @@ def run_search(args) -> int:
     shape = subic.train_model.inputs[0].shape[1:]
     names, images = _read_query_images(args.images, shape)
     queries = subic.query(images, kind=args.query)
-    # Beyond the index's size there is nothing to print: searching for more
-    # would only allocate padding (bounded memory whatever -k says).
-    scores, ids = index.search(queries, max(1, min(args.k, len(index))))
+    # At most len(index) columns come back, whatever -k says.
+    scores, ids = index.search(queries, args.k)
     for name, row_scores, row_ids in zip(names, scores, ids):
-        found = row_ids >= 0
         print(
             json.dumps(
                 {
                     "query": name,
-                    "ids": row_ids[found].tolist(),
-                    "scores": [round(float(v), 6) for v in row_scores[found]],
+                    "ids": row_ids.tolist(),
+                    "scores": [round(float(v), 6) for v in row_scores],
                 }
             )
         )

@@ -13,8 +13,12 @@ Conventions, shared by every backend:
   by insertion order (earlier first). Which of several items tied exactly at
   the k-th score make the cut is up to the backend: deterministic for a
   given database and query batch, but not specified.
-- Missing results. When `k > len(backend)` the extra slots hold id `-1` and
-  score `-inf` (`search`) or `-1` (`search_codes`), as faiss does.
+- Result width. Results have `min(k, len(backend))` columns: a `k` beyond
+  the database returns what it holds, so no `k` costs more memory than
+  ranking every item.
+- Missing results. A slot without an item (in `merge_results`, when the
+  merged lists hold fewer than `k` items) has id `-1` and score `-inf`
+  (`search`) or `-1` (`search_codes`), as faiss does.
 - Ids are int64 and `>= 0`; `add` without ids continues after the largest id
   present. A rejected `add` or `remove` leaves the database as it was.
 """
@@ -64,8 +68,8 @@ class Searcher(abc.ABC):
             k: results per query, >= 1.
 
         Returns:
-            `(scores, ids)`: float32 `(nq, k)` and int64 `(nq, k)`, sorted
-            and padded as the module docstring states.
+            `(scores, ids)`: float32 and int64 `(nq, min(k, len(self)))`,
+            sorted as the module docstring states.
         """
 
     def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,14 +80,16 @@ class Searcher(abc.ABC):
 
         Args:
             codes: query codes, in any form `check_codes` accepts.
-            k: results per query, >= 1. Missing slots get id -1 and score -1.
+            k: results per query, >= 1.
 
         Returns:
-            `(scores, ids)`: int32 `(nq, k)` and int64 `(nq, k)`.
+            `(scores, ids)`: int32 and int64 `(nq, min(k, len(self)))`.
         """
         k = check_int("k", k, minimum=1)
         codes = check_codes("codes", codes, self.num_blocks, self.block_size)
-        return search_codes_with(self.search, codes, k, self.block_size, 1024)
+        return search_codes_with(
+            self.search, codes, min(k, len(self)), self.block_size, 1024
+        )
 
 
 class SearchBackend(Searcher):
@@ -330,14 +336,22 @@ def search_codes_with(
     block_size: int,
     chunk: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric search through an asymmetric `search(queries, k)`."""
+    """Symmetric search through an asymmetric `search(queries, k)`.
+
+    The result has `k` columns; slots a search leaves empty (the database
+    shrank meanwhile) hold id -1 and score -1.
+    """
     scores = np.full((len(codes), k), -1, dtype=np.int32)
     ids = np.full((len(codes), k), -1, dtype=np.int64)
+    if not k:
+        return scores, ids
     for start in range(0, len(codes), chunk):
         rows = slice(start, start + chunk)
-        found_scores, ids[rows] = search(one_hot(codes[rows], block_size), k)
-        valid = ids[rows] >= 0
-        scores[rows] = np.where(
-            valid, np.rint(np.where(valid, found_scores, 0)), -1
-        ).astype(np.int32)
+        found_scores, found_ids = search(one_hot(codes[rows], block_size), k)
+        width = min(k, found_ids.shape[1])
+        valid = found_ids[:, :width] >= 0
+        ids[rows, :width] = np.where(valid, found_ids[:, :width], -1)
+        scores[rows, :width] = np.where(
+            valid, np.rint(np.where(valid, found_scores[:, :width], 0)), -1
+        )
     return scores, ids

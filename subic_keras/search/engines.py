@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import faiss
 import numpy as np
@@ -244,9 +245,9 @@ class FlatEngine:
         padded[:, : self.num_blocks] = codes
         if group == 1:
             return padded
-        padded = padded.reshape(len(codes), -1, group)
+        grouped = padded.reshape(len(codes), -1, group)
         shifts = (np.arange(group) * self.nbits).astype(np.uint8)
-        return np.bitwise_or.reduce(padded << shifts, axis=-1).astype(np.uint8)
+        return np.bitwise_or.reduce(grouped << shifts, axis=-1).astype(np.uint8)
 
 
 # Position of vector j (mod 16) inside a 16-byte half of a fast-scan block:
@@ -258,6 +259,9 @@ _FAST_SCAN_IMPLEM = 15
 
 class FastScanEngine:
     """4-bit SIMD shortlist with faiss `IndexPQFastScan`, exact re-scoring."""
+
+    num_blocks: int
+    index: Any
 
     def __init__(self, num_blocks: int, block_size: int, shortlist: int | None):
         _check_fast_scan_layout()
@@ -336,8 +340,10 @@ class FastScanEngine:
         # items score above it, rank those rows by an exact scan instead.
         short = np.flatnonzero((candidates < 0).any(axis=1))
         for start in range(0, len(short), 64):
-            rows = short[start : start + 64]
-            scores[rows], positions[rows] = self._scan(queries[rows], k)
+            short_rows = short[start : start + 64]
+            scores[short_rows], positions[short_rows] = self._scan(
+                queries[short_rows], k
+            )
         return scores, positions
 
     def _rescore(self, queries, candidates, k):
@@ -383,6 +389,10 @@ class _ShardsMixin:
     codes read back from the shard that holds each position.
     """
 
+    # Copied from the first engine; declared for the type checker.
+    num_blocks: int
+    index: Any
+
     def __init__(self, engines: Sequence):
         first = engines[0]
         vars(self).update(vars(first))
@@ -417,7 +427,7 @@ class _ShardedFastScan(_ShardsMixin, FastScanEngine):
     pass
 
 
-_SHARDED_ENGINES = {
+_SHARDED_ENGINES: dict[type, Callable[[Sequence], FlatEngine | FastScanEngine]] = {
     FlatEngine: _ShardedFlat,
     FastScanEngine: _ShardedFastScan,
 }
@@ -455,15 +465,14 @@ def _check_fast_scan_layout() -> None:
 def top_k(
     engine, ids: np.ndarray, queries: np.ndarray, k: int, chunk: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k ids of `engine` (positions mapped through `ids`), padded with -1."""
-    scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-    found_ids = np.full((len(queries), k), -1, dtype=np.int64)
+    """Top-`min(k, n)` of `engine`, positions mapped through `ids`."""
     found = min(k, engine.ntotal)
+    scores = np.empty((len(queries), found), dtype=np.float32)
+    found_ids = np.empty((len(queries), found), dtype=np.int64)
     if not found:
         return scores, found_ids
     for start in range(0, len(queries), chunk):
         rows = slice(start, start + chunk)
-        chunk_scores, positions = engine.search(queries[rows], found)
-        scores[rows, :found] = chunk_scores
-        found_ids[rows, :found] = ids[positions]
+        scores[rows], positions = engine.search(queries[rows], found)
+        found_ids[rows] = ids[positions]
     return scores, found_ids

@@ -40,7 +40,7 @@ class ShardedSubicIndex(Searcher):
     """Searches several `SubicIndex` shards as one, through faiss `IndexShards`.
 
     faiss searches the shards in parallel threads and merges their results;
-    scores, ties and padding are those of one `SubicIndex` holding every
+    scores, ties and result width are those of one `SubicIndex` holding every
     shard's items in shard order. The shards stay independent objects: they
     may be added to or removed from between searches, and a search waits for
     any such change to finish.
@@ -83,7 +83,7 @@ class ShardedSubicIndex(Searcher):
                         f"{getattr(shards[0], name)}, shards[{i}] has "
                         f"{name}={getattr(shard, name)}"
                     )
-        positions = {}
+        positions: dict[int, int] = {}
         for i, shard in enumerate(shards):
             if id(shard) in positions:
                 # Even empty: a later add would give the same items twice.
@@ -142,7 +142,7 @@ class ShardedSubicIndex(Searcher):
             return search_codes_with(
                 self._search,
                 codes,
-                k,
+                min(k, len(self)),
                 self.block_size,
                 self._shards[0]._search_chunk,
             )
@@ -164,6 +164,8 @@ def merge_results(
     >>> scores, ids = merge_results([first, second], k=3)
     >>> scores.tolist(), ids.tolist()
     ([[3.0, 2.0, 1.0]], [[7, 9, 8]])
+    >>> merge_results([first, second], k=4)[1].tolist()   # 3 items for 4 slots
+    [[7, 9, 8, -1]]
 
     Args:
         results: a list of `(scores, ids)` pairs, each `(nq, k_i)`, as
@@ -171,8 +173,9 @@ def merge_results(
         k: results to keep per query, >= 1.
 
     Returns:
-        `(scores, ids)`: float32 `(nq, k)` and int64 `(nq, k)`, padded with
-        score -inf and id -1 when fewer than `k` results exist.
+        `(scores, ids)`: float32 and int64 `(nq, min(k, w))`, where `w` is
+        the total width of the lists, padded with score -inf and id -1 where
+        they hold fewer items.
 
     Raises:
         ValueError: for an empty list, mismatched shapes or NaN scores.
@@ -205,10 +208,7 @@ def merge_results(
     scores = np.concatenate(all_scores, axis=1)
     ids = np.concatenate(all_ids, axis=1)
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    out_scores = np.full((len(scores), k), -np.inf, dtype=np.float32)
-    out_ids = np.full((len(scores), k), -1, dtype=np.int64)
-    taken = order.shape[1]
-    out_scores[:, :taken] = np.take_along_axis(scores, order, axis=1)
-    out_ids[:, :taken] = np.take_along_axis(ids, order, axis=1)
+    out_scores = np.take_along_axis(scores, order, axis=1).astype(np.float32)
+    out_ids = np.take_along_axis(ids, order, axis=1)
     out_ids[~np.isfinite(out_scores)] = -1
     return out_scores, out_ids

@@ -103,6 +103,7 @@ class SubicIndex(SearchBackend):
         self._search_chunk = check_int(
             "search_chunk_size", search_chunk_size, minimum=1
         )
+        self._engine: engines.FlatEngine | engines.FastScanEngine
         if exact:
             self._engine = engines.FlatEngine(num_blocks, block_size, self._nbits)
         else:
@@ -315,16 +316,16 @@ class SubicIndex(SearchBackend):
         >>> ids = index.add(np.array([[0, 1], [2, 3]]), ids=[10, 11])
         >>> z_star = np.array([[0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
         >>> scores, ids = index.search(z_star, k=3)   # 5 + 1 = 6 for id 11
-        >>> scores.tolist(), ids.tolist()
-        ([[6.0, 0.0, -inf]], [[11, 10, -1]])
+        >>> scores.tolist(), ids.tolist()             # k > len(index): both items
+        ([[6.0, 0.0]], [[11, 10]])
 
         Args:
             queries: real `(nq, M*K)` array (e.g. SuBiC's ReLU output `z*`).
-            k: results per query, >= 1. Slots beyond `len(self)` get id -1
-                and score -inf.
+            k: results per query, >= 1; a `k` beyond `len(self)` returns
+                every item.
 
         Returns:
-            `(scores, ids)`: float32 `(nq, k)` and int64 `(nq, k)`.
+            `(scores, ids)`: float32 and int64 `(nq, min(k, len(self)))`.
 
         Raises:
             ValueError: for a bad shape, NaN/inf queries or `k < 1`.
@@ -347,17 +348,21 @@ class SubicIndex(SearchBackend):
 
         Args:
             codes: query codes, in any form `add` accepts.
-            k: results per query, >= 1. Slots beyond `len(self)` get id -1
-                and score -1.
+            k: results per query, >= 1; a `k` beyond `len(self)` returns
+                every item.
 
         Returns:
-            `(scores, ids)`: int32 `(nq, k)` and int64 `(nq, k)`.
+            `(scores, ids)`: int32 and int64 `(nq, min(k, len(self)))`.
         """
         k = check_int("k", k, minimum=1)
         codes = check_codes("codes", codes, self._num_blocks, self._block_size)
         with self._lock.read():
             return search_codes_with(
-                self._search, codes, k, self._block_size, self._search_chunk
+                self._search,
+                codes,
+                min(k, self._size),
+                self._block_size,
+                self._search_chunk,
             )
 
     # Sharding -----------------------------------------------------------

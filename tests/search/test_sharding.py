@@ -55,7 +55,13 @@ def test_sharded_search_equals_unsharded(rng, monkeypatch, block_size, num_queri
     empty = SubicIndex(6, block_size).shard(2)
     assert [len(s) for s in empty] == [0, 0]
     scores, ids = ShardedSubicIndex(empty).search(queries, 3)
-    assert (ids == -1).all() and np.isneginf(scores).all()
+    assert scores.shape == ids.shape == (len(queries), 0)
+    # A k beyond the shards' total returns every item, once.
+    scores, ids = sharded.search(queries[:2], 10**9)
+    assert (
+        ids.shape == (2, 1000)
+        and (np.sort(ids, axis=1) == np.sort(index.get_ids())).all()
+    )
 
 
 def test_sharded_search_sees_later_changes_to_shards(rng):
@@ -98,9 +104,10 @@ def test_merge_results():
     np.testing.assert_array_equal(ids, [[10, 20, 21]])  # tie: list order
     np.testing.assert_array_equal(scores, [[5.0, 5.0, 3.0]])
     assert scores.dtype == np.float32 and ids.dtype == np.int64
-    scores, ids = merge_results([first, second], 6)
-    np.testing.assert_array_equal(ids, [[10, 20, 21, 11, -1, -1]])
-    assert np.all(scores[0, 4:] == -np.inf)
+    scores, ids = merge_results([first, second], 6)  # 5 slots, 4 items
+    np.testing.assert_array_equal(ids, [[10, 20, 21, 11, -1]])
+    assert scores[0, 4] == -np.inf
+    assert merge_results([first, second], 10**12)[0].shape == (1, 5)
     with pytest.raises(ValueError, match="at least one"):
         merge_results([], 3)
     with pytest.raises(ValueError, match="same 2-D shape"):

@@ -1,5 +1,8 @@
 """Tests for subic_keras.search.subic_index.SubicIndex."""
 
+import resource
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -156,19 +159,23 @@ def test_bad_search_input(rng, queries, k, error, message, exact):
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_k_larger_than_index_pads_with_minus_one(rng, exact):
+def test_k_larger_than_index_returns_every_item(rng, exact):
     index = SubicIndex(4, 16, exact=exact)
     codes = random_codes(rng, 5, 4, 16)
     index.add(codes, ids=[10, 11, 12, 13, 14])
     queries = rng.random((3, 64)).astype(np.float32)
-    scores, ids = index.search(queries, 8)
-    assert scores.shape == ids.shape == (3, 8)
-    assert np.all(ids[:, 5:] == -1) and np.all(scores[:, 5:] == -np.inf)
     ref_scores, ref_ids = brute_search(queries, codes, np.arange(10, 15), 5, 16)
-    np.testing.assert_array_equal(ids[:, :5], ref_ids)
-    np.testing.assert_allclose(scores[:, :5], ref_scores, atol=1e-5)
+    for k in (5, 8, 10**12):  # no padding is allocated, whatever k is
+        scores, ids = index.search(queries, k)
+        assert scores.shape == ids.shape == (3, 5)
+        np.testing.assert_array_equal(ids, ref_ids)
+        np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
+        code_scores, code_ids = index.search_codes(codes[:2], k)
+        assert code_scores.shape == code_ids.shape == (2, 5)
+        assert code_scores.dtype == np.int32 and (code_scores[:, 0] == 4).all()
     empty_scores, empty_ids = SubicIndex(4, 16, exact=exact).search(queries, 2)
-    assert np.all(empty_ids == -1) and np.all(empty_scores == -np.inf)
+    assert empty_scores.shape == empty_ids.shape == (3, 0)
+    assert empty_scores.dtype == np.float32 and empty_ids.dtype == np.int64
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -217,7 +224,7 @@ def test_remove_unknown_ids_removes_nothing(rng):
     assert index.remove([]) == 0
     assert index.remove(np.arange(10)) == 10
     assert len(index) == 0
-    assert np.all(index.search(np.ones((1, 256)), 3)[1] == -1)
+    assert index.search(np.ones((1, 256)), 3)[1].shape == (1, 0)
 
 
 def test_get_codes_by_id(rng):
@@ -243,9 +250,9 @@ def test_search_codes_counts_equal_blocks(rng, block_size, exact):
     np.testing.assert_array_equal(ids[3, :2], [3, 7])  # ties: insertion order
     small = SubicIndex(6, block_size, exact=exact)
     small.add(codes[:2])
-    scores, ids = small.search_codes(codes[:1], 4)
-    np.testing.assert_array_equal(ids[0, 2:], [-1, -1])
-    np.testing.assert_array_equal(scores[0, 2:], [-1, -1])
+    scores, ids = small.search_codes(codes[:1], 4)  # k beyond the index: both
+    np.testing.assert_array_equal(ids, [[0, 1]])
+    assert scores[0, 0] == 6
 
 
 # Concurrency ------------------------------------------------------------
@@ -298,3 +305,37 @@ def test_add_while_searching_is_consistent(rng):
     assert all(((ids >= 0) & (ids < 2000)).all() for ids in seen)
     _, ref_ids = brute_search(queries, codes, np.arange(2000), 5, 64)
     np.testing.assert_array_equal(index.search(queries, 5)[1], ref_ids)
+
+
+_HUGE_K_SCRIPT = """
+import numpy as np
+from subic_keras.search import ShardedSubicIndex, SubicIndex, merge_results
+
+rng = np.random.default_rng(0)
+index = SubicIndex(8, 64)
+index.add(rng.integers(0, 64, size=(5000, 8)))
+queries = rng.random((200, 512), dtype=np.float32)
+scores, ids = index.search(queries, 10**12)
+assert scores.shape == (200, 5000), scores.shape
+codes = index.search_codes(index.get_codes()[:200], 10**12)
+sharded = ShardedSubicIndex(index.shard(3)).search(queries, 10**12)
+merged = merge_results([index.search(queries, 10)] * 2, 10**12)
+print(codes[0].shape, sharded[0].shape, merged[0].shape)
+"""
+
+
+def test_huge_k_fits_in_4_gb():
+    """200 queries with k = 10**12 would need 2.4 PB if padded to k."""
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    done = subprocess.run(
+        [sys.executable, "-c", _HUGE_K_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_memory,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "(200, 5000) (200, 5000) (200, 20)"
