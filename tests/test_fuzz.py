@@ -39,7 +39,7 @@ class Case:
 
     name: str
     run: Callable
-    error: type[BaseException] | tuple | None = None
+    error: type[BaseException] | tuple | str | None = None
     fragment: str = ""
     check: Callable | None = None
 
@@ -329,6 +329,109 @@ case("encode-empty", check=lambda result, world: result.shape == (0, M))(
 )
 
 
+# The serving signatures: checked inside the graph ----------------------------
+
+
+def _served(world):
+    """The world's model exported for TF Serving, loaded (once)."""
+    if "served" not in world:
+        import tensorflow as tf
+
+        from subic_keras.export import export_saved_model
+
+        path = export_saved_model(world["subic"], str(world["root"] / "serving"))
+        world["served"] = tf.saved_model.load(path).signatures
+    return world["served"]
+
+
+def _serve(signature: str, make: Callable):
+    def run(world):
+        import tensorflow as tf
+
+        feed = make(np.random.default_rng(len(signature)))
+        name = "image_bytes" if signature == "encode_images" else "images"
+        return _served(world)[signature](**{name: tf.constant(feed)})
+
+    return run
+
+
+_SHAPE_ERROR = "is not compatible with expected shape [?,8,8,3]"
+_BAD_SERVING_FEEDS = [
+    (lambda r: r.random((8, 8, 3)), _SHAPE_ERROR),
+    (lambda r: r.random((2, 8, 8, 1)), _SHAPE_ERROR),
+    (lambda r: r.random((2, 8, 8, 4)), _SHAPE_ERROR),
+    (lambda r: r.random((2, 9, 8, 3)), _SHAPE_ERROR),
+    (lambda r: r.random((1, 2, 8, 8, 3)), _SHAPE_ERROR),
+]
+for _i, (_make, _fragment) in enumerate(_BAD_SERVING_FEEDS):
+    for _signature in ("serving_default", "classify"):
+        case(
+            f"serving-{_signature}-shape-{_i}",
+            "tensorflow.errors.InvalidArgumentError",
+            _fragment,
+        )(_serve(_signature, lambda r, make=_make: make(r).astype(np.float32)))
+
+
+def _serving_check(images):
+    def check(result, world):
+        expected = world["subic"].encode(images)
+        np.testing.assert_array_equal(result["codes"].numpy(), expected)
+        z = world["subic"].query(images, kind="fc0")
+        np.testing.assert_allclose(result["query"].numpy(), z, rtol=1e-5, atol=1e-6)
+
+    return check
+
+
+def _png_bytes(images):
+    import tensorflow as tf
+
+    return [tf.io.encode_png(image).numpy() for image in images]
+
+
+for _seed in range(5 * SCALE):
+    _images = np.random.default_rng(100 + _seed).integers(
+        0, 256, (_seed % 3 + 1, *SHAPE), dtype=np.uint8
+    )
+    case(f"serving-floats-{_seed}", check=_serving_check(_images))(
+        _serve("serving_default", lambda r, x=_images: x.astype(np.float32) / 255)
+    )
+    case(f"serving-png-{_seed}", check=_serving_check(_images))(
+        _serve("encode_images", lambda r, x=_images: _png_bytes(x))
+    )
+    # A NaN pixel still gives codes inside [0, K) (BlockArgmax).
+    case(
+        f"serving-nan-{_seed}",
+        check=lambda result, world: bool(
+            ((result["codes"].numpy() >= 0) & (result["codes"].numpy() < K)).all()
+        ),
+    )(
+        _serve(
+            "serving_default",
+            lambda r: np.where(r.random((2, *SHAPE)) < 0.1, np.nan, 0.5).astype(
+                np.float32
+            ),
+        )
+    )
+case(
+    "serving-empty",
+    check=lambda result, world: result["codes"].shape == (0, M),
+)(_serve("serving_default", lambda r: np.zeros((0, *SHAPE), np.float32)))
+_BAD_BYTES = [
+    (lambda r: [b"junk"], "Unknown image file format"),
+    (lambda r: [r.bytes(64)], "Unknown image file format"),
+    (lambda r: [b""], "Input is empty"),
+    (lambda r: [_png_bytes(r.integers(0, 256, (1, *SHAPE), np.uint8))[0][:-12]], "PNG"),
+    (lambda r: [_png_bytes(r.integers(0, 256, (1, *SHAPE), np.uint8))[0][:40]], "PNG"),
+    (lambda r: [[b"x"]], "tensor image_bytes"),
+]
+for _i, (_make, _fragment) in enumerate(_BAD_BYTES):
+    case(
+        f"serving-bytes-{_i}",
+        "tensorflow.errors.InvalidArgumentError",
+        _fragment,
+    )(_serve("encode_images", _make))
+
+
 # Query files of `subic search` ---------------------------------------------
 
 
@@ -505,7 +608,13 @@ def test_case(case: Case, world, capsys):
         if case.check is not None:
             assert case.check(result, world) is not False
         return
-    with pytest.raises(case.error) as raised:
+    error = case.error
+    if isinstance(error, str):  # named lazily: TensorFlow loads on demand
+        import importlib
+
+        module, _, name = error.rpartition(".")
+        error = getattr(importlib.import_module(module), name)
+    with pytest.raises(error) as raised:
         case.run(world)
     if case.error is SystemExit:
         assert raised.value.code == 2
