@@ -1,6 +1,6 @@
 """Packaging for subic-keras."""
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 with open("README.md", encoding="utf-8") as handle:
     long_description = handle.read()
@@ -49,6 +49,16 @@ setup(
             "matplotlib>=3.7",
         ],
     },
+    # The exact SIMD scan (subic_keras/search/native.py). Optional: without a C
+    # compiler the package installs anyway and faiss's engines search.
+    ext_modules=[
+        Extension(
+            "subic_keras.search._scan",
+            ["subic_keras/search/_scan.c"],
+            extra_compile_args=["-O3", "-std=c11"],
+            optional=True,
+        )
+    ],
     entry_points={"console_scripts": ["subic=subic_keras.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -35,11 +35,19 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
         assert row["qps"] > 0
         if row["method"] == "hamming":
             assert row["recall_at_100"] is None
-        else:  # ReLU queries allow rare exact ties between distinct codes
+        else:  # exact ties between distinct codes may be cut either way
             assert row["recall_at_100"] >= 0.99
     assert {t["target"].split(":")[0] for t in report["targets"]} == {
-        "64 bits, K=256",
-        "64 bits, K=16",
-        "48 bits, K=64",
-        "48 bits, K=16",
+        "random, 64 bits, K=256",
+        "random, 64 bits, K=16",
+        "random, 48 bits, K=64",
+    }
+    assert report["machine"]["cpu"] and report["machine"]["faiss_simd_level"]
+    subic_rows = [r for r in report["results"] if r["method"] == "subic"]
+    assert all(r["recall_at_100"] == 1.0 for r in subic_rows)  # exact
+    assert {r["kernel"] for r in subic_rows} <= {
+        "avx512vbmi",
+        "avx2",
+        "scalar",
+        None,
     }

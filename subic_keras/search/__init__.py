@@ -12,8 +12,11 @@ One module per concept:
   missing-result conventions every backend follows, and the input checks
   backends share.
 - `subic_index`: `SubicIndex`, the in-memory backend over faiss.
-- `engines`: the faiss scans behind it (exact scan for any `K`; 4-bit SIMD
-  fast scan with exact re-scoring for `K = 16`) and their measured speeds.
+- `engines`: the scans behind it: the native exact scan where it was built,
+  else faiss's (exact scan for any `K`; 4-bit SIMD fast scan with exact
+  re-scoring for `K = 16`).
+- `native`: the native exact scan (`_scan.c`): SIMD bounds from quantised
+  look-up tables, exact float64 refinement, the same top-k as a brute force.
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
 - `file_format`: the byte-level specification of `.subic` files.

@@ -1,4 +1,11 @@
-"""faiss engines behind `SubicIndex`: the exact scan and the 4-bit fast scan.
+"""The engines behind `SubicIndex`: the native exact scan, and faiss's scans.
+
+Where `pip install` built the native extension (`native`, a C compiler is
+all it needs), both engines search with it: every search is exact, with
+SIMD bounds over quantised tables and exact float64 refinement, and faster
+than faiss's scans (`benchmarks/search_speed.py`; the README's table names
+the CPU and the kernel). faiss's scans below search when it was not built,
+or with `SUBIC_NATIVE=0`. faiss stores the codes either way.
 
 A faiss `IndexPQ` with inner-product metric whose sub-quantizer centroids
 are unit vectors computes SuBiC's score exactly from the stored codes
@@ -50,7 +57,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from subic_keras.search import packing
+from subic_keras.search import native, packing
 
 # Identity centroids (M x K x K floats for one block per sub-quantizer) are
 # real memory; 2**27 floats = 512 MiB, e.g. M = 128 at K = 1024.
@@ -119,11 +126,70 @@ def _selector(positions: np.ndarray):
     return faiss.IDSelectorBatch(np.ascontiguousarray(positions, dtype=np.int64))
 
 
-class FlatEngine:
+def _threads() -> int:
+    """Threads of a search: faiss's OpenMP setting (all cores by default)."""
+    return max(1, faiss.omp_get_max_threads())
+
+
+class _NativeScan:
+    """The native exact scan (`native`) over an engine's codes, when built.
+
+    The kernel's tiled copy of the codes is made on the first search after
+    a change (`SubicIndex` holds its write lock while changing them).
+    """
+
+    num_blocks: int
+    block_size: int
+    layout: native.Layout
+    _tiles: np.ndarray | None
+
+    def _init_native(self) -> None:
+        self.layout = native.Layout.for_block_size(self.num_blocks, self.block_size)
+        self._tiles = None
+
+    def _changed(self) -> None:
+        self._tiles = None
+
+    @property
+    def native(self) -> bool:
+        """Whether searches run the native scan."""
+        return native.available()
+
+    def _native_tiles(self) -> np.ndarray:
+        tiles = self._tiles
+        if tiles is None:
+            n = self.ntotal  # type: ignore[attr-defined]
+            columns = np.empty((n, self.layout.columns), dtype=self.layout.dtype)
+            for start in range(0, n, _BYTE_SCAN_CHUNK):
+                part = slice(start, min(n, start + _BYTE_SCAN_CHUNK))
+                if self.layout.raw_bytes:
+                    columns[part] = self.packed(part)
+                else:
+                    columns[part] = self.layout.columns_of(self.codes(part))
+            tiles = self._tiles = self.layout.tiles(columns)
+        return tiles
+
+    def _native_search(self, queries: np.ndarray, k: int):
+        return native.search(
+            self.layout,
+            self._native_tiles(),
+            self.ntotal,  # type: ignore[attr-defined]
+            queries,
+            k,
+            _threads(),
+        )
+
+    # Provided by the engines.
+    packed: Callable[..., np.ndarray]
+    codes: Callable[..., np.ndarray]
+
+
+class FlatEngine(_NativeScan):
     """Exact scan: faiss `IndexPQ` over grouped blocks (see module doc)."""
 
     def __init__(self, num_blocks: int, block_size: int, nbits: int):
         self.num_blocks, self.block_size, self.nbits = num_blocks, block_size, nbits
+        self._init_native()
         self.group = _exact_group(nbits)
         self.num_groups = -(-num_blocks // self.group)
         self.width = self.num_groups * self.group * block_size
@@ -159,12 +225,15 @@ class FlatEngine:
             padded = np.zeros((len(packed), self.stored_size), dtype=np.uint8)
             padded[:, : self.code_size] = packed
             packed = padded
+        self._changed()
         self.index.add_sa_codes(np.ascontiguousarray(packed))
 
     def remove_positions(self, positions: np.ndarray) -> None:
+        self._changed()
         self.index.remove_ids(_selector(positions))
 
     def remove_range(self, start: int, stop: int) -> None:
+        self._changed()
         self.index.remove_ids(faiss.IDSelectorRange(start, stop))
 
     def packed(self, positions) -> np.ndarray:
@@ -185,6 +254,8 @@ class FlatEngine:
         )
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.native:
+            return self._native_search(queries, k)
         if self.byte_group and len(queries) >= _BYTE_SCAN_MIN_QUERIES:
             scores, positions = self._byte_scan(queries, k)
         else:
@@ -257,7 +328,7 @@ _FAST_SCAN_BBS = 32
 _FAST_SCAN_IMPLEM = 15
 
 
-class FastScanEngine:
+class FastScanEngine(_NativeScan):
     """4-bit SIMD shortlist with faiss `IndexPQFastScan`, exact re-scoring."""
 
     num_blocks: int
@@ -266,6 +337,7 @@ class FastScanEngine:
     def __init__(self, num_blocks: int, block_size: int, shortlist: int | None):
         _check_fast_scan_layout()
         self.num_blocks, self.block_size, self.nbits = num_blocks, block_size, 4
+        self._init_native()
         self.shortlist = shortlist
         self.width = num_blocks * block_size
         self.index = faiss.IndexPQFastScan(
@@ -290,12 +362,15 @@ class FastScanEngine:
         flat.is_trained = True
         flat.add_sa_codes(np.ascontiguousarray(packed))
         blocked = faiss.IndexPQFastScan(flat, _FAST_SCAN_BBS)
+        self._changed()
         self.index.merge_from(blocked, 0)
 
     def remove_positions(self, positions: np.ndarray) -> None:
+        self._changed()
         self.index.remove_ids(_selector(positions))
 
     def remove_range(self, start: int, stop: int) -> None:
+        self._changed()
         self.index.remove_ids(faiss.IDSelectorRange(start, stop))
 
     def codes(self, positions) -> np.ndarray:
@@ -323,6 +398,8 @@ class FastScanEngine:
         return packing.pack(codes.reshape(-1, self.num_blocks), 4)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.native:
+            return self._native_search(queries, k)
         n = self.ntotal
         shortlist = max(2 * k, k + 64) if self.shortlist is None else self.shortlist
         shortlist = min(n, max(k, shortlist))
@@ -405,6 +482,24 @@ class _ShardsMixin:
     @property
     def ntotal(self) -> int:
         return int(self.starts[-1])
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.engines[0].native:
+            return super().search(queries, k)  # type: ignore[misc]
+        # Each shard scans its own codes; positions are numbered across shards.
+        found = [
+            (scores, positions + start)
+            for engine, start in zip(self.engines, self.starts)
+            if engine.ntotal
+            for scores, positions in [engine.search(queries, min(k, engine.ntotal))]
+        ]
+        scores = np.concatenate([f[0] for f in found], axis=1)
+        positions = np.concatenate([f[1] for f in found], axis=1)
+        order = np.lexsort((positions, -scores), axis=-1)[:, :k]
+        return (
+            np.take_along_axis(scores, order, axis=1),
+            np.take_along_axis(positions, order, axis=1),
+        )
 
     def codes(self, positions, dtype=np.int64) -> np.ndarray:
         if isinstance(positions, slice):

@@ -52,11 +52,15 @@ class SubicIndex(SearchBackend):
     Args:
         num_blocks: `M`, blocks per code (>= 1).
         block_size: `K`, a power of two in [2, 1024].
-        exact: `True` forces the exact scan. `None` (default) uses the
-            fast-scan path when `block_size == 16` (and `num_blocks <= 256`)
-            and the exact scan otherwise; `False` requires the fast-scan path.
+        exact: the faiss engine that stores the codes, and searches them
+            when the native scan is not built (or `SUBIC_NATIVE=0`); with
+            the native scan every search is exact. `True` forces faiss's
+            exact scan. `None` (default) uses the fast-scan path when
+            `block_size == 16` (and `num_blocks <= 256`) and the exact scan
+            otherwise; `False` requires the fast-scan path.
         shortlist: fast-scan candidates re-scored exactly per query, at least
-            `k`; `None` means `max(2k, k + 64)`. Only for the fast-scan path.
+            `k`; `None` means `max(2k, k + 64)`. Only for faiss's fast-scan
+            path.
         add_chunk_size: items encoded and added per step, which bounds the
             temporary memory of `add`.
         search_chunk_size: queries searched per step.
