@@ -31,6 +31,8 @@ setup(
     ],
     extras_require={
         "litert": ["ai-edge-litert>=1.0"],
+        # subic_keras.search.milvus: Milvus Lite (embedded) and Milvus servers.
+        "milvus": ["pymilvus>=2.5", "milvus-lite>=2.4"],
         "notebooks": [
             "nbconvert>=7",  # `jupyter nbconvert --execute`, as tutorials/README.md
             "nbclient>=0.10",
@@ -43,6 +45,8 @@ setup(
             "ruff>=0.5",
             "mypy>=1.10",  # .ci/run type-checks subic_keras (pyproject.toml)
             "ai-edge-litert>=1.0",
+            "pymilvus>=2.5",
+            "milvus-lite>=2.4",
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6",

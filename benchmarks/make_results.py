@@ -344,6 +344,49 @@ def render_search_speed(data: dict) -> list[str]:
     return lines
 
 
+def render_milvus_speed(data: dict) -> list[str]:
+    settings = data.get("settings", {})
+    lines = [
+        f"Uniform random codes of {fmt(settings.get('num_blocks'))} blocks of "
+        f"{fmt(settings.get('block_size'))}, ReLU-Gaussian queries, "
+        f"k = {fmt(settings.get('k'))}; Milvus Lite in a local file against "
+        "SubicIndex in memory, on "
+        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')}.",
+        "",
+    ]
+    body = []
+    for row in data["results"]:
+        for name, label in (
+            ("milvus_lite", "Milvus Lite"),
+            ("subic_index", "SubicIndex"),
+        ):
+            entry = row[name]
+            body.append(
+                [
+                    row["num_items"],
+                    label,
+                    entry["insert_items_per_second"],
+                    entry["qps_batch_1"],
+                    entry["qps_batch_100"],
+                    row["milvus_recall_at_100_vs_subic_index"]
+                    if name == "milvus_lite"
+                    else None,
+                ]
+            )
+    lines += table(
+        [
+            "items",
+            "backend",
+            "inserts/s",
+            "queries/s @ batch 1",
+            "queries/s @ batch 100",
+            "recall@100 vs SubicIndex",
+        ],
+        body,
+    )
+    return lines
+
+
 def render_encode_speed(data: dict) -> list[str]:
     results = data["results"]
     batches = sorted({r["batch"] for r in results})
@@ -452,6 +495,7 @@ KNOWN = {
         render_cross_domain,
     ),
     "search_speed.json": ("Search speed", render_search_speed),
+    "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),
     "encode_speed.json": ("Encoding speed", render_encode_speed),
     "export_parity.json": ("Export parity", render_export_parity),
     "train_overhead.json": ("Training overhead", render_train_overhead),

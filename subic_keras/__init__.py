@@ -42,6 +42,7 @@ _NAMES = {
     "BlockOneHot": "layers",
     "BlockSoftmax": "layers",
     "ImageModel": "pixels",
+    "MilvusIndex": "search.milvus",  # needs the [milvus] extra
     "Recipe": "config",
     "TrainConfig": "config",
     "Scorer": "scoring",

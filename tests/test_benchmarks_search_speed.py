@@ -51,3 +51,34 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
         "scalar",
         None,
     }
+
+
+def test_milvus_benchmark_quick_runs_and_writes_json(tmp_path):
+    import pytest
+
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    output = tmp_path / "milvus.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.milvus_speed",
+            "--sizes",
+            "300,600",
+            "--quick",
+            "--output",
+            output,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO},
+        cwd=REPO,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(output.read_text())
+    assert [row["num_items"] for row in report["results"]] == [300, 600]
+    for row in report["results"]:
+        assert row["milvus_lite"]["insert_items_per_second"] > 0
+        assert row["subic_index"]["qps_batch_100"] > 0
+        assert row["milvus_recall_at_100_vs_subic_index"] >= 0.99

@@ -237,6 +237,58 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     assert "-k must be >= 1, received 0" in capsys.readouterr().err
 
 
+def test_milvus_collection_from_the_command_line(digits_model, tmp_path):
+    """`--milvus` on index build, search and evaluate (in subprocesses: Milvus
+    Lite's in-process server does not mix with pytest's output capture)."""
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    import numpy as np
+
+    from subic_keras.datasets import load_images
+
+    def subic(*arguments):
+        done = subprocess.run(
+            [sys.executable, "-m", "subic_keras.cli", *map(str, arguments)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    uri = tmp_path / "codes.db"
+    milvus = ["--milvus", uri, "--collection", "digits"]
+    build = ["index", "build", digits_model, "--dataset", "digits", "--split", "test"]
+    code, out, err = subic(*build, "--protocol", "dsh", *milvus)
+    assert code == 0 and "to collection 'digits'" in out, err
+    assert (
+        main([*build, "--protocol", "dsh", "--output", str(tmp_path / "db.subic")]) == 0
+    )
+    (_, _), (x_test, _) = load_images("digits")
+    np.save(tmp_path / "queries.npy", x_test[:3])
+    code, out, err = subic("search", digits_model, tmp_path / "queries.npy", *milvus)
+    assert code == 0, err
+    from_milvus = [json.loads(line) for line in out.splitlines()]
+    code, out, err = subic(
+        "search", digits_model, tmp_path / "db.subic", tmp_path / "queries.npy"
+    )
+    from_file = [json.loads(line) for line in out.splitlines()]
+    assert [line["ids"][:5] for line in from_milvus] == [
+        line["ids"][:5] for line in from_file
+    ]
+    evaluate = ["evaluate", digits_model, "--dataset", "digits", "--protocol", "dsh"]
+    code, out, err = subic(*evaluate, *milvus, "--output", tmp_path / "m.json")
+    assert code == 0, err
+    index = ["--index", tmp_path / "db.subic", "--output", tmp_path / "f.json"]
+    assert main([*map(str, evaluate), *map(str, index)]) == 0
+    from_milvus, from_file = (
+        json.loads((tmp_path / name).read_text()) for name in ("m.json", "f.json")
+    )
+    assert from_milvus["map"] == from_file["map"]
+    code, out, err = subic(*build, *milvus, "--output", tmp_path / "x.subic")
+    assert code == 2 and "give one of --output FILE and --milvus URI" in err
+    code, out, err = subic(*build, "--milvus", tmp_path / "codes.sqlite")
+    assert code == 2 and "ending in .db" in err and "Traceback" not in err
+
+
 def test_commands_print_no_tensorflow_log_lines(digits_model, tmp_path):
     from subic_keras.datasets import load_images
 

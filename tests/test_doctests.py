@@ -30,6 +30,7 @@ MODULES = (
     "subic_keras.search.sharding",
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
+    "subic_keras.search.milvus",
     "subic_keras.pixels",
 )
 
@@ -63,6 +64,8 @@ NEEDS_DATA = ("subic_keras.backbones", "subic_keras.datasets")
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name, tmp_path, monkeypatch, request):
+    if name == "subic_keras.search.milvus":
+        pytest.importorskip("pymilvus", reason="the [milvus] extra")
     module = importlib.import_module(name)
     monkeypatch.chdir(tmp_path)  # examples that save a model write here
     if name in NEEDS_DATA:
@@ -84,8 +87,10 @@ def test_numpy_only_modules_do_not_import_tensorflow():
     code = (
         "import sys, subic_keras.evaluation, subic_keras.protocols, "
         "subic_keras.scoring, subic_keras.search, subic_keras.baselines.quantizers, "
-        "subic_keras.baselines.uncompressed, subic_keras.config, subic_keras.cli; "
-        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
+        "subic_keras.baselines.uncompressed, subic_keras.config, subic_keras.cli, "
+        "subic_keras.search.milvus; "
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; "
+        "assert 'pymilvus' not in sys.modules  # loaded by MilvusIndex() only"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -45,3 +45,27 @@ def test_keras_snippets_run_as_written(shared_data_dir, tmp_path, monkeypatch):
     exec(snippets[1], namespace)
     history = namespace["subic"].train_model.history.history
     assert len(history["val_map_fc0"]) == 5
+
+
+def test_milvus_snippet_runs_as_written(tmp_path, monkeypatch):
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    import keras
+
+    text = README.read_text()
+    section = text[
+        text.index("## Beyond one machine: Milvus") : text.index("## Deploying")
+    ]
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    backbone = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten()])
+    images = np.random.default_rng(0).integers(0, 256, (50, 8, 8, 3), dtype=np.uint8)
+    namespace = {
+        "subic": sk.build_subic(backbone, 8, 64, num_classes=3, input_shape=(8, 8, 3)),
+        "images": images,
+        "image_ids": np.arange(50) * 3,
+        "query_images": images[:4],
+    }
+    monkeypatch.chdir(tmp_path)
+    exec(snippet, namespace)
+    assert namespace["ids"].shape == (4, 50)
+    assert set(namespace["ids"][0]) <= set(range(0, 150, 3)) | {-1}
+    namespace["index"].close()

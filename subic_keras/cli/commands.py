@@ -137,12 +137,29 @@ def _write_json(path: str | None, result: dict) -> None:
             json.dump(result, handle, indent=2)
 
 
+def _milvus(args, num_blocks=None, block_size=None):
+    from subic_keras.search.milvus import MilvusIndex
+
+    return MilvusIndex(args.milvus, args.collection, num_blocks, block_size)
+
+
 def run_index_build(args) -> int:
+    if (args.output is None) == (args.milvus is None):
+        raise ValueError("give one of --output FILE and --milvus URI")
     subic = _load_subic(args.model)
     images, labels = _split_images(args)
     ids = np.arange(len(images))
     if args.protocol is not None:
         _, ids = protocols.protocol_split(args.protocol, labels, seed=args.seed)
+    if args.milvus is not None:
+        with _milvus(args, subic.num_blocks, subic.block_size) as collection:
+            collection.add(subic.encode(images[ids]), ids=ids)
+            print(
+                f"added {len(ids)} {args.dataset} {args.split} images to "
+                f"collection {args.collection!r} at {args.milvus} "
+                f"({len(collection)} items)"
+            )
+        return 0
     index = retrieval.build_index(subic, images[ids], ids=ids)
     index.save(args.output)
     print(
@@ -213,25 +230,36 @@ def _read_query_images(paths: list[str], shape) -> tuple[list[str], np.ndarray]:
 def run_search(args) -> int:
     check_int("-k", args.k, minimum=1)
     subic = _load_subic(args.model)
-    index = SubicIndex.load(args.index)
+    paths = args.images
+    if args.milvus is not None:
+        index = _milvus(args)  # no index file: its place holds a query
+        where = f"collection {args.collection!r} at {args.milvus}"
+        paths = [args.index, *paths]
+    else:
+        if not paths:
+            raise ValueError("give at least one query image after the index file")
+        index = SubicIndex.load(args.index)
+        where = f"index {args.index}"
     if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
         raise ValueError(
-            f"index {args.index} holds codes of {index.num_blocks} blocks of "
+            f"{where} holds codes of {index.num_blocks} blocks of "
             f"{index.block_size}, but the model makes {subic.num_blocks} blocks of "
             f"{subic.block_size}"
         )
     shape = subic.train_model.inputs[0].shape[1:]
-    names, images = _read_query_images(args.images, shape)
+    names, images = _read_query_images(paths, shape)
     queries = subic.query(images, kind=args.query)
-    # At most len(index) columns come back, whatever -k says.
+    # At most len(index) columns come back, whatever -k says; a Milvus
+    # collection may leave some empty (id -1).
     scores, ids = index.search(queries, args.k)
     for name, row_scores, row_ids in zip(names, scores, ids):
+        found = row_ids >= 0
         print(
             json.dumps(
                 {
                     "query": name,
-                    "ids": row_ids.tolist(),
-                    "scores": [round(float(v), 6) for v in row_scores],
+                    "ids": row_ids[found].tolist(),
+                    "scores": [round(float(v), 6) for v in row_scores[found]],
                 }
             )
         )
@@ -247,7 +275,11 @@ def run_evaluate(args) -> int:
             options["num_queries"] = args.num_queries
         else:
             options["queries_per_class"] = args.queries_per_class or 100
+    if args.index and args.milvus:
+        raise ValueError("give at most one of --index FILE and --milvus URI")
     index = SubicIndex.load(args.index) if args.index else None
+    if args.milvus is not None:
+        index = _milvus(args)
     start = time.time()
     result = retrieval.evaluate(
         subic,

@@ -61,6 +61,9 @@ def quiet_imports(quiet: bool = True) -> Iterator[None]:
 def _quiet_python_loggers() -> None:
     for name in ("tensorflow", "absl", "h5py"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # pymilvus logs every failed request with a traceback before raising the
+    # error that the command reports in one line.
+    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
     with contextlib.suppress(ImportError):
         from absl import logging as absl_logging
 

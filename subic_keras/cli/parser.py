@@ -238,6 +238,22 @@ def _add_query_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_milvus_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    parser.add_argument(
+        "--milvus",
+        metavar="URI",
+        default=None,
+        help=f"{role} a Milvus collection instead: a Milvus Lite file ending in "
+        ".db, or a server such as http://localhost:19530 (needs the [milvus] "
+        "extra; default: none)",
+    )
+    parser.add_argument(
+        "--collection",
+        default="subic",
+        help="the Milvus collection, with --milvus (default: %(default)s)",
+    )
+
+
 def _add_export_parser(commands, common) -> None:
     export = commands.add_parser(
         "export",
@@ -337,18 +353,25 @@ def build_parser() -> argparse.ArgumentParser:
         "the split (default: the whole split)",
     )
     build.add_argument(
-        "--output", required=True, help="the index file to write (required)"
+        "--output",
+        default=None,
+        help="the index file to write (required unless --milvus)",
     )
+    _add_milvus_arguments(build, "add the codes to")
     build.set_defaults(run="run_index_build", command_name="index build")
 
     search = commands.add_parser(
         "search", parents=[common], help="search an index with query images"
     )
     search.add_argument("model", help="a SuBiC .keras model")
-    search.add_argument("index", help="a SubicIndex file")
+    search.add_argument(
+        "index",
+        help="a SubicIndex file (with --milvus there is none: the first "
+        "argument after the model is a query)",
+    )
     search.add_argument(
         "images",
-        nargs="+",
+        nargs="*",
         help=".npy uint8 arrays (n, H, W[, C]) or image files (PNG, JPEG, GIF, "
         "BMP, WebP)",
     )
@@ -360,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         "printed (default: %(default)s)",
     )
     _add_query_argument(search)
+    _add_milvus_arguments(search, "search")
     search.set_defaults(run="run_search", command_name="search")
 
     evaluate = commands.add_parser(
@@ -396,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prebuilt database index, ids the positions in the split "
         "(default: encode the database)",
     )
+    _add_milvus_arguments(evaluate, "read the database codes from")
     evaluate.add_argument(
         "--ties",
         choices=("pessimistic", "expected", "optimistic", "index"),

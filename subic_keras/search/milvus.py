@@ -1,0 +1,462 @@
+"""SuBiC search on Milvus: Milvus Lite in a local file, or a Milvus cluster.
+
+Each item is stored as its code's sparse one-hot vector (`M` non-zeros, a 1
+at `m*K + c_m`) in a `SPARSE_INVERTED_INDEX` with inner-product metric. The
+inner product of a query `z*` with that vector is SuBiC's score,
+`sum_m z*[m*K + c_m]` (paper Sec. 3.3, Eq. 8), so Milvus's search is exact
+(scores summed in float32). The same code talks to Milvus Lite (a local
+`.db` file, embedded, no server) and to a Milvus server or cluster
+(`http://host:19530`): distributed storage, replicas and filtering by
+fields come from Milvus itself.
+
+A collection records `M`, `K` and this format's version in its properties
+(`subic.format`, `subic.num_blocks`, `subic.block_size`), checked when it is
+opened, with the next default id and insertion counter. Differences from
+`SubicIndex`, by Milvus's design:
+
+- Items whose code meets no non-zero entry of the query (score exactly 0
+  when the query has no negative entries) are not returned; a row holding
+  fewer results than `min(k, len(index))` is padded with id -1 and score
+  -inf, the missing-result convention of `subic_keras.search.base`.
+- `k` is at most 16,384 (Milvus's `topk` limit).
+- Returned rows are sorted by score, equal scores by insertion order, but
+  which of several items tied at the k-th score are returned is Milvus's
+  choice.
+- Writes are not transactions across clients: `add` checks that its ids are
+  new, then inserts; a failed insert deletes what it inserted. Two clients
+  adding the same ids at once can both succeed (Milvus does not enforce
+  unique primary keys).
+
+pymilvus is an optional dependency: `pip install "subic-keras[milvus]"`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from subic_keras._validation import check_int
+from subic_keras.search.base import (
+    Searcher,
+    check_block_size,
+    check_codes,
+    check_ids,
+    check_queries,
+    duplicates,
+    preview,
+    search_codes_with,
+)
+
+FORMAT_VERSION = 1
+MAX_K = 16_384  # Milvus's topk limit
+_BATCH = 10_000  # rows per insert, delete or lookup request
+_PROPERTIES = ("subic.format", "subic.num_blocks", "subic.block_size")
+
+
+def _pymilvus():
+    try:
+        import pymilvus
+    except ImportError as error:
+        raise ImportError(
+            "the Milvus backend needs pymilvus and Milvus Lite: "
+            'pip install "subic-keras[milvus]"'
+        ) from error
+    return pymilvus
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri
+
+
+class MilvusIndex(Searcher):
+    """SuBiC codes in a Milvus collection, searched asymmetrically.
+
+    Example:
+
+    >>> index = MilvusIndex("codes.db", "cifar48", num_blocks=8, block_size=64)
+    >>> ids = index.add(np.random.default_rng(0).integers(0, 64, (1000, 8)))
+    >>> z_star = np.random.default_rng(1).random((2, 8 * 64), dtype=np.float32)
+    >>> scores, ids = index.search(z_star, k=10)
+    >>> ids.shape
+    (2, 10)
+    >>> MilvusIndex("codes.db", "cifar48").num_blocks   # reopened: M, K stored
+    8
+
+    Args:
+        uri: a local file path ending in `.db` (Milvus Lite, embedded), or
+            `http://host:19530` (a Milvus server or cluster).
+        collection: the collection's name.
+        num_blocks, block_size: `M` and `K`, needed to create the collection;
+            when it exists they must match what it records (or be None).
+        token: Milvus's credentials (`"user:password"` or an API key).
+        timeout: seconds to wait for the server.
+        shards: the collection's shards when it is created (Milvus's
+            `num_shards`; default Milvus's, 1). A cluster spreads inserts
+            over them.
+        replicas: in-memory replicas to load the collection with (Milvus's
+            `replica_number`, on a cluster with that many query nodes;
+            default Milvus's, 1). Replicas serve searches in parallel.
+
+    Raises:
+        ImportError: without pymilvus (the message says how to install it).
+        ConnectionError: if Milvus cannot be reached at `uri`.
+        ValueError: for a bad name or shape, a collection that is not a
+            SuBiC collection, or one created with another `M` or `K`.
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike,
+        collection: str,
+        num_blocks: int | None = None,
+        block_size: int | None = None,
+        *,
+        token: str = "",
+        timeout: float = 10.0,
+        shards: int | None = None,
+        replicas: int | None = None,
+    ):
+        pymilvus = _pymilvus()
+        uri = os.fspath(uri)
+        if not isinstance(collection, str) or not collection:
+            raise ValueError(
+                f"collection must be a non-empty string, received {collection!r}"
+            )
+        if _is_local(uri) and not uri.endswith(".db"):
+            raise ValueError(
+                "uri must be a Milvus Lite file ending in .db or a server URL "
+                f"such as http://localhost:19530, received {uri!r}"
+            )
+        self._shards = (
+            None if shards is None else check_int("shards", shards, minimum=1)
+        )
+        self._replicas = (
+            None if replicas is None else check_int("replicas", replicas, minimum=1)
+        )
+        if num_blocks is not None:
+            num_blocks = check_int("num_blocks", num_blocks, minimum=1)
+        if block_size is not None:
+            block_size = check_block_size(block_size)
+        self._uri, self._name = uri, collection
+        if _is_local(uri):
+            # Milvus Lite serves in-process and lacks AllocTimestamp, which
+            # pymilvus calls and tolerates; grpc would log every such call
+            # as an exception with a traceback.
+            logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
+        try:
+            self._client = pymilvus.MilvusClient(uri=uri, token=token, timeout=timeout)
+            exists = self._client.has_collection(collection)
+        except pymilvus.exceptions.MilvusException as error:
+            raise ConnectionError(
+                f"cannot reach Milvus at uri={uri!r}: {error}"
+            ) from error
+        if exists:
+            self._open(num_blocks, block_size)
+        elif num_blocks is None or block_size is None:
+            raise ValueError(
+                f"collection {collection!r} does not exist at {uri!r}; give "
+                "num_blocks and block_size to create it"
+            )
+        else:
+            self._create(pymilvus, num_blocks, block_size)
+
+    # Opening and creating -------------------------------------------------
+
+    def _properties(self) -> dict:
+        described = self._client.describe_collection(self._name)
+        return dict(described.get("properties") or {})
+
+    def _open(self, num_blocks, block_size) -> None:
+        properties = self._properties()
+        if any(name not in properties for name in _PROPERTIES):
+            raise ValueError(
+                f"collection {self._name!r} at {self._uri!r} is not a SuBiC "
+                f"collection: its properties lack {list(_PROPERTIES)}"
+            )
+        version = properties["subic.format"]
+        if version != str(FORMAT_VERSION):
+            raise ValueError(
+                f"collection {self._name!r} has SuBiC format version {version}; "
+                f"this version of subic_keras reads version {FORMAT_VERSION}"
+            )
+        self._num_blocks = int(properties["subic.num_blocks"])
+        self._block_size = int(properties["subic.block_size"])
+        for name, given, stored in (
+            ("num_blocks", num_blocks, self._num_blocks),
+            ("block_size", block_size, self._block_size),
+        ):
+            if given is not None and given != stored:
+                raise ValueError(
+                    f"collection {self._name!r} holds codes with {name}={stored}, "
+                    f"received {name}={given}"
+                )
+        # A collection is searchable once loaded (a new process, a restart).
+        self._load()
+
+    def _load(self) -> None:
+        if self._replicas is None:
+            self._client.load_collection(self._name)
+        else:
+            self._client.load_collection(self._name, replica_number=self._replicas)
+
+    def _create(self, pymilvus, num_blocks: int, block_size: int) -> None:
+        if num_blocks * block_size > 2**31:
+            raise ValueError(
+                "num_blocks * block_size must fit Milvus's sparse dimensions "
+                f"(2**31), received {num_blocks} * {block_size}"
+            )
+        DataType = pymilvus.DataType
+        schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("seq", DataType.INT64)  # insertion order, for ties
+        schema.add_field("code", DataType.SPARSE_FLOAT_VECTOR)
+        index = self._client.prepare_index_params()
+        index.add_index(
+            field_name="code", index_type="SPARSE_INVERTED_INDEX", metric_type="IP"
+        )
+        options = {} if self._shards is None else {"num_shards": self._shards}
+        self._client.create_collection(
+            self._name,
+            schema=schema,
+            index_params=index,
+            consistency_level="Strong",
+            **options,
+            properties={
+                "subic.format": str(FORMAT_VERSION),
+                "subic.num_blocks": str(num_blocks),
+                "subic.block_size": str(block_size),
+                "subic.next_id": "0",
+                "subic.next_seq": "0",
+            },
+        )
+        self._num_blocks, self._block_size = num_blocks, block_size
+        if self._replicas is not None:
+            self._load()
+
+    # Properties -----------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    @property
+    def collection(self) -> str:
+        return self._name
+
+    def __len__(self) -> int:
+        rows = self._client.query(self._name, filter="", output_fields=["count(*)"])
+        return int(rows[0]["count(*)"])
+
+    def __repr__(self) -> str:
+        return (
+            f"MilvusIndex(uri={self._uri!r}, collection={self._name!r}, "
+            f"num_blocks={self._num_blocks}, block_size={self._block_size})"
+        )
+
+    def close(self) -> None:
+        """Closes the connection (and Milvus Lite's file)."""
+        self._client.close()
+
+    def __enter__(self) -> MilvusIndex:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # Writing --------------------------------------------------------------
+
+    def _counter(self, name: str) -> int:
+        return int(self._properties().get(f"subic.{name}", "0"))
+
+    def _present(self, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` the collection holds."""
+        found: list[int] = []
+        for start in range(0, len(ids), _BATCH):
+            rows = self._client.get(
+                self._name, ids=ids[start : start + _BATCH].tolist(), output_fields=[]
+            )
+            found.extend(int(row["id"]) for row in rows)
+        return np.array(found, dtype=np.int64)
+
+    def add(self, codes, ids=None) -> np.ndarray:
+        """Adds codes (`check_codes` forms) with new, unique ids.
+
+        Args:
+            codes: integer codes `(n, M)` in `[0, K)`, or `(n, M*K)` vectors.
+            ids: int64 ids >= 0; default: after the largest id ever added.
+
+        Returns:
+            The ids, int64 `(n,)`.
+
+        Raises:
+            ValueError: for bad codes, repeated ids, or ids already present
+                (nothing is added).
+        """
+        codes = check_codes("codes", codes, self._num_blocks, self._block_size)
+        next_id = self._counter("next_id")
+        if ids is None:
+            ids = np.arange(next_id, next_id + len(codes), dtype=np.int64)
+        else:
+            ids = check_ids("ids", ids, len(codes))
+            repeated = duplicates(ids)
+            if len(repeated):
+                raise ValueError(f"ids must be unique, repeated: {preview(repeated)}")
+            present = self._present(ids)
+            if len(present):
+                raise ValueError(
+                    f"ids already in collection {self._name!r}: {preview(present)}"
+                )
+        if not len(codes):
+            return ids
+        seq = self._counter("next_seq")
+        columns = (
+            codes.astype(np.int64) + np.arange(self._num_blocks) * self._block_size
+        )
+        inserted = 0
+        try:
+            for start in range(0, len(codes), _BATCH):
+                stop = min(len(codes), start + _BATCH)
+                rows = [
+                    {
+                        "id": int(ids[i]),
+                        "seq": seq + i,
+                        "code": dict.fromkeys(columns[i].tolist(), 1.0),
+                    }
+                    for i in range(start, stop)
+                ]
+                self._client.insert(self._name, rows)
+                inserted = stop
+        except BaseException:
+            if inserted:  # leave the collection as it was
+                self._client.delete(self._name, ids=ids[:inserted].tolist())
+            raise
+        self._client.alter_collection_properties(
+            self._name,
+            properties={
+                "subic.next_id": str(max(next_id, int(ids.max()) + 1)),
+                "subic.next_seq": str(seq + len(codes)),
+            },
+        )
+        return ids
+
+    def remove(self, ids) -> int:
+        """Removes items by id, all or nothing.
+
+        Raises:
+            KeyError: if any id is not present (none is removed).
+        """
+        ids = np.unique(check_ids("ids", ids))
+        present = self._present(ids)
+        missing = np.setdiff1d(ids, present)
+        if len(missing):
+            raise KeyError(f"ids not in collection {self._name!r}: {preview(missing)}")
+        for start in range(0, len(ids), _BATCH):
+            self._client.delete(self._name, ids=ids[start : start + _BATCH].tolist())
+        return len(ids)
+
+    # Reading --------------------------------------------------------------
+
+    def _rows(self, output_fields: list[str]) -> list[dict[str, Any]]:
+        """Every row, in insertion order, read in ranges of the counter."""
+        rows: list[dict[str, Any]] = []
+        for start in range(0, self._counter("next_seq"), _BATCH):
+            rows += self._client.query(
+                self._name,
+                filter=f"seq >= {start} and seq < {start + _BATCH}",
+                output_fields=["seq", *output_fields],
+            )
+        return sorted(rows, key=lambda row: row["seq"])
+
+    def get_ids(self) -> np.ndarray:
+        """The ids, in insertion order."""
+        rows = self._rows(["id"])
+        return np.array([row["id"] for row in rows], dtype=np.int64)
+
+    def get_codes(self, ids=None) -> np.ndarray:
+        """Integer codes `(n, M)` of `ids` (default: all, in insertion order).
+
+        Raises:
+            KeyError: if any id is not present.
+        """
+        rows = self._rows(["id", "code"])
+        dtype = np.uint8 if self._block_size <= 256 else np.uint16
+        codes = np.zeros((len(rows), self._num_blocks), dtype=dtype)
+        offsets = np.arange(self._num_blocks) * self._block_size
+        for i, row in enumerate(rows):
+            codes[i] = (
+                np.sort(np.fromiter(row["code"].keys(), dtype=np.int64)) - offsets
+            )
+        if ids is None:
+            return codes
+        ids = check_ids("ids", ids)
+        stored = np.array([row["id"] for row in rows], dtype=np.int64)
+        order = np.argsort(stored)
+        at = np.searchsorted(stored[order], ids)
+        found = at < len(stored)
+        found[found] = stored[order][at[found]] == ids[found]
+        if not found.all():
+            raise KeyError(
+                f"ids not in collection {self._name!r}: {preview(ids[~found])}"
+            )
+        return codes[order[at]]
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Asymmetric search: the `k` best items for each real query `z*`.
+
+        Args:
+            queries: real `(nq, M*K)` array.
+            k: results per query, 1 to 16,384.
+
+        Returns:
+            `(scores, ids)`: float32 and int64 `(nq, min(k, len(self)))`, best
+            first, missing results as id -1 and score -inf (module doc).
+        """
+        k = check_int("k", k, minimum=1)
+        if k > MAX_K:
+            raise ValueError(f"k must be <= {MAX_K} (Milvus's limit), received {k}")
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        width = min(k, len(self))
+        scores = np.full((len(queries), width), -np.inf, dtype=np.float32)
+        ids = np.full((len(queries), width), -1, dtype=np.int64)
+        if not width or not len(queries):
+            return scores, ids
+        sparse = [
+            {int(j): float(row[j]) for j in np.flatnonzero(row)} for row in queries
+        ]
+        asked = [i for i, entries in enumerate(sparse) if entries]
+        for start in range(0, len(asked), 256):
+            rows = asked[start : start + 256]
+            found = self._client.search(
+                self._name,
+                data=[sparse[i] for i in rows],
+                anns_field="code",
+                limit=width,
+                search_params={"metric_type": "IP"},
+                output_fields=["seq"],
+            )
+            for row, hits in zip(rows, found):
+                ranked = sorted(
+                    hits, key=lambda h: (-h["distance"], h["entity"]["seq"])
+                )
+                scores[row, : len(ranked)] = [h["distance"] for h in ranked]
+                ids[row, : len(ranked)] = [h["id"] for h in ranked]
+        return scores, ids
+
+    def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Symmetric search (`Searcher.search_codes`), at most 16,384 results."""
+        k = check_int("k", k, minimum=1)
+        codes = check_codes("codes", codes, self._num_blocks, self._block_size)
+        return search_codes_with(
+            self.search, codes, min(k, len(self)), self._block_size, 256
+        )

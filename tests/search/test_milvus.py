@@ -1,0 +1,129 @@
+"""The Milvus backend on Milvus Lite: SubicIndex's results, through Milvus."""
+
+import numpy as np
+import pytest
+from search_reference import distinct_codes, relu_queries
+
+from subic_keras.search import SubicIndex
+
+pymilvus = pytest.importorskip("pymilvus", reason="the [milvus] extra")
+milvus = pytest.importorskip("subic_keras.search.milvus")
+MilvusIndex = milvus.MilvusIndex
+
+
+@pytest.fixture(autouse=True)
+def engine():
+    """One run (the native/faiss choice does not apply to Milvus)."""
+    return "milvus"
+
+
+@pytest.fixture
+def uri(tmp_path):
+    return str(tmp_path / "codes.db")
+
+
+def both(uri, name, codes, ids, block_size):
+    index = SubicIndex(codes.shape[1], block_size)
+    index.add(codes, ids=ids)
+    remote = MilvusIndex(uri, name, codes.shape[1], block_size)
+    remote.add(codes, ids=ids)
+    return index, remote
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 256])
+def test_same_top_k_as_subic_index(rng, uri, block_size):
+    # Distinct codes and continuous queries: no exact ties to order.
+    codes = distinct_codes(rng, 2000, 6, block_size)
+    ids = rng.permutation(100_000)[:2000]
+    index, remote = both(uri, f"k{block_size}", codes, ids, block_size)
+    queries = relu_queries(rng, 8, 6, block_size)
+    for k in (1, 10, 100):
+        want, got = index.search(queries, k), remote.search(queries, k)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    index.remove(ids[:500])
+    remote.remove(ids[:500])
+    assert len(remote) == len(index) == 1500
+    np.testing.assert_array_equal(
+        remote.search(queries, 50)[1], index.search(queries, 50)[1]
+    )
+    remote.close()
+    reopened = MilvusIndex(uri, f"k{block_size}")
+    assert (reopened.num_blocks, reopened.block_size) == (6, block_size)
+    np.testing.assert_array_equal(reopened.get_ids(), index.get_ids())
+    np.testing.assert_array_equal(reopened.get_codes(), index.get_codes())
+    np.testing.assert_array_equal(
+        reopened.search(queries, 20)[1], index.search(queries, 20)[1]
+    )
+    more = reopened.add(distinct_codes(rng, 3, 6, block_size))
+    assert more.tolist() == [int(ids.max()) + 1 + i for i in range(3)]
+    reopened.close()
+
+
+def test_width_and_missing_results(rng, uri):
+    remote = MilvusIndex(uri, "small", 2, 4)
+    remote.add(np.array([[0, 1], [2, 3]]), ids=[10, 11])
+    z_star = np.array([[0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    scores, ids = remote.search(z_star, 3)  # k > len: both items
+    assert ids.tolist() == [[11, -1]]  # item 10 meets no non-zero entry
+    assert scores[0, 0] == 6.0 and scores[0, 1] == -np.inf
+    assert remote.search(np.zeros((1, 8)), 2)[1].tolist() == [[-1, -1]]
+    scores, ids = remote.search_codes(np.array([[0, 1]]), 5)
+    assert ids[0, 0] == 10 and scores[0, 0] == 2
+    with pytest.raises(ValueError, match="k must be <= 16384"):
+        remote.search(z_star, 20_000)
+    remote.close()
+
+
+def test_bad_input(rng, uri, tmp_path):
+    remote = MilvusIndex(uri, "codes", 4, 16)
+    remote.add(rng.integers(0, 16, (20, 4)), ids=np.arange(20))
+    with pytest.raises(ValueError, match="codes"):
+        remote.add(np.full((2, 4), 16))
+    with pytest.raises(ValueError, match=r"repeated: \[3\]"):
+        remote.add(np.zeros((2, 4), int), ids=[3, 3])
+    with pytest.raises(ValueError, match=r"already in collection 'codes': \[5\]"):
+        remote.add(np.zeros((2, 4), int), ids=[5, 100])
+    with pytest.raises(KeyError, match=r"\[99\]"):
+        remote.remove([1, 99])
+    assert len(remote) == 20
+    with pytest.raises(ValueError, match="width"):
+        remote.search(np.ones((1, 63)), 3)
+    with pytest.raises(ValueError, match="num_blocks=4, received num_blocks=5"):
+        MilvusIndex(uri, "codes", 5, 16)
+    with pytest.raises(ValueError, match="does not exist"):
+        MilvusIndex(uri, "absent")
+    with pytest.raises(ValueError, match="ending in .db"):
+        MilvusIndex(str(tmp_path / "codes.sqlite"), "codes")
+    remote.close()
+    client = pymilvus.MilvusClient(uri=uri)
+    client.create_collection("plain", dimension=8)
+    client.close()
+    with pytest.raises(ValueError, match="not a SuBiC collection"):
+        MilvusIndex(uri, "plain")
+
+
+def test_unreachable_server():
+    with pytest.raises(ConnectionError, match="cannot reach Milvus at uri="):
+        MilvusIndex("http://127.0.0.1:9", "codes", 4, 16, timeout=2)
+
+
+def test_failed_insert_leaves_the_collection_as_it_was(rng, uri, monkeypatch):
+    remote = MilvusIndex(uri, "codes", 4, 16)
+    remote.add(rng.integers(0, 16, (10, 4)))
+    monkeypatch.setattr(milvus, "_BATCH", 7)
+    calls = []
+    insert = remote._client.insert
+
+    def failing(name, rows):
+        calls.append(len(rows))
+        if len(calls) == 3:
+            raise RuntimeError("disk full")
+        return insert(name, rows)
+
+    monkeypatch.setattr(remote._client, "insert", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        remote.add(rng.integers(0, 16, (30, 4)))
+    assert calls == [7, 7, 7] and len(remote) == 10
+    np.testing.assert_array_equal(remote.get_ids(), np.arange(10))
+    remote.close()
