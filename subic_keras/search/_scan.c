@@ -3,7 +3,8 @@
  * The database is a sequence of tiles of `tile` items; a tile stores its
  * sub-codes column by column (`columns` rows of `tile` bytes). A sub-code
  * covers one or more blocks (see `subic_keras/search/native.py`), and each
- * query comes with one exact float64 look-up table per sub-code, so that
+ * query `z` (float32, M*K values) gets one exact float64 look-up table per
+ * sub-code, the sum of its blocks' entries, so that
  *
  *     score(item) = sum_g lut[g][sub_g(item)]            (paper Eq. 8)
  *
@@ -19,8 +20,9 @@
  * with `base = sum_g min_g` and G sub-codes. Once k items are kept, with
  * S_k the k-th best exact score, an item with Q < t, where
  * t = ceil((S_k - base) / delta) - G - 1, scores below S_k and is skipped;
- * every other item is scored exactly (in float64) and offered to a heap of
- * the k best. The extra -1 absorbs floating-point rounding. Results are
+ * every other item is scored exactly (in float64) and kept if it beats the
+ * k-th best so far (candidates are cut back to the k best, by quickselect,
+ * whenever 2k have gathered; that cut also raises t). The extra -1 absorbs floating-point rounding. Results are
  * therefore those of an exact scan: best score first, equal scores by
  * position (earlier first).
  */
@@ -52,16 +54,19 @@ typedef struct {
     const uint8_t *tiles;
     int64_t n, tile, columns;
     int bits, table, groups;
+    int num_blocks, block_size, nbits, per_group, entries; /* sub-code layout */
     int64_t k;
 } Database;
 
 typedef struct {
-    const double *lut; /* groups x table, exact */
+    double *lut;       /* groups x table, exact */
     uint8_t *qlut;     /* groups x table, quantised */
     double base, delta;
     int32_t threshold; /* items with Q below it are skipped */
-    Item *heap;        /* min-heap of the k best: worst at the root */
+    Item *kept;        /* candidates, room for 2k; the k best are kept */
     int64_t size;
+    int has_kth;       /* once 2k candidates came: */
+    Item kth;          /* the k-th best of them, the bar for later items */
 } Query;
 
 /* `a` ranks after `b`: a lower score, or an equal score at a later position. */
@@ -69,36 +74,70 @@ static inline int ranks_after(const Item *a, const Item *b) {
     return a->score < b->score || (a->score == b->score && a->position > b->position);
 }
 
-static void sift_down(Item *heap, int64_t size, int64_t i) {
-    Item moving = heap[i];
-    for (;;) {
-        int64_t child = 2 * i + 1;
-        if (child >= size) break;
-        if (child + 1 < size && ranks_after(&heap[child + 1], &heap[child])) child++;
-        if (!ranks_after(&heap[child], &moving)) break;
-        heap[i] = heap[child];
-        i = child;
-    }
-    heap[i] = moving;
+static inline void swap_items(Item *a, Item *b) {
+    Item t = *a;
+    *a = *b;
+    *b = t;
 }
 
-static void sift_up(Item *heap, int64_t i) {
-    Item moving = heap[i];
-    while (i > 0) {
-        int64_t parent = (i - 1) / 2;
-        if (!ranks_after(&moving, &heap[parent])) break;
-        heap[i] = heap[parent];
-        i = parent;
+/* Reorders `items` so that the first `k` are the best, the k-th best at
+   `k - 1` (quickselect; positions are unique, so the order is total). */
+static void select_best(Item *items, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        /* The median of three as pivot. */
+        if (ranks_after(&items[lo], &items[mid])) swap_items(&items[lo], &items[mid]);
+        if (ranks_after(&items[lo], &items[hi])) swap_items(&items[lo], &items[hi]);
+        if (ranks_after(&items[mid], &items[hi])) swap_items(&items[mid], &items[hi]);
+        Item pivot = items[mid];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (ranks_after(&pivot, &items[i])) i++;
+            while (ranks_after(&items[j], &pivot)) j--;
+            if (i <= j) swap_items(&items[i++], &items[j--]);
+        }
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            break;
     }
-    heap[i] = moving;
 }
 
-static void update_threshold(Query *q, const Database *db) {
-    if (q->size < db->k) {
-        q->threshold = 0;
-        return;
+static int best_first(const void *a, const void *b) {
+    return ranks_after(a, b) ? 1 : (ranks_after(b, a) ? -1 : 0);
+}
+
+/* The exact table of every sub-code: the sum of its blocks' entries of the
+   query `z` (blocks past `num_blocks` add nothing; unused entries repeat
+   entry 0, so they do not widen the range). */
+static void build_tables(const float *z, const Database *db, double *lut) {
+    const int K = db->block_size;
+    for (int g = 0; g < db->groups; g++) {
+        double *out = lut + (int64_t)g * db->table;
+        for (int j = 0; j < db->entries; j++) {
+            double v = 0.0;
+            for (int t = 0; t < db->per_group; t++) {
+                int block = g * db->per_group + t;
+                if (block < db->num_blocks)
+                    v += z[(int64_t)block * K + ((j >> (t * db->nbits)) & (K - 1))];
+            }
+            out[j] = v;
+        }
+        for (int j = db->entries; j < db->table; j++) out[j] = out[0];
     }
-    double t = ceil((q->heap[0].score - q->base) / q->delta) - db->groups - 1;
+}
+
+/* Keeps the k best candidates; the k-th becomes the bar, and the bound
+   threshold follows from its score. */
+static void compact(Query *q, const Database *db) {
+    select_best(q->kept, q->size, db->k);
+    q->size = db->k;
+    q->kth = q->kept[db->k - 1];
+    q->has_kth = 1;
+    double t = ceil((q->kth.score - q->base) / q->delta) - db->groups - 1;
     q->threshold = t < 0 ? 0 : (t > 65536 ? 65536 : (int32_t)t);
 }
 
@@ -159,16 +198,9 @@ static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lan
     for (int g = 0; g < db->groups; g++)
         score += q->lut[(int64_t)g * db->table + sub_code(db, cols, g, lane)];
     Item item = {score, position};
-    if (q->size < db->k) {
-        q->heap[q->size] = item;
-        sift_up(q->heap, q->size++);
-    } else if (ranks_after(&q->heap[0], &item)) {
-        q->heap[0] = item;
-        sift_down(q->heap, q->size, 0);
-    } else {
-        return;
-    }
-    update_threshold(q, db);
+    if (q->has_kth && !ranks_after(&q->kth, &item)) return;
+    q->kept[q->size++] = item;
+    if (q->size == 2 * db->k) compact(q, db);
 }
 
 /* Quantised sums of a tile ------------------------------------------------- */
@@ -352,7 +384,7 @@ static const char *choose(const Database *db, int simd, TileKernel *kernel) {
 }
 
 /* Scans queries [0, nq) and writes their top k, best first. */
-static int run(const Database *db, const double *luts, int64_t nq, int simd,
+static int run(const Database *db, const float *z, int64_t nq, int simd,
                double *scores_out, int64_t *positions_out) {
     TileKernel kernel;
     choose(db, simd, &kernel);
@@ -361,10 +393,13 @@ static int run(const Database *db, const double *luts, int64_t nq, int simd,
     const int64_t entry_bytes = db->bits == 16 ? 2 : 1; /* per sub-code column entry */
     Query queries[QUERY_GROUP];
     uint8_t *qluts = aligned_alloc(64, ((QUERY_GROUP * lut_size + 63) / 64) * 64 + 64);
-    Item *heaps = malloc(sizeof(Item) * (db->k > LARGE_K ? 1 : QUERY_GROUP) * (size_t)db->k);
-    if (!qluts || !heaps) {
+    Item *kept = malloc(sizeof(Item) * (db->k > LARGE_K ? 1 : QUERY_GROUP) * 2 * (size_t)db->k);
+    double *luts = malloc(sizeof(double) * QUERY_GROUP * lut_size);
+    const int64_t width = (int64_t)db->num_blocks * db->block_size;
+    if (!qluts || !kept || !luts) {
         free(qluts);
-        free(heaps);
+        free(kept);
+        free(luts);
         return -1;
     }
     const int group = db->k > LARGE_K ? 1 : QUERY_GROUP;
@@ -372,10 +407,12 @@ static int run(const Database *db, const double *luts, int64_t nq, int simd,
         int count = (int)(nq - q0 < group ? nq - q0 : group);
         for (int j = 0; j < count; j++) {
             Query *q = &queries[j];
-            q->lut = luts + (q0 + j) * lut_size;
+            q->lut = luts + j * lut_size;
+            build_tables(z + (q0 + j) * width, db, q->lut);
             q->qlut = qluts + j * lut_size;
-            q->heap = heaps + j * db->k;
+            q->kept = kept + j * 2 * db->k;
             q->size = 0;
+            q->has_kth = 0;
             q->threshold = 0;
             quantise(q, db);
         }
@@ -389,18 +426,13 @@ static int run(const Database *db, const double *luts, int64_t nq, int simd,
         }
         for (int j = 0; j < count; j++) {
             Query *q = &queries[j];
-            /* Heap-sort: the worst item is moved behind the shrinking heap. */
-            for (int64_t size = q->size; size > 1; size--) {
-                Item worst = q->heap[0];
-                q->heap[0] = q->heap[size - 1];
-                q->heap[size - 1] = worst;
-                sift_down(q->heap, size - 1, 0);
-            }
+            if (q->size > db->k) compact(q, db);
+            qsort(q->kept, q->size, sizeof(Item), best_first);
             for (int64_t r = 0; r < db->k; r++) {
                 int64_t at = (q0 + j) * db->k + r;
                 if (r < q->size) {
-                    scores_out[at] = q->heap[r].score;
-                    positions_out[at] = q->heap[r].position;
+                    scores_out[at] = q->kept[r].score;
+                    positions_out[at] = q->kept[r].position;
                 } else {
                     scores_out[at] = -INFINITY;
                     positions_out[at] = -1;
@@ -409,24 +441,33 @@ static int run(const Database *db, const double *luts, int64_t nq, int simd,
         }
     }
     free(qluts);
-    free(heaps);
+    free(kept);
+    free(luts);
     return 0;
 }
 
 /* Python binding ----------------------------------------------------------- */
 
 static PyObject *scan(PyObject *self, PyObject *args) {
-    Py_buffer tiles, luts, scores, positions;
+    Py_buffer tiles, queries, scores, positions;
     Database db;
     long long n, tile, columns, k, nq;
-    int bits, table, groups, simd;
+    int bits, table, groups, num_blocks, block_size, per_group, simd;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLLiiiLy*Lw*w*p", &tiles, &n, &tile, &columns, &bits,
-                          &table, &groups, &k, &luts, &nq, &scores, &positions, &simd))
+    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*p", &tiles, &n, &tile, &columns, &bits,
+                          &table, &groups, &num_blocks, &block_size, &per_group, &k,
+                          &queries, &nq, &scores, &positions, &simd))
         return NULL;
+    int nbits = 0;
+    while (nbits < 16 && (1 << nbits) < block_size) nbits++;
     const char *problem = NULL;
     if (n < 0 || tile < 64 || tile % 64 || columns < 1 || groups < 1 || k < 1 || nq < 0)
         problem = "sizes out of range";
+    else if (block_size < 2 || (1 << nbits) != block_size || per_group < 1 ||
+             per_group * nbits > 16 || num_blocks < 1 ||
+             groups != (num_blocks + per_group - 1) / per_group ||
+             (1 << (per_group * nbits)) > table)
+        problem = "blocks and sub-codes do not match";
     else if (!(bits == 4 || bits == 8 || bits == 16) || (bits == 4 && table != 16) ||
              (bits == 8 && !(table == 64 || table == 128 || table == 256)) ||
              (bits == 16 && (table < 2 || table > 65536)))
@@ -435,8 +476,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         problem = "columns and groups do not match";
     else if (tiles.len != ((n + tile - 1) / tile) * tile * columns * (bits == 16 ? 2 : 1))
         problem = "tiles buffer has the wrong size";
-    else if (luts.len != nq * groups * table * (long long)sizeof(double))
-        problem = "tables buffer has the wrong size";
+    else if (queries.len != nq * num_blocks * block_size * (long long)sizeof(float))
+        problem = "queries buffer has the wrong size";
     else if (scores.len != nq * k * (long long)sizeof(double) ||
              positions.len != nq * k * (long long)sizeof(int64_t))
         problem = "output buffers have the wrong size";
@@ -449,13 +490,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         db.bits = bits;
         db.table = table;
         db.groups = groups;
+        db.num_blocks = num_blocks;
+        db.block_size = block_size;
+        db.nbits = nbits;
+        db.per_group = per_group;
+        db.entries = 1 << (per_group * nbits);
         db.k = k;
         Py_BEGIN_ALLOW_THREADS status =
-            run(&db, luts.buf, nq, simd, scores.buf, positions.buf);
+            run(&db, queries.buf, nq, simd, scores.buf, positions.buf);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&tiles);
-    PyBuffer_Release(&luts);
+    PyBuffer_Release(&queries);
     PyBuffer_Release(&scores);
     PyBuffer_Release(&positions);
     if (problem) {
@@ -479,8 +525,9 @@ static PyObject *kernel_name(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(tiles, n, tile, columns, bits, table, groups, k, luts, nq, scores, "
-     "positions, simd): exact top-k of every query, written to scores and positions."},
+     "scan(tiles, n, tile, columns, bits, table, groups, num_blocks, block_size, "
+     "per_group, k, queries, nq, scores, positions, simd): exact top-k of every "
+     "float32 query, written to scores and positions."},
     {"kernel_name", kernel_name, METH_VARARGS,
      "kernel_name(bits, tile): the SIMD kernel this CPU runs for such sub-codes."},
     {NULL, NULL, 0, NULL}};

@@ -40,8 +40,7 @@ except ImportError:  # built without a C compiler: faiss's engines search
     _scan = None
 
 TILE = 1024
-# Queries per kernel call: bounds the float64 tables in memory (e.g. 256
-# queries x 8 sub-codes x 256 entries = 4 MiB).
+# Queries per kernel call (the threads split the batch in such chunks).
 _QUERY_CHUNK = 256
 
 
@@ -124,27 +123,6 @@ class Layout:
         tiled = padded.reshape(num_tiles, TILE, self.columns).transpose(0, 2, 1)
         return np.ascontiguousarray(tiled).ravel()
 
-    def tables(self, queries: np.ndarray) -> np.ndarray:
-        """Exact float64 tables `(nq, groups, table)` of real queries."""
-        nq = len(queries)
-        padded = np.zeros(
-            (nq, self.groups * self.per_group, self.block_size), dtype=np.float64
-        )
-        padded[:, : self.num_blocks] = queries.reshape(
-            nq, self.num_blocks, self.block_size
-        )
-        blocks = padded.reshape(nq, self.groups, self.per_group, self.block_size)
-        entry = np.arange(self.entries)
-        tables = np.empty((nq, self.groups, self.table), dtype=np.float64)
-        values = np.zeros((nq, self.groups, self.entries), dtype=np.float64)
-        for t in range(self.per_group):
-            value = (entry >> (t * self.nbits)) & (self.block_size - 1)
-            values += blocks[:, :, t, value]
-        tables[..., : self.entries] = values
-        # Unused entries repeat a used one, so they do not widen the range.
-        tables[..., self.entries :] = values[..., :1]
-        return tables
-
 
 def search(
     layout: Layout,
@@ -166,9 +144,10 @@ def search(
         return scores, positions
     chunk = min(_QUERY_CHUNK, -(-nq // max(1, threads)))
 
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+
     def run(start: int) -> None:
         stop = min(nq, start + chunk)
-        tables = layout.tables(queries[start:stop])
         _scan.scan(
             tiles,
             n,
@@ -177,8 +156,11 @@ def search(
             layout.bits,
             layout.table,
             layout.groups,
+            layout.num_blocks,
+            layout.block_size,
+            layout.per_group,
             k,
-            tables,
+            queries[start:stop],
             stop - start,
             scores[start:stop],
             positions[start:stop],
