@@ -483,9 +483,21 @@ def main(argv=None) -> dict:
         codes, queries = model_data(path, args)
         num_blocks = codes.shape[1]
         bits = num_blocks * ((queries.shape[1] // num_blocks).bit_length() - 1)
-        rows += measure(bits, codes, queries, args, rng, os.path.basename(path))
+        # A model's run directory names it (`cifar10-48b-s0/best.keras`).
+        label = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        rows += measure(bits, codes, queries, args, rng, label)
     report = {
-        "command": list(sys.argv),
+        "command": " ".join(
+            [
+                *(
+                    [f"OMP_WAIT_POLICY={policy}"]
+                    if (policy := os.environ.get("OMP_WAIT_POLICY"))
+                    else []
+                ),
+                "python -m benchmarks.search_speed",
+                *sys.argv[1:],
+            ]
+        ),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "versions": {
             "faiss": faiss.__version__,
@@ -501,6 +513,9 @@ def main(argv=None) -> dict:
             },
             "cpu_count": os.cpu_count(),
             "faiss_threads": args.threads,
+            # Spinning OpenMP threads (the default policy) steal the cores
+            # from the next method for a while after every faiss call.
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
             "load_average_before": load_before,

@@ -23,6 +23,14 @@ the first search after a change.
 
 `SUBIC_NATIVE=0` in the environment turns the native scan off (the faiss
 engines then search); `kernel()` names the kernel this CPU runs.
+
+Measured (`benchmarks/search_speed.py`, AMD EPYC Zen 4 with AVX-512 VBMI, 2
+threads, 1,000,000 random codes, batches of 1,000 ReLU queries, k = 100):
+3,949 queries/s at 64 bits with K = 256 (faiss's IndexPQ scan, the path it
+replaces: 278; faiss's Hamming scan of 64-bit codes: 1,181), 4,526 with
+K = 16 (faiss's fast scan with re-scoring: 2,725; Hamming 1,539), and
+9,187 at 48 bits with K = 64 (faiss: 327; Hamming 553). Ratios
+depend on the CPU; the README's table records the one it ran on.
 """
 
 from __future__ import annotations
