@@ -17,14 +17,14 @@
  *
  *     base + delta Q  <=  score  <  base + delta (Q + G)
  *
- * with `base = sum_g min_g` and G sub-codes. Once k items are kept, with
- * S_k the k-th best exact score, an item with Q < t, where
+ * with `base = sum_g min_g` and G sub-codes. Candidates gather in a buffer
+ * of 2k; when it is full it is cut back to the k best by quickselect, and
+ * S_k, the k-th best exact score, sets the bar. An item with Q < t, where
  * t = ceil((S_k - base) / delta) - G - 1, scores below S_k and is skipped;
- * every other item is scored exactly (in float64) and kept if it beats the
- * k-th best so far (candidates are cut back to the k best, by quickselect,
- * whenever 2k have gathered; that cut also raises t). The extra -1 absorbs floating-point rounding. Results are
- * therefore those of an exact scan: best score first, equal scores by
- * position (earlier first).
+ * every other item is scored exactly (in float64) and kept if it beats
+ * S_k. The extra -1 absorbs floating-point rounding. Results are therefore
+ * those of an exact scan: best score first, equal scores by position
+ * (earlier first).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -43,7 +43,7 @@
 #endif
 
 #define QUERY_GROUP 8        /* queries sharing each pass over a tile */
-#define LARGE_K (1 << 16)    /* beyond it, one query at a time (heap memory) */
+#define LARGE_K (1 << 16)    /* beyond it, one query at a time (buffer memory) */
 
 typedef struct {
     double score;
