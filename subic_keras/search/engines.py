@@ -122,6 +122,15 @@ def _pad_columns(array: np.ndarray, width: int) -> np.ndarray:
     return padded
 
 
+def _best_first(scores: np.ndarray, positions: np.ndarray, k: int | None = None):
+    """Each row by score, highest first, equal scores by position; its first `k`."""
+    order = np.lexsort((positions, -scores), axis=-1)[:, :k]
+    return (
+        np.take_along_axis(scores, order, axis=1),
+        np.take_along_axis(positions, order, axis=1),
+    )
+
+
 def _selector(positions: np.ndarray):
     return faiss.IDSelectorBatch(np.ascontiguousarray(positions, dtype=np.int64))
 
@@ -260,11 +269,7 @@ class FlatEngine(_NativeScan):
             scores, positions = self._byte_scan(queries, k)
         else:
             scores, positions = self._scan(queries, k)
-        order = np.lexsort((positions, -scores), axis=-1)
-        return (
-            np.take_along_axis(scores, order, axis=1),
-            np.take_along_axis(positions, order, axis=1),
-        )
+        return _best_first(scores, positions)
 
     def _scan(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = _pad_columns(queries, self.width)
@@ -431,11 +436,8 @@ class FastScanEngine(_NativeScan):
         exact = queries[np.arange(len(queries))[:, None, None], columns]
         exact = exact.sum(axis=-1, dtype=np.float64)
         exact[~valid] = -np.inf
-        order = np.lexsort((candidates, -exact), axis=-1)[:, :k]
-        return (
-            np.take_along_axis(exact, order, axis=1).astype(np.float32),
-            np.take_along_axis(candidates, order, axis=1),
-        )
+        scores, positions = _best_first(exact, candidates, k)
+        return scores.astype(np.float32), positions
 
     def _scan(self, queries, k):
         """Exact top-k over every stored item, in chunks (NumPy)."""
@@ -450,9 +452,7 @@ class FastScanEngine(_NativeScan):
             best = np.concatenate(
                 [best, np.broadcast_to(positions, chunk_scores.shape)], axis=1
             )
-            order = np.lexsort((best, -best_scores), axis=-1)[:, :k]
-            best_scores = np.take_along_axis(best_scores, order, axis=1)
-            best = np.take_along_axis(best, order, axis=1)
+            best_scores, best = _best_first(best_scores, best, k)
         return best_scores.astype(np.float32), best
 
 
@@ -495,11 +495,7 @@ class _ShardsMixin:
         ]
         scores = np.concatenate([f[0] for f in found], axis=1)
         positions = np.concatenate([f[1] for f in found], axis=1)
-        order = np.lexsort((positions, -scores), axis=-1)[:, :k]
-        return (
-            np.take_along_axis(scores, order, axis=1),
-            np.take_along_axis(positions, order, axis=1),
-        )
+        return _best_first(scores, positions, k)
 
     def codes(self, positions, dtype=np.int64) -> np.ndarray:
         if isinstance(positions, slice):

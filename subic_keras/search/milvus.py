@@ -276,8 +276,9 @@ class MilvusIndex(Searcher):
 
     # Writing --------------------------------------------------------------
 
-    def _counter(self, name: str) -> int:
-        return int(self._properties().get(f"subic.{name}", "0"))
+    def _counter(self, name: str, properties: dict | None = None) -> int:
+        properties = self._properties() if properties is None else properties
+        return int(properties.get(f"subic.{name}", "0"))
 
     def _present(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` the collection holds."""
@@ -304,7 +305,8 @@ class MilvusIndex(Searcher):
                 (nothing is added).
         """
         codes = check_codes("codes", codes, self._num_blocks, self._block_size)
-        next_id = self._counter("next_id")
+        properties = self._properties()  # one request for both counters
+        next_id = self._counter("next_id", properties)
         if ids is None:
             ids = np.arange(next_id, next_id + len(codes), dtype=np.int64)
         else:
@@ -319,7 +321,7 @@ class MilvusIndex(Searcher):
                 )
         if not len(codes):
             return ids
-        seq = self._counter("next_seq")
+        seq = self._counter("next_seq", properties)
         columns = (
             codes.astype(np.int64) + np.arange(self._num_blocks) * self._block_size
         )
