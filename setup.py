@@ -14,7 +14,7 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=["subic_keras", "subic_keras.*"]),
     # PEP 561: the package's type hints are visible to users' type checkers.
-    package_data={"subic_keras": ["py.typed"]},
+    package_data={"subic_keras": ["py.typed", "static/*.html"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.16",
@@ -28,6 +28,12 @@ setup(
         "faiss-cpu>=1.8",
         "tqdm>=4.60",
         "tensorboard>=2.16",
+        # Decoding the pictures of a folder, a query file or an upload.
+        "pillow>=10",
+        # `subic serve`: the REST API and the web page.
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "python-multipart>=0.0.9",
     ],
     extras_require={
         "litert": ["ai-edge-litert>=1.0"],
@@ -51,6 +57,8 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6",
             "matplotlib>=3.7",
+            "httpx>=0.27",  # FastAPI's TestClient
+            "playwright>=1.40",  # the web page in Debian's chromium
         ],
     },
     # The exact SIMD scan (subic_keras/search/native.py). Optional: without a C

@@ -214,3 +214,22 @@ def load_keras_file(path: str | os.PathLike, compile: bool = True):
         raise ValueError(
             f"cannot load the Keras model in {path!r}: {type(error).__name__}: {error}"
         ) from error
+
+
+def check_output_path(path: str | os.PathLike) -> str:
+    """`path` if a file can be written there: its folder exists and it is
+    not a directory (checked before any long work that would end in a save).
+
+    Raises:
+        IsADirectoryError: `path` is a directory.
+        FileNotFoundError: the folder that would hold it does not exist.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "a directory, not an output file", path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(
+            errno.ENOENT, "the folder of the output file does not exist", parent
+        )
+    return path

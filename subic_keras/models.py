@@ -391,6 +391,29 @@ class Subic(Scorer):
         encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
         return self._predict(encoder, inputs, batch_size, "queries")
 
+    def query_model(self, kind: str | None = None) -> ImageModel:
+        """`images → (queries, class probabilities)`: one forward pass for both.
+
+        What a search service answers a picture with: its query of kind
+        `kind` (`None`: `default_query`) and FC1's class posterior
+        `s* = softmax(W₁ᵀ b̃* + c)` on its block softmax. Shares every weight.
+
+        Example:
+
+        >>> subic = build_subic(backbones.dsh_cnn(), 4, 16, 10)
+        >>> queries, probs = subic.query_model()(np.zeros((2, 32, 32, 3), np.uint8))
+        >>> tuple(queries.shape), tuple(probs.shape)
+        ((2, 64), (2, 10))
+        """
+        kind = check_query_kind("kind", self.default_query if kind is None else kind)
+        encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
+        posterior = self.train_model.get_layer(CLASS_PROBS).output
+        return ImageModel(
+            self.train_model.inputs,
+            [encoder.outputs[0], posterior],
+            name=f"{kind}_query_model",
+        )
+
     def code_statistics(self, images, labels=None, batch_size: int = 256) -> dict:
         """How well the codes use their bits, on `images` (the paper's Fig. 3).
 

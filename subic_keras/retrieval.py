@@ -8,12 +8,18 @@ code that scores the baselines, and every number through
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
+
 import numpy as np
 
+from subic_keras import images as image_files
 from subic_keras import protocols, scoring
 from subic_keras.datasets import as_model_inputs as as_model_inputs
 from subic_keras.models import Subic
 from subic_keras.search import SearchBackend, SubicIndex
+from subic_keras.search.image_index import ImageIndex
 
 
 def build_index(
@@ -26,6 +32,108 @@ def build_index(
     index = SubicIndex(subic.num_blocks, subic.block_size)
     index.add(subic.encode(images, batch_size=batch_size), ids=ids)
     return index
+
+
+def input_shape(subic: Subic) -> tuple[int, int, int]:
+    """The `(H, W, C)` of the pictures `subic` takes."""
+    shape = tuple(subic.train_model.input_shape[1:])
+    if len(shape) != 3 or None in shape:
+        raise ValueError(
+            f"the model takes inputs of shape {shape}, not pictures (H, W, C)"
+        )
+    return shape
+
+
+@dataclasses.dataclass
+class FolderReport:
+    """What `index_folder` did with the files of a folder."""
+
+    added: int = 0
+    already_indexed: int = 0
+    skipped: list[image_files.SkippedFile] = dataclasses.field(default_factory=list)
+
+
+def index_folder(
+    subic: Subic,
+    root: str | os.PathLike,
+    index: ImageIndex | None = None,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> tuple[ImageIndex, FolderReport]:
+    """Encodes every picture under `root` (recursively) into an `ImageIndex`.
+
+    Files are decoded, resized to the model's input (`subic_keras.images`)
+    and encoded a batch at a time, so memory does not grow with the number
+    of files. A file that is not a decodable picture is skipped and reported,
+    never raised; pictures already in `index` (by path) are left as they are.
+
+    Args:
+        subic: the model that encodes the pictures.
+        root: the folder; paths are stored relative to it.
+        index: an `ImageIndex` of the same folder to add to (default: a new
+            one).
+        batch_size: pictures decoded and encoded at a time.
+        progress: show a progress bar on standard error (on a terminal).
+
+    Returns:
+        `(index, report)`: the index, and the counts of added, already
+        indexed and skipped files, with each skipped file's reason.
+
+    Raises:
+        ValueError: `index` is of another folder, block shape or image shape.
+        NotADirectoryError, FileNotFoundError: `root` is not a folder.
+    """
+    shape = input_shape(subic)
+    paths, skipped = image_files.find_files(root)
+    if index is None:
+        index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
+    else:
+        _check_same_folder(index, subic, root, shape)
+    new = [path for path in paths if path not in index]
+    report = FolderReport(already_indexed=len(paths) - len(new), skipped=skipped)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=len(new), desc="indexing", unit="img", file=sys.stderr,
+        disable=None if progress else True, leave=False,
+    )  # fmt: skip
+    show, subic.show_progress = subic.show_progress, False
+    try:
+        for batch in image_files.image_batches(root, new, shape, batch_size):
+            if batch.paths:
+                codes = subic.encode(batch.pixels, batch_size=batch_size)
+                index.add(codes, batch.paths, batch.fingerprints)
+            report.added += len(batch.paths)
+            report.skipped += batch.skipped
+            bar.update(len(batch.paths) + len(batch.skipped))
+    finally:
+        subic.show_progress = show
+        bar.close()
+    return index, report
+
+
+def _check_same_folder(index: ImageIndex, subic: Subic, root, shape) -> None:
+    if os.path.realpath(index.root) != os.path.realpath(root):
+        raise ValueError(
+            f"the index holds pictures of {index.root}, received the folder "
+            f"{os.path.abspath(root)}"
+        )
+    check_model_fits(index, subic)
+    if index.image_shape is not None and tuple(index.image_shape) != shape:
+        raise ValueError(
+            f"the index holds pictures decoded to {index.image_shape}, but the "
+            f"model takes {shape}"
+        )
+
+
+def check_model_fits(index, subic: Subic, where: str = "the index") -> None:
+    """Refuses a model whose codes are not the index's."""
+    if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
+        raise ValueError(
+            f"{where} holds codes of {index.num_blocks} blocks of "
+            f"{index.block_size}, but the model makes {subic.num_blocks} blocks of "
+            f"{subic.block_size}"
+        )
 
 
 def full_scores(

@@ -176,6 +176,18 @@ def digits_model(tmp_path_factory):
     return str(out / "best.keras")
 
 
+def _by_query(out: str) -> list[dict]:
+    """`subic search --json`'s lines (one per match) grouped by query, in order."""
+    groups: dict[str, dict] = {}
+    for line in out.strip().splitlines():
+        match = json.loads(line)
+        group = groups.setdefault(match["query"], {"ids": [], "scores": []})
+        assert match["rank"] == len(group["ids"]) + 1
+        group["ids"].append(match["id"])
+        group["scores"].append(match["score"])
+    return list(groups.values())
+
+
 def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     import numpy as np
 
@@ -199,11 +211,12 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
                 str(tmp_path / "queries.npy"),
                 "-k",
                 "4",
+                "--json",
             ]
         )
         == 0
     )
-    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    lines = _by_query(capsys.readouterr().out)
     assert [len(line["ids"]) for line in lines] == [4, 4]
     assert all(line["scores"] == sorted(line["scores"], reverse=True) for line in lines)
 
@@ -224,13 +237,14 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     assert result["query"] == "class_posterior" and 0 < result["map"] <= 1
     capsys.readouterr()
     search = ["search", digits_model, index_path, str(tmp_path / "queries.npy")]
+    search.append("--json")
     assert main([*search, "-k", "3", "--query", "class_posterior"]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    lines = _by_query(capsys.readouterr().out)
     assert [len(line["ids"]) for line in lines] == [3, 3]
     # A -k far beyond the index prints what it holds, without allocating for k.
     size = len(SubicIndex.load(index_path))
     assert main([*search, "-k", str(10**12)]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    lines = _by_query(capsys.readouterr().out)
     assert [len(line["ids"]) for line in lines] == [size, size]
     with pytest.raises(SystemExit):
         main([*search, "-k", "0"])
@@ -264,13 +278,14 @@ def test_milvus_collection_from_the_command_line(digits_model, tmp_path):
     )
     (_, _), (x_test, _) = load_images("digits")
     np.save(tmp_path / "queries.npy", x_test[:3])
-    code, out, err = subic("search", digits_model, tmp_path / "queries.npy", *milvus)
+    queries = tmp_path / "queries.npy"
+    code, out, err = subic("search", digits_model, queries, *milvus, "--json")
     assert code == 0, err
-    from_milvus = [json.loads(line) for line in out.splitlines()]
+    from_milvus = _by_query(out)
     code, out, err = subic(
-        "search", digits_model, tmp_path / "db.subic", tmp_path / "queries.npy"
+        "search", digits_model, tmp_path / "db.subic", queries, "--json"
     )
-    from_file = [json.loads(line) for line in out.splitlines()]
+    from_file = _by_query(out)
     assert [line["ids"][:5] for line in from_milvus] == [
         line["ids"][:5] for line in from_file
     ]
@@ -299,7 +314,7 @@ def test_commands_print_no_tensorflow_log_lines(digits_model, tmp_path):
     for command in (
         ["index", "build", digits_model, "--dataset", "digits", "--output", index],
         ["search", digits_model, index, str(tmp_path / "queries.npy"), "-k", "2"],
-    ):
+    ):  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-m", "subic_keras.cli", *command],
             capture_output=True,
@@ -308,7 +323,7 @@ def test_commands_print_no_tensorflow_log_lines(digits_model, tmp_path):
             env=env,
         )
         assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert len(done.stdout.strip().splitlines()) == 3
+    assert len(done.stdout.strip().splitlines()) == 3 * (1 + 2)  # name, 2 matches
     # --verbose shows them.
     done = subprocess.run(
         [sys.executable, "-m", "subic_keras.cli", *command, "--verbose"],
@@ -389,6 +404,7 @@ def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
             str(tmp_path / "queries.npy"),
             "-k",
             "1000000000",
+            "--json",
         ],
         capture_output=True,
         text=True,
@@ -396,5 +412,5 @@ def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
         preexec_fn=limit_memory,
     )
     assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    lines = _by_query(done.stdout)
     assert [len(line["ids"]) for line in lines] == [599, 599]

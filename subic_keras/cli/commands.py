@@ -13,15 +13,16 @@ import sys
 import time
 
 import numpy as np
-import tensorflow as tf
 
 from subic_keras import evaluation, protocols, retrieval
-from subic_keras._io import atomic_path, check_file
+from subic_keras import images as image_files
+from subic_keras._io import atomic_path, check_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.cli.parser import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
 from subic_keras.search import SubicIndex
+from subic_keras.search.image_index import ImageIndex, load_index
 from subic_keras.training import train
 
 
@@ -146,11 +147,15 @@ def _milvus(args, num_blocks=None, block_size=None):
 def run_index_build(args) -> int:
     if (args.output is None) == (args.milvus is None):
         raise ValueError("give one of --output FILE and --milvus URI")
+    if args.folder is not None:
+        return _index_folder(args)
+    args.dataset = args.dataset or "cifar10"
+    args.split = args.split or "test"
     subic = _load_subic(args.model)
     images, labels = _split_images(args)
     ids = np.arange(len(images))
     if args.protocol is not None:
-        _, ids = protocols.protocol_split(args.protocol, labels, seed=args.seed)
+        _, ids = protocols.protocol_split(args.protocol, labels, seed=args.seed or 0)
     if args.milvus is not None:
         with _milvus(args, subic.num_blocks, subic.block_size) as collection:
             collection.add(subic.encode(images[ids]), ids=ids)
@@ -169,16 +174,99 @@ def run_index_build(args) -> int:
     return 0
 
 
+def _index_folder(args) -> int:
+    given = [
+        flag
+        for flag, value in (
+            ("--dataset", args.dataset),
+            ("--data-dir", args.data_dir),
+            ("--split", args.split),
+            ("--protocol", args.protocol),
+            ("--seed", args.seed),
+            ("--milvus", args.milvus),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} select a dataset split; a folder of pictures "
+            f"({args.folder}) takes none of them"
+        )
+    batch_size = check_int("--batch-size", args.batch_size, minimum=1)
+    image_files.find_files(args.folder)  # refuses a missing folder at once
+    check_output_path(args.output)
+    subic = _load_subic(args.model)
+    index, report = retrieval.index_folder(
+        subic, args.folder, batch_size=batch_size, progress=True
+    )
+    index.save(args.output)
+    _report_folder(report, index, args.output)
+    return 0
+
+
+def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
+    for skipped in report.skipped:
+        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    known = (
+        f", {report.already_indexed} already indexed" if report.already_indexed else ""
+    )
+    print(
+        f"indexed {report.added} pictures of {index.root}{known}; skipped "
+        f"{len(report.skipped)} files that are not pictures (listed on stderr); "
+        f"{len(index)} pictures in {output}"
+    )
+
+
+def run_index_add(args) -> int:
+    batch_size = check_int("--batch-size", args.batch_size, minimum=1)
+    check_file(args.index, "index file")
+    index = ImageIndex.load(args.index)
+    folder = index.root if args.folder is None else args.folder
+    image_files.find_files(folder)
+    subic = _load_subic(args.model)
+    index, report = retrieval.index_folder(
+        subic, folder, index=index, batch_size=batch_size, progress=True
+    )
+    index.save(args.index)
+    _report_folder(report, index, args.index)
+    return 0
+
+
+def run_index_remove(args) -> int:
+    check_file(args.index, "index file")
+    if not args.paths and not args.missing:
+        raise ValueError("give the paths to remove, or --missing")
+    index = ImageIndex.load(args.index)
+    paths = list(args.paths)
+    unknown = [path for path in paths if path not in index]
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} paths are not in the index, none removed: "
+            f"{', '.join(unknown[:5])}"
+        )
+    if args.missing:
+        paths += [
+            path
+            for path in index.get_paths()
+            if not os.path.isfile(os.path.join(index.root, path))
+        ]
+    removed = index.remove(paths)
+    index.save(args.index)
+    print(f"removed {removed} pictures; {len(index)} left in {args.index}")
+    return 0
+
+
 def _read_npy(path: str, shape) -> np.ndarray:
     """Images `(n, *shape)` from a `.npy` file (one image may lack the `n`)."""
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, EOFError) as error:
         raise ValueError(f"not a NumPy .npy array ({error}) ({path})") from None
-    if array.ndim == len(shape) - 1:
-        array = array[None]  # one image
-    if array.ndim == len(shape) and len(shape) == 3:
+    shape = tuple(shape)
+    if shape[-1] == 1 and array.shape[-2:] == shape[:2]:
         array = array[..., None]  # grey images without a channel axis
+    if array.shape == shape:
+        array = array[None]  # one image
     if array.dtype != np.uint8 and array.dtype.kind != "f":
         raise ValueError(
             f"query images must be uint8 pixels or floats in [0, 1], received "
@@ -193,24 +281,20 @@ def _read_npy(path: str, shape) -> np.ndarray:
 
 
 def _read_image(path: str, shape) -> np.ndarray:
-    """One encoded image file, decoded to `C` channels and resized to `H×W`."""
+    """One encoded image file, decoded to the model's `(H, W, C)`."""
     try:
-        image = tf.io.decode_image(
-            tf.io.read_file(path), channels=shape[-1], expand_animations=False
-        )
-    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
+        return image_files.read_image(path, shape)[None]
+    except image_files.ImageDecodeError as error:
         raise ValueError(
-            f"not an image file TensorFlow can decode (PNG, JPEG, GIF, BMP or "
-            f"WebP) or a .npy array ({path})"
+            f"not an image file (PNG, JPEG, GIF, BMP or WebP) or a .npy array: {error}"
         ) from None
-    if tuple(image.shape[:2]) != tuple(shape[:2]):
-        image = tf.image.resize(image, shape[:2], antialias=True)
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-    return image.numpy()[None]
 
 
-def _read_query_images(paths: list[str], shape) -> tuple[list[str], np.ndarray]:
-    """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image files."""
+def _read_query_images(
+    paths: list[str], shape
+) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image
+    files, and the fingerprints of their pixels (0 for float arrays)."""
     shape = tuple(shape)
     names, batches = [], []
     for path in paths:
@@ -222,47 +306,104 @@ def _read_query_images(paths: list[str], shape) -> tuple[list[str], np.ndarray]:
             array = _read_image(path, shape)
             names.append(path)
         batches.append(array)
+    fingerprints = np.array(
+        [
+            image_files.fingerprint(image) if batch.dtype == np.uint8 else 0
+            for batch in batches
+            for image in batch
+        ],
+        dtype=np.uint64,
+    )
     if len({batch.dtype for batch in batches}) > 1:
         batches = [retrieval.as_model_inputs(batch) for batch in batches]
-    return names, np.concatenate(batches)
+    return names, np.concatenate(batches), fingerprints
 
 
 def run_search(args) -> int:
     check_int("-k", args.k, minimum=1)
-    subic = _load_subic(args.model)
     paths = args.images
+    check_file(args.model, "model file")
+    if args.milvus is None:
+        if not paths:
+            raise ValueError("give at least one query image after the index file")
+        check_file(args.index, "index file")
+    subic = _load_subic(args.model)
     if args.milvus is not None:
         index = _milvus(args)  # no index file: its place holds a query
         where = f"collection {args.collection!r} at {args.milvus}"
         paths = [args.index, *paths]
     else:
-        if not paths:
-            raise ValueError("give at least one query image after the index file")
-        index = SubicIndex.load(args.index)
+        index = load_index(args.index)
         where = f"index {args.index}"
-    if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
-        raise ValueError(
-            f"{where} holds codes of {index.num_blocks} blocks of "
-            f"{index.block_size}, but the model makes {subic.num_blocks} blocks of "
-            f"{subic.block_size}"
-        )
-    shape = subic.train_model.inputs[0].shape[1:]
-    names, images = _read_query_images(paths, shape)
+    retrieval.check_model_fits(index, subic, where)
+    names, images, fingerprints = _read_query_images(
+        paths, retrieval.input_shape(subic)
+    )
     queries = subic.query(images, kind=args.query)
     # At most len(index) columns come back, whatever -k says; a Milvus
     # collection may leave some empty (id -1).
-    scores, ids = index.search(queries, args.k)
-    for name, row_scores, row_ids in zip(names, scores, ids):
-        found = row_ids >= 0
-        print(
-            json.dumps(
-                {
-                    "query": name,
-                    "ids": row_ids[found].tolist(),
-                    "scores": [round(float(v), 6) for v in row_scores[found]],
-                }
+    if isinstance(index, ImageIndex):
+        scores, ids = index.search(queries, args.k, fingerprints=fingerprints)
+    else:
+        scores, ids = index.search(queries, args.k)
+    for row, name in enumerate(names):
+        found = ids[row] >= 0
+        row_ids, row_scores = ids[row][found], scores[row][found]
+        exact = set()
+        if isinstance(index, ImageIndex):
+            exact = set(index.exact_copies(fingerprints[row]).tolist())
+        matches = [
+            {
+                "query": name,
+                "rank": rank,
+                "score": round(float(score), 6),
+                "id": int(item),
+                "path": path,
+                "exact": int(item) in exact,
+            }
+            for rank, (score, item, path) in enumerate(
+                zip(row_scores, row_ids, _paths_of(index, row_ids)), start=1
             )
-        )
+        ]
+        _print_matches(name, matches, args.json)
+    return 0
+
+
+def _paths_of(index, ids: np.ndarray) -> list[str | None]:
+    if isinstance(index, ImageIndex):
+        return list[str | None](index.paths(ids))
+    return [None] * len(ids)
+
+
+def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
+    if as_json:
+        for match in matches:
+            print(json.dumps(match))
+        return
+    print(name)
+    for match in matches:
+        where = match["path"] if match["path"] is not None else f"id {match['id']}"
+        note = "  (the query itself)" if match["exact"] else ""
+        print(f"  {match['rank']:>4}  {match['score']:>10.4f}  {where}{note}")
+
+
+def run_serve(args) -> int:
+    from subic_keras import server
+
+    port = check_int("--port", args.port, minimum=0)
+    if port > 65535:
+        raise ValueError(f"--port must be <= 65535, received {port}")
+    if not args.max_upload_mb > 0:
+        raise ValueError(f"--max-upload-mb must be > 0, received {args.max_upload_mb}")
+    check_file(args.model, "model file")
+    check_file(args.index, "index file")
+    service = server.SearchService(
+        args.model,
+        args.index,
+        query=args.query,
+        max_upload_bytes=int(args.max_upload_mb * 1e6),
+    )
+    server.run(service, host=args.host, port=port)
     return 0
 
 

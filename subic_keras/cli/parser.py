@@ -238,6 +238,15 @@ def _add_query_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_batch_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="pictures decoded and encoded at a time (default: %(default)s)",
+    )
+
+
 def _add_milvus_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument(
         "--milvus",
@@ -336,15 +345,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_arguments(train, TrainConfig())
     train.set_defaults(run="run_train", command_name="train")
 
-    index = commands.add_parser("index", help="build a search index")
+    index = commands.add_parser("index", help="build, extend or prune a search index")
     index_commands = index.add_subparsers(dest="index_command", required=True)
     build = index_commands.add_parser(
         "build",
         parents=[common],
-        help="encode a dataset split with a model into a SubicIndex file",
+        help="encode a folder of pictures, or a dataset split, into an index file",
+        description="With FOLDER: encodes every picture under it (recursively; "
+        "JPEG, PNG, BMP, GIF, WebP of any size), keeping each one's path "
+        "relative to FOLDER; files that are not pictures are skipped and "
+        "listed. Without: encodes a dataset split, ids the positions in it.",
     )
     build.add_argument("model", help="a SuBiC .keras model")
+    build.add_argument(
+        "folder",
+        nargs="?",
+        default=None,
+        help="a folder of pictures to index (default: none, index --dataset)",
+    )
     _add_data_arguments(build)
+    # Unset unless given, so that they can be refused beside FOLDER.
+    build.set_defaults(dataset=None, split=None, seed=None)
     build.add_argument(
         "--protocol",
         choices=("paper", "dsh"),
@@ -357,8 +378,45 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the index file to write (required unless --milvus)",
     )
+    _add_batch_argument(build)
     _add_milvus_arguments(build, "add the codes to")
     build.set_defaults(run="run_index_build", command_name="index build")
+
+    add = index_commands.add_parser(
+        "add",
+        parents=[common],
+        help="add a folder's new pictures to its index file",
+        description="Encodes the pictures under FOLDER that the index does not "
+        "hold yet (by path) and rewrites the index file atomically.",
+    )
+    add.add_argument("model", help="the SuBiC .keras model that built the index")
+    add.add_argument("index", help="an index file built from a folder")
+    add.add_argument(
+        "folder",
+        nargs="?",
+        default=None,
+        help="the indexed folder (default: the folder recorded in the index)",
+    )
+    _add_batch_argument(add)
+    add.set_defaults(run="run_index_add", command_name="index add")
+
+    remove = index_commands.add_parser(
+        "remove",
+        parents=[common],
+        help="remove pictures from a folder's index file by path",
+    )
+    remove.add_argument("index", help="an index file built from a folder")
+    remove.add_argument(
+        "paths",
+        nargs="*",
+        help="paths relative to the indexed folder, as `subic search` prints them",
+    )
+    remove.add_argument(
+        "--missing",
+        action="store_true",
+        help="also remove every picture whose file is gone (default: off)",
+    )
+    remove.set_defaults(run="run_index_remove", command_name="index remove")
 
     search = commands.add_parser(
         "search", parents=[common], help="search an index with query images"
@@ -383,8 +441,41 @@ def build_parser() -> argparse.ArgumentParser:
         "printed (default: %(default)s)",
     )
     _add_query_argument(search)
+    search.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per match (query, rank, score, id, path) "
+        "instead of a table (default: off)",
+    )
     _add_milvus_arguments(search, "search")
     search.set_defaults(run="run_search", command_name="search")
+
+    serve = commands.add_parser(
+        "serve",
+        parents=[common],
+        help="serve search over HTTP: a REST API and a web page",
+        description="Answers POST /search with the pictures of an index built "
+        "from a folder, serves them at GET /items/ID, and a web page at /.",
+    )
+    serve.add_argument("model", help="the SuBiC .keras model that built the index")
+    serve.add_argument("index", help="an index file built from a folder")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 opens it to the network "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8000, help="TCP port (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--max-upload-mb",
+        type=float,
+        default=20.0,
+        help="largest picture a request may upload, in MB (default: %(default)s)",
+    )
+    _add_query_argument(serve)
+    serve.set_defaults(run="run_serve", command_name="serve")
 
     evaluate = commands.add_parser(
         "evaluate",

@@ -1,6 +1,6 @@
 """The `.subic` index file: a versioned, checksummed, pickle-free layout.
 
-Version 1, little-endian:
+Version 1, little-endian (an index of codes and ids):
 
     offset  size          field
     0       8             magic b"SUBICIDX"
@@ -17,6 +17,21 @@ Version 1, little-endian:
     ...     8*n  int64    ids, in insertion order
     ...     32            SHA-256 of every byte before it
 
+Version 2 (an index of image files, `ImageIndex`) is version 1 with an item
+table between the ids and the checksum:
+
+    size          field
+    8   uint64    J, bytes of the metadata
+    J             metadata: a UTF-8 JSON object (the image folder, the
+                  model's input shape)
+    8*n uint64    fingerprints of the items' pixels, in insertion order
+    8   uint64    P, bytes of the path table
+    P             n paths relative to the folder, UTF-8, each followed by
+                  a NUL byte, in insertion order
+
+`write` writes version 1 when it is given no item table, so that files of
+codes alone stay readable by every earlier release.
+
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
 writes to a temporary file beside the destination and renames it into place,
@@ -27,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import struct
 from collections.abc import Iterable
@@ -39,10 +55,12 @@ from subic_keras.search.base import MAX_BLOCK_SIZE, duplicates
 
 MAGIC = b"SUBICIDX"
 VERSION = 1
+VERSION_WITH_ITEMS = 2
 # magic, version, M, K, flags, n, code_size, shortlist
 _HEADER = struct.Struct("<8sIIIIQII")
 _DIGEST_SIZE = 32
 _FLAG_EXACT = 1
+_LENGTH = struct.Struct("<Q")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +82,21 @@ class Header:
         return packing.code_size(self.num_blocks, self.nbits)
 
 
+@dataclasses.dataclass(frozen=True)
+class ItemTable:
+    """What version 2 records of each item beside its code and id."""
+
+    paths: list[str]
+    fingerprints: np.ndarray  # uint64 (n,)
+    metadata: dict
+
+
 def write(
     path: str | os.PathLike,
     header: Header,
     packed_chunks: Iterable[np.ndarray],
     ids: np.ndarray,
+    items: ItemTable | None = None,
 ) -> None:
     """Writes an index file atomically.
 
@@ -78,6 +106,8 @@ def write(
         packed_chunks: packed codes `(rows, code_size)` uint8, in insertion
             order, `header.size` rows in all.
         ids: int64 ids `(header.size,)`, in insertion order.
+        items: the item table of version 2, in insertion order; `None`
+            writes version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         digest = hashlib.sha256()
@@ -89,7 +119,7 @@ def write(
         put(
             _HEADER.pack(
                 MAGIC,
-                VERSION,
+                VERSION if items is None else VERSION_WITH_ITEMS,
                 header.num_blocks,
                 header.block_size,
                 _FLAG_EXACT if header.exact else 0,
@@ -101,21 +131,31 @@ def write(
         for chunk in packed_chunks:
             put(np.ascontiguousarray(chunk, dtype=np.uint8).tobytes())
         put(np.asarray(ids).astype("<i8").tobytes())
+        if items is not None:
+            metadata = json.dumps(items.metadata, sort_keys=True).encode()
+            put(_LENGTH.pack(len(metadata)) + metadata)
+            put(np.asarray(items.fingerprints).astype("<u8").tobytes())
+            table = b"".join(p.encode() + b"\0" for p in items.paths)
+            put(_LENGTH.pack(len(table)) + table)
         f.write(digest.digest())
 
 
-def read(path: str | os.PathLike) -> tuple[Header, np.ndarray, np.ndarray]:
-    """Reads and verifies an index file.
+def read(
+    path: str | os.PathLike,
+) -> tuple[Header, np.ndarray, np.ndarray, ItemTable | None]:
+    """Reads and verifies an index file of either version.
 
     Returns:
-        `(header, packed, ids)`: packed codes `(n, code_size)` uint8 (a
-        read-only view of the file's bytes, padding bits zero), and int64
-        ids `(n,)`.
+        `(header, packed, ids, items)`: packed codes `(n, code_size)` uint8
+        (a read-only view of the file's bytes, padding bits zero), int64
+        ids `(n,)`, and the item table of a version 2 file (`None` for
+        version 1).
 
     Raises:
         ValueError: naming the path, if the file is not a SuBiC index, has an
             unsupported version, is truncated, fails its checksum, or holds
-            non-zero padding bits or negative or repeated ids.
+            non-zero padding bits, negative or repeated ids, or an item table
+            that does not match its items.
     """
     path = os.fspath(path)
 
@@ -130,10 +170,10 @@ def read(path: str | os.PathLike) -> tuple[Header, np.ndarray, np.ndarray]:
         if len(raw_header) < _HEADER.size:
             raise fail(f"truncated header ({size} bytes)")
         _, version, m, k, flags, n, code_size, shortlist = _HEADER.unpack(raw_header)
-        if version != VERSION:
+        if version not in (VERSION, VERSION_WITH_ITEMS):
             raise fail(
                 f"format version {version} is not supported (this code "
-                f"reads version {VERSION})"
+                f"reads versions {VERSION} and {VERSION_WITH_ITEMS})"
             )
         if not (1 <= m and 2 <= k <= MAX_BLOCK_SIZE and not k & (k - 1)):
             raise fail(f"invalid block shape num_blocks={m}, block_size={k}")
@@ -141,6 +181,15 @@ def read(path: str | os.PathLike) -> tuple[Header, np.ndarray, np.ndarray]:
         if code_size != header.code_size or flags & ~_FLAG_EXACT:
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
         expected = _HEADER.size + n * (code_size + 8) + _DIGEST_SIZE
+        if version == VERSION_WITH_ITEMS:
+            # The item table's two lengths and fingerprints, at the least.
+            expected += 2 * _LENGTH.size + 8 * n
+            if size < expected:
+                raise fail(
+                    f"size is {size} bytes, the header announces at least "
+                    f"{expected} ({n} items); the file is truncated"
+                )
+            expected = size
         if size != expected:
             raise fail(
                 f"size is {size} bytes, the header announces {expected} "
@@ -165,4 +214,44 @@ def read(path: str | os.PathLike) -> tuple[Header, np.ndarray, np.ndarray]:
     ids = ids.astype(np.int64)
     if n and (int(ids.min()) < 0 or duplicates(ids).size):
         raise fail("ids are negative or repeated")
-    return header, packed, ids
+    items = None
+    if version == VERSION_WITH_ITEMS:
+        try:
+            items = _read_items(body, n * (code_size + 8), len(body) - _DIGEST_SIZE, n)
+        except ValueError as error:
+            raise fail(str(error)) from None
+    return header, packed, ids, items
+
+
+def _read_items(body: bytes, start: int, end: int, n: int) -> ItemTable:
+    """The item table in `body[start:end]`, every length checked first."""
+
+    def section(offset: int) -> tuple[bytes, int]:
+        (length,) = _LENGTH.unpack_from(body, offset)
+        offset += _LENGTH.size
+        if length > end - offset:
+            raise ValueError(f"a section of {length} bytes overruns the file")
+        return body[offset : offset + length], offset + length
+
+    raw_metadata, offset = section(start)
+    try:
+        metadata = json.loads(raw_metadata.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"metadata is not UTF-8 JSON ({error})") from None
+    if not isinstance(metadata, dict):
+        raise ValueError("metadata is not a JSON object")
+    if end - offset < 8 * n + _LENGTH.size:
+        raise ValueError("the fingerprints are truncated")
+    fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
+    table, offset = section(offset + 8 * n)
+    if offset != end:
+        raise ValueError(f"{end - offset} bytes of trailing data after the paths")
+    if n != table.count(b"\0") or (n and not table.endswith(b"\0")):
+        raise ValueError(f"the path table does not hold {n} paths")
+    try:
+        paths = table.decode().split("\0")[:-1] if n else []
+    except UnicodeDecodeError as error:
+        raise ValueError(f"paths are not UTF-8 ({error})") from None
+    if len(set(paths)) != len(paths):
+        raise ValueError("paths are repeated")
+    return ItemTable(paths, fingerprints.astype(np.uint64), metadata)

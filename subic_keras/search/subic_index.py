@@ -412,13 +412,18 @@ class SubicIndex(SearchBackend):
 
     # Persistence --------------------------------------------------------
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(
+        self, path: str | os.PathLike, items: file_format.ItemTable | None = None
+    ) -> None:
         """Writes the index atomically in the versioned `.subic` format.
 
         The byte layout is specified in `subic_keras.search.file_format`.
 
         Args:
             path: destination file; replaced only once fully written.
+            items: what an `ImageIndex` records of each item (paths and
+                fingerprints, in insertion order); `None` writes codes and
+                ids only (format version 1).
         """
         with self._lock.read():
             header = file_format.Header(
@@ -432,7 +437,12 @@ class SubicIndex(SearchBackend):
                 self._engine.packed(slice(start, start + self._add_chunk))
                 for start in range(0, self._size, self._add_chunk)
             )
-            file_format.write(path, header, chunks, self._ids[: self._size])
+            if items is not None and len(items.paths) != self._size:
+                raise ValueError(
+                    f"items must describe the index's {self._size} items, "
+                    f"received {len(items.paths)} paths"
+                )
+            file_format.write(path, header, chunks, self._ids[: self._size], items)
 
     @classmethod
     def load(
@@ -456,7 +466,29 @@ class SubicIndex(SearchBackend):
             ValueError: naming the path, if the file is not a SuBiC index, has
                 an unsupported version, is truncated or fails its checksum.
         """
-        header, packed, ids = file_format.read(path)
+        header, packed, ids, _ = file_format.read(path)
+        return cls.from_parts(
+            path,
+            header,
+            packed,
+            ids,
+            add_chunk_size=add_chunk_size,
+            search_chunk_size=search_chunk_size,
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        path: str | os.PathLike,
+        header: file_format.Header,
+        packed: np.ndarray,
+        ids: np.ndarray,
+        *,
+        add_chunk_size: int = _DEFAULT_ADD_CHUNK,
+        search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
+    ) -> SubicIndex:
+        """The index of what `file_format.read(path)` returned (the path
+        names the file in errors)."""
         try:
             index = cls(
                 header.num_blocks,

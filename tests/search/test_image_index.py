@@ -1,0 +1,198 @@
+"""Tests for subic_keras.search.image_index: codes with paths, in one file."""
+
+import numpy as np
+import pytest
+from search_reference import random_codes
+
+from subic_keras.search import SubicIndex, file_format
+from subic_keras.search.image_index import ImageIndex, load_index
+
+
+def _paths(n, prefix="p"):
+    return [f"{prefix}/{i // 10}/img_{i}.png" for i in range(n)]
+
+
+def _brute_force(queries, codes, block_size):
+    offsets = np.arange(codes.shape[1]) * block_size
+    return np.stack([q[codes + offsets].sum(axis=1) for q in queries])
+
+
+@pytest.fixture
+def filled(rng):
+    index = ImageIndex(4, 16, "/photos", (32, 32, 3))
+    codes = random_codes(rng, 300, 4, 16)
+    fingerprints = rng.integers(1, 2**63, size=300).astype(np.uint64)
+    ids = index.add(codes, _paths(300), fingerprints)
+    return index, codes, fingerprints, ids
+
+
+def test_ids_and_paths_follow_each_other(filled):
+    index, _, _, ids = filled
+    assert len(index) == 300 and "p/3/img_31.png" in index
+    assert ids.tolist() == list(range(300))
+    assert index.paths([31, 0]) == ["p/3/img_31.png", "p/0/img_0.png"]
+    assert index.ids(["p/3/img_31.png"]).tolist() == [31]
+    assert index.get_paths() == _paths(300)
+    with pytest.raises(KeyError, match="999"):
+        index.paths([999])
+    with pytest.raises(KeyError, match="nope"):
+        index.ids(["nope.png"])
+
+
+def test_search_equals_a_brute_force_with_paths(filled, rng):
+    index, codes, _, _ = filled
+    queries = rng.random((6, 64)).astype(np.float32)
+    scores, ids = index.search(queries, 7)
+    reference = _brute_force(queries, codes, 16)
+    for row in range(6):
+        np.testing.assert_allclose(scores[row], np.sort(reference[row])[::-1][:7], 1e-5)
+        np.testing.assert_allclose(reference[row][ids[row]], scores[row], 1e-5)
+
+
+def test_exact_copies_come_first_with_their_own_score(filled, rng):
+    index, codes, fingerprints, _ = filled
+    queries = rng.random((2, 64)).astype(np.float32)
+    plain_scores, plain = index.search(queries, 5)
+    # Item 123 is a copy of query 0: first, whatever its score; query 1 has
+    # no copy in the index (fingerprint unknown), and is ranked as before.
+    scores, ids = index.search(queries, 5, fingerprints=[fingerprints[123], 7])
+    assert ids[0, 0] == 123
+    expected = _brute_force(queries[:1], codes[123:124], 16)[0, 0]
+    assert scores[0, 0] == pytest.approx(expected, rel=1e-6)
+    rest = plain[0][plain[0] != 123][:4]
+    np.testing.assert_array_equal(ids[0, 1:], rest)
+    np.testing.assert_array_equal(ids[1], plain[1])
+    np.testing.assert_array_equal(scores[1], plain_scores[1])
+    assert index.exact_copies(fingerprints[123]).tolist() == [123]
+    with pytest.raises(ValueError, match="one per query"):
+        index.search(queries, 5, fingerprints=[1])
+
+
+def test_remove_keeps_ids_paths_and_fingerprints_together(filled, rng):
+    index, codes, fingerprints, _ = filled
+    removed = index.remove(["p/0/img_3.png", "p/29/img_299.png", "p/0/img_3.png"])
+    assert removed == 2 and len(index) == 298
+    assert "p/0/img_3.png" not in index
+    assert index.paths([4, 298]) == ["p/0/img_4.png", "p/29/img_298.png"]
+    assert index.exact_copies(fingerprints[3]).size == 0
+    np.testing.assert_array_equal(index.index.get_codes([4]), codes[4:5])
+    with pytest.raises(KeyError, match="img_3"):
+        index.remove(["p/0/img_3.png", "p/0/img_5.png"])
+    assert "p/0/img_5.png" in index  # all or nothing
+    new = index.add(codes[:1], ["again/img_3.png"], fingerprints[3:4])
+    assert new.tolist() == [300]  # ids are never reused, not even the largest
+    assert index.paths(new) == ["again/img_3.png"]
+    assert index.exact_copies(fingerprints[3]).tolist() == [300]
+
+
+@pytest.mark.parametrize(
+    "paths, error, message",
+    [
+        (["a.png", "a.png"], ValueError, "repeated"),
+        (["../a.png", "b.png"], ValueError, "relative POSIX paths"),
+        (["/etc/a.png", "b.png"], ValueError, "relative POSIX"),
+        (["a//b.png", "b.png"], ValueError, "relative POSIX"),
+        (["a\0.png", "b.png"], ValueError, "relative POSIX"),
+        ([b"a.png", "b.png"], TypeError, "str paths"),
+        ("ab", TypeError, "one string"),
+        (["p/0/img_0.png", "new.png"], ValueError, "already in the index"),
+        (["one.png"], ValueError, "same length"),
+    ],
+)
+def test_bad_paths_are_refused_and_change_nothing(filled, paths, error, message):
+    index = filled[0]
+    with pytest.raises(error, match=message):
+        index.add(np.zeros((2, 4), int), paths)
+    assert len(index) == len(index.index) == 300
+
+
+def test_bad_fingerprints_are_refused(filled):
+    with pytest.raises(ValueError, match="fingerprints must be 1 unsigned"):
+        filled[0].add(np.zeros((1, 4), int), ["x.png"], fingerprints=[0.5])
+
+
+def test_round_trip_through_one_file(filled, tmp_path, rng):
+    index, _, fingerprints, _ = filled
+    index.remove(["p/1/img_17.png"])
+    path = tmp_path / "photos.subic"
+    index.save(path)
+    loaded = load_index(path)
+    assert isinstance(loaded, ImageIndex)
+    assert loaded.root == "/photos" and loaded.image_shape == (32, 32, 3)
+    assert loaded.get_paths() == index.get_paths()
+    np.testing.assert_array_equal(loaded.get_ids(), index.get_ids())
+    queries = rng.random((3, 64)).astype(np.float32)
+    hints = fingerprints[[5, 6, 7]]
+    for a, b in zip(loaded.search(queries, 9, hints), index.search(queries, 9, hints)):
+        np.testing.assert_array_equal(a, b)
+    # The codes alone still load as a SubicIndex (evaluate --index reads them).
+    codes_only = SubicIndex.load(path)
+    np.testing.assert_array_equal(codes_only.get_codes(), index.index.get_codes())
+    # Added to after loading: ids continue after every id ever given (299
+    # was removed before saving), paths follow.
+    index.remove(["p/29/img_299.png"])
+    index.save(path)
+    loaded = load_index(path)
+    assert loaded.add(np.zeros((1, 4), int), ["late.png"]).tolist() == [300]
+    assert loaded.paths([300]) == ["late.png"]
+
+
+def test_version_one_files_load_as_they_are(tmp_path, rng):
+    index = SubicIndex(4, 16)
+    index.add(random_codes(rng, 20, 4, 16))
+    index.save(tmp_path / "v1.subic")
+    assert (tmp_path / "v1.subic").read_bytes()[8] == 1
+    assert isinstance(load_index(tmp_path / "v1.subic"), SubicIndex)
+    with pytest.raises(ValueError, match="codes without image paths"):
+        ImageIndex.load(tmp_path / "v1.subic")
+
+
+def _rewrite(path, mutate):
+    """The file at `path` with its body changed by `mutate` and a fresh
+    checksum, as a crafted (not corrupted) file would have."""
+    import hashlib
+
+    data = bytearray(path.read_bytes()[:-32])
+    mutate(data)
+    path.write_bytes(bytes(data) + hashlib.sha256(data).digest())
+
+
+def test_crafted_item_tables_are_refused_with_the_reason(filled, tmp_path):
+    index = filled[0]
+    path = tmp_path / "photos.subic"
+    index.save(path)
+    table_start = 40 + 300 * (index.index.code_size + 8)
+    length_at = slice(table_start, table_start + 8)
+    cases = [
+        ("overruns", lambda d: d.__setitem__(length_at, (2**40).to_bytes(8, "little"))),
+        ("not UTF-8 JSON", lambda d: d.__setitem__(table_start + 8, ord("[") + 1)),
+        ("does not hold 300 paths", lambda d: d.__setitem__(len(d) - 1, ord("x"))),
+        ("overruns", lambda d: d.__delitem__(slice(len(d) - 4000, len(d)))),
+        ("truncated", lambda d: d.__delitem__(slice(table_start, len(d)))),
+    ]
+    for message, mutate in cases:
+        index.save(path)
+        _rewrite(path, mutate)
+        with pytest.raises(ValueError, match=message):
+            load_index(path)
+    index.save(path)
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 1  # a path byte, without a new checksum
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        load_index(path)
+
+
+def test_foreign_item_tables_are_refused(tmp_path):
+    index = SubicIndex(2, 4)
+    index.add(np.zeros((2, 2), int))
+    table = file_format.ItemTable(["a", "a"], np.zeros(2, np.uint64), {})
+    index.save(tmp_path / "x.subic", items=table)
+    with pytest.raises(ValueError, match="paths are repeated"):
+        load_index(tmp_path / "x.subic")
+    table = file_format.ItemTable(["a", "b"], np.zeros(2, np.uint64), {"x": 1})
+    index.save(tmp_path / "x.subic", items=table)
+    with pytest.raises(ValueError, match="not an image index"):
+        load_index(tmp_path / "x.subic")
+    with pytest.raises(ValueError, match="describe the index's 2 items"):
+        index.save(tmp_path / "x.subic", items=file_format.ItemTable([], [], {}))

@@ -1,0 +1,198 @@
+"""`subic index build/add/remove` on a folder of pictures, and `subic search`
+answering with paths."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from served import picture_folder, save_model
+
+from subic_keras.cli import main
+from subic_keras.search import SubicIndex
+from subic_keras.search.image_index import ImageIndex
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_model(tmp_path_factory.mktemp("model") / "model.keras")
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """24 pictures, 3 files that are not pictures and a link out of the folder."""
+    root = tmp_path / "photos"
+    paths = picture_folder(root, n=24)
+    (root / "notes.txt").write_text("not a picture")
+    broken = (root / paths[0]).read_bytes()[:100]
+    (root / "c" / "broken.png").write_bytes(broken)
+    (root / "empty.jpg").write_bytes(b"")
+    (tmp_path / "outside.png").write_bytes((root / paths[1]).read_bytes())
+    (root / "a" / "link.png").symlink_to(tmp_path / "outside.png")
+    return root, paths
+
+
+def test_build_indexes_every_picture_and_lists_the_rest(model, folder, capsys):
+    root, paths = folder
+    output = root.parent / "photos.subic"
+    assert main(["index", "build", model, str(root), "--output", str(output)]) == 0
+    out, err = capsys.readouterr()
+    assert f"indexed 24 pictures of {root}; skipped 4 files" in out
+    for name, reason in [
+        ("notes.txt", "not an image"),
+        ("c/broken.png", "image file is truncated"),
+        ("empty.jpg", "not an image"),
+        ("a/link.png", "link out of the folder"),
+    ]:
+        assert f"skipped {name}: {reason}" in err, err
+    index = ImageIndex.load(output)
+    assert sorted(index.get_paths()) == sorted(paths)
+    assert index.root == str(root) and index.image_shape == (32, 32, 3)
+
+
+def test_search_answers_with_paths_the_query_first(model, folder, capsys):
+    root, paths = folder
+    output = str(root.parent / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    query = str(root / paths[5])
+    capsys.readouterr()
+    assert main(["search", model, output, query, "-k", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == query and len(lines) == 4
+    rank, score, path, *note = lines[1].split()
+    assert (rank, path, " ".join(note)) == ("1", paths[5], "(the query itself)")
+    assert main(["search", model, output, query, "-k", "3", "--json"]) == 0
+    matches = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["rank"] for m in matches] == [1, 2, 3]
+    assert matches[0]["path"] == paths[5] and matches[0]["exact"]
+    assert matches[0]["score"] == pytest.approx(float(score), abs=1e-4)
+    assert set(matches[0]) == {"query", "rank", "score", "id", "path", "exact"}
+    # The same picture as a uint8 .npy array is recognised too.
+    from subic_keras.images import read_image
+
+    np.save(root.parent / "q.npy", read_image(root / paths[6], (32, 32, 3)))
+    assert main(["search", model, output, str(root.parent / "q.npy"), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["path"] == paths[6] and first["exact"]
+
+
+def test_add_and_remove_keep_ids_and_paths_consistent(model, folder, capsys):
+    root, paths = folder
+    output = str(root.parent / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    before = ImageIndex.load(output)
+    ids_before = dict(zip(before.get_paths(), before.get_ids().tolist()))
+    new = picture_folder(root / "new", n=6, seed=9)
+    capsys.readouterr()
+    assert main(["index", "add", model, output]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 6 pictures" in out and "24 already indexed" in out
+    after = ImageIndex.load(output)
+    assert len(after) == 30
+    # Old pictures keep their ids; new ones get new ids.
+    assert all(
+        ids_before[p] == i for p, i in zip(after.get_paths()[:24], after.get_ids())
+    )
+    assert after.paths(after.get_ids()[24:]) == sorted(f"new/{p}" for p in new)
+
+    os.remove(root / "new" / new[0])
+    assert main(["index", "remove", output, paths[0], "--missing"]) == 0
+    assert "removed 2 pictures; 28 left" in capsys.readouterr().out
+    pruned = ImageIndex.load(output)
+    assert paths[0] not in pruned and f"new/{new[0]}" not in pruned
+    for item, path in zip(pruned.get_ids(), pruned.get_paths()):
+        assert after.paths([item]) == [path]  # an id never changes its picture
+    # Searching still finds each picture first.
+    capsys.readouterr()
+    main(["search", model, output, str(root / "new" / new[3]), "-k", "1", "--json"])
+    assert json.loads(capsys.readouterr().out)["path"] == f"new/{new[3]}"
+
+
+def test_an_interrupted_build_leaves_the_previous_index(model, folder, monkeypatch):
+    import subic_keras.images
+
+    root, _ = folder
+    output = root.parent / "photos.subic"
+    main(["index", "build", model, str(root), "--output", str(output)])
+    previous = output.read_bytes()
+    picture_folder(root / "more", n=300, seed=2)
+    real = subic_keras.images.image_batches
+
+    def interrupted(*args, **kwargs):
+        batches = real(*args, **kwargs)
+        yield next(batches)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subic_keras.images, "image_batches", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        main(["index", "build", model, str(root), "--output", str(output)])
+    assert stop.value.code == 130
+    assert output.read_bytes() == previous
+    assert sorted(os.listdir(root.parent)) == ["outside.png", "photos", "photos.subic"]
+
+
+def _error(capsys, *arguments) -> tuple[str, float]:
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as stop:
+        main(list(map(str, arguments)))
+    seconds = time.perf_counter() - start
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err, seconds
+
+
+def test_folder_mistakes_are_one_line(model, folder, tmp_path, capsys):
+    root, _ = folder
+    out = str(tmp_path / "x.subic")
+    build = ["index", "build", model, root]
+    err, _ = _error(capsys, *build, "--output", out, "--dataset", "cifar10")
+    assert "--dataset select a dataset split; a folder of pictures" in err
+    err, _ = _error(capsys, *build, "--output", out, "--protocol", "paper")
+    assert "--protocol" in err
+    err, _ = _error(capsys, *build, "--milvus", "x.db")
+    assert "--milvus" in err
+    err, _ = _error(capsys, "index", "build", model, tmp_path / "nope", "--output", out)
+    assert "image folder not found" in err
+    err, _ = _error(
+        capsys, "index", "build", model, root / "notes.txt", "--output", out
+    )
+    assert "not a folder of images" in err
+    err, _ = _error(capsys, *build, "--output", tmp_path / "no" / "such" / "x.subic")
+    assert "the folder of the output file does not exist" in err
+    err, _ = _error(capsys, *build, "--output", out, "--batch-size", "0")
+    assert "--batch-size must be >= 1, received 0" in err
+
+    index = SubicIndex(4, 16)
+    index.add(np.zeros((2, 4), int))
+    index.save(tmp_path / "codes.subic")
+    err, _ = _error(capsys, "index", "add", model, tmp_path / "codes.subic")
+    assert "codes without image paths" in err
+    err, _ = _error(capsys, "index", "remove", tmp_path / "codes.subic", "a.png")
+    assert "codes without image paths" in err
+
+    main([*map(str, build), "--output", out])
+    capsys.readouterr()
+    err, _ = _error(capsys, "index", "remove", out, "a/nope.png")
+    assert "1 paths are not in the index, none removed: a/nope.png" in err
+    err, _ = _error(capsys, "index", "remove", out)
+    assert "give the paths to remove, or --missing" in err
+    err, _ = _error(capsys, "index", "add", model, out, tmp_path)
+    assert "the index holds pictures of" in err
+    other = save_model(tmp_path / "other.keras", num_blocks=8)
+    err, _ = _error(capsys, "index", "add", other, out)
+    assert "holds codes of 4 blocks of 16, but the model makes 8" in err
+    err, _ = _error(capsys, "search", other, out, root / "a" / "a_00000.png")
+    assert "holds codes of 4 blocks of 16, but the model makes 8" in err
+    err, _ = _error(capsys, "search", model, out, root / "notes.txt")
+    assert "not an image file" in err and "notes.txt" in err
+
+
+def test_serve_mistakes_are_one_line_before_anything_loads(model, tmp_path, capsys):
+    err, seconds = _error(capsys, "serve", model, tmp_path / "none.subic")
+    assert "index file not found" in err and seconds < 1
+    err, _ = _error(capsys, "serve", model, tmp_path, "--port", "70000")
+    assert "--port must be <= 65535, received 70000" in err
+    err, _ = _error(capsys, "serve", model, tmp_path, "--max-upload-mb", "0")
+    assert "--max-upload-mb must be > 0" in err

@@ -1,0 +1,113 @@
+"""The web page of `subic serve`, driven in a real headless Chromium.
+
+Needs Debian's `chromium` and the `playwright` package (no browser is
+downloaded): the test is skipped where either is missing, unless
+`SUBIC_REQUIRE_BROWSER=1` (as in CI) makes that a failure.
+"""
+
+import os
+import shutil
+
+import pytest
+from served import ServeProcess, save_model
+
+from subic_keras import retrieval
+from subic_keras.datasets import load_cifar10
+from subic_keras.export import load_subic
+from subic_keras.images import write_image_folder
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CIFAR10_CLASSES = "airplane automobile bird cat deer dog frog horse ship truck".split()
+# Flags for a root user on a machine without network or GPU.
+_BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _browser():
+    missing = []
+    if not os.path.exists(CHROMIUM):
+        missing.append("Debian's chromium package")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing.append("the playwright package")
+        sync_playwright = None
+    if missing:
+        message = f"the browser test needs {' and '.join(missing)}"
+        if os.environ.get("SUBIC_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def served_cifar(shared_data_dir, tmp_path_factory):
+    """`subic serve` over 200 CIFAR-10 test pictures written as PNG folders."""
+    sync_playwright = _browser()
+    base = tmp_path_factory.mktemp("web")
+    _, (images, labels) = load_cifar10(
+        shared_data_dir / "cifar-10-batches-bin", max_per_split=200
+    )
+    paths = write_image_folder(images, labels, base / "photos", CIFAR10_CLASSES)
+    model = save_model(base / "model.keras")
+    index, _ = retrieval.index_folder(load_subic(model), base / "photos")
+    index.save(base / "photos.subic")
+    with ServeProcess(model, str(base / "photos.subic")) as server:
+        yield server, base, paths, sync_playwright
+
+
+def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
+    server, base, paths, sync_playwright = served_cifar
+    query = paths[17]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=_BROWSER_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            requests = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(f"http://127.0.0.1:{server.port}/")
+            page.wait_for_function(
+                "document.getElementById('stats').textContent.includes('200 pictures')"
+            )
+            page.set_input_files("#file", str(base / "photos" / query))
+            page.wait_for_selector("#grid .card")
+            cards = page.locator("#grid .card")
+            assert cards.count() == 12
+            assert cards.nth(0).get_attribute("data-path") == query
+            assert cards.nth(0).locator(".badge").inner_text() == "query"
+            assert "matches in" in page.inner_text("#summary")
+            assert "predicted class" in page.inner_text("#query-info")
+            # Every thumbnail loaded from the server.
+            page.wait_for_function(
+                "[...document.querySelectorAll('#grid img')]"
+                ".every(i => i.complete && i.naturalWidth === 32)"
+            )
+            page.screenshot(path=str(base / "page.png"))
+            # A click on a match searches with it: it comes first.
+            clicked = cards.nth(3).get_attribute("data-path")
+            cards.nth(3).click()
+            page.wait_for_function(
+                f"document.querySelector('#grid .card').dataset.path === {clicked!r}"
+            )
+            # A file that is not a picture: the page says so.
+            (base / "notes.txt").write_text("not a picture")
+            page.set_input_files("#file", str(base / "notes.txt"))
+            page.wait_for_function(
+                "document.getElementById('error').textContent.includes('not a picture')"
+            )
+            assert page.locator("#grid .card").count() == 0
+            # Nothing but this server was asked for anything.
+            origin = f"http://127.0.0.1:{server.port}/"
+            assert all(
+                url.startswith((origin, "blob:", "data:")) for url in requests
+            ), requests
+        finally:
+            browser.close()
