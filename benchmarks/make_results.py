@@ -491,6 +491,41 @@ def render_train_recipe(data: dict) -> list[str]:
     return lines
 
 
+def render_serve_load(data: dict) -> list[str]:
+    single = data["in_process"]
+    goals = data["goals"]
+    lines = [
+        f"`subic serve` on {data['items']:,} random {data['bits']}-bit codes "
+        f"(M = {data['num_blocks']}, K = {data['block_size']}, k = {data['k']}), "
+        "clients on the same machine over loopback (keep-alive HTTP), on "
+        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')} "
+        f"({data.get('machine', {}).get('cpu_count', '?')} cores shared by "
+        f"server and clients; native kernel {data.get('native_kernel')}). "
+        "`query`: `POST /search/query` with a query vector; `image`: `POST "
+        "/search` with a 32x32 PNG, decoded and encoded by the model. In the "
+        f"same run, in-process `SubicIndex.search` of one query took "
+        f"{fmt(single['p50_ms'])} ms (p50), {fmt(single['p99_ms'])} ms (p99); "
+        f"a query request's p50 at one client is "
+        f"{fmt(goals['query_p50_over_in_process_p50'])}x that.",
+        "",
+    ]
+    lines += table(
+        ["request", "clients", "p50 (ms)", "p99 (ms)", "requests/s", "errors"],
+        [
+            [
+                r["kind"],
+                r["clients"],
+                r["p50_ms"],
+                r["p99_ms"],
+                r["requests_per_second"],
+                r["errors"],
+            ]
+            for r in data["load"]
+        ],
+    )
+    return lines
+
+
 KNOWN = {
     "cifar10_retrieval.json": ("CIFAR-10 category retrieval (Table 2)", render_cifar10),
     "cross_domain.json": (
@@ -503,6 +538,7 @@ KNOWN = {
     "export_parity.json": ("Export parity", render_export_parity),
     "train_overhead.json": ("Training overhead", render_train_overhead),
     "train_recipe.json": ("`subic train` defaults", render_train_recipe),
+    "serve_load.json": ("Serving under load", render_serve_load),
 }
 
 

@@ -25,6 +25,7 @@ _SUBMODULES = (
     "datasets",
     "evaluation",
     "export",
+    "images",
     "layers",
     "losses",
     "metrics",
@@ -41,6 +42,7 @@ _NAMES = {
     "BlockArgmax": "layers",
     "BlockOneHot": "layers",
     "BlockSoftmax": "layers",
+    "ImageIndex": "search",
     "ImageModel": "pixels",
     "MilvusIndex": "search.milvus",  # needs the [milvus] extra
     "Recipe": "config",

@@ -169,6 +169,9 @@ def check_file(path: str | os.PathLike, kind: str) -> str:
         raise IsADirectoryError(errno.EISDIR, f"a directory, not a {kind}", path)
     if not os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, f"{kind} not found", path)
+    if not os.path.isfile(path):
+        # A FIFO or a device would block or never end when read.
+        raise OSError(errno.EINVAL, f"{kind}: not a regular file", path)
     return path
 
 

@@ -196,3 +196,12 @@ def test_serve_mistakes_are_one_line_before_anything_loads(model, tmp_path, caps
     assert "--port must be <= 65535, received 70000" in err
     err, _ = _error(capsys, "serve", model, tmp_path, "--max-upload-mb", "0")
     assert "--max-upload-mb must be > 0" in err
+
+
+def test_special_files_are_refused_at_once(model, tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    err, seconds = _error(capsys, "search", fifo, tmp_path / "x.subic", "q.png")
+    assert "model file: not a regular file" in err and seconds < 1
+    err, seconds = _error(capsys, "serve", model, fifo)
+    assert "not a regular file" in err and seconds < 1

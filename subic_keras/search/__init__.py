@@ -12,6 +12,8 @@ One module per concept:
   missing-result conventions every backend follows, and the input checks
   backends share.
 - `subic_index`: `SubicIndex`, the in-memory backend over faiss.
+- `image_index`: `ImageIndex`, a `SubicIndex` of a folder's pictures with
+  each one's path, in one file (`subic index build FOLDER`).
 - `engines`: the scans behind it: the native exact scan where it was built,
   else faiss's (exact scan for any `K`; 4-bit SIMD fast scan with exact
   re-scoring for `K = 16`).
@@ -32,10 +34,12 @@ fast-scan layout rounds `M` up to an even number of blocks.
 """
 
 from subic_keras.search.base import SearchBackend, Searcher
+from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.sharding import ShardedSubicIndex, merge_results
 from subic_keras.search.subic_index import SubicIndex
 
 __all__ = [
+    "ImageIndex",
     "SearchBackend",
     "Searcher",
     "ShardedSubicIndex",
