@@ -96,6 +96,12 @@ class TrainConfig:
         data_dir: a directory in the dataset's standard layout; `None` uses
             tensorflow-datasets (network needed once) for CIFAR-10 and
             Fashion-MNIST.
+        images: a folder of your own pictures, one subfolder per class
+            (`subic_keras.images.read_image_folder`), trained on instead of
+            `dataset`; the validation split is held out of it.
+        validation_images: a labelled folder of the same classes to validate
+            on instead of a split of `images`.
+        image_size: the side in pixels that `images` are resized to.
         num_blocks, block_size: `M` and `K`; codes have `M·log2 K` bits.
         gamma, mu: weights of the mean and batch block entropies (Eq. 8).
         pretrain_epochs: epochs of classifier pre-training (0: none).
@@ -121,6 +127,9 @@ class TrainConfig:
 
     dataset: str = "digits"
     data_dir: str | None = None
+    images: str | None = None
+    validation_images: str | None = None
+    image_size: int = 32
     num_blocks: int = 8
     block_size: int = 64
     gamma: float = _RECIPE.gamma
@@ -148,6 +157,12 @@ class TrainConfig:
                 f"backbone must be one of {BACKBONES}, received {self.backbone!r}"
             )
         check_block_shape(self.num_blocks, self.block_size)
+        check_int("image_size", self.image_size, minimum=8)
+        if self.validation_images is not None and self.images is None:
+            raise ValueError(
+                "validation_images needs images (a folder to train on), received "
+                "none"
+            )
         check_int("epochs", self.epochs, minimum=1)
         if self.warmup_epochs is not None:
             check_non_negative("warmup_epochs", self.warmup_epochs)

@@ -367,3 +367,73 @@ def write_image_folder(
         Image.fromarray(pixels).save(os.path.join(root, relative))
         written.append(relative)
     return written
+
+
+@dataclasses.dataclass
+class ImageFolder:
+    """The pictures of a class-per-subfolder tree, decoded to one size."""
+
+    images: np.ndarray  # uint8 (n, H, W, C)
+    labels: np.ndarray  # int64 (n,), indices into class_names
+    class_names: list[str]
+    paths: list[str]  # relative to the folder, in the order of images
+    skipped: list[SkippedFile]
+
+
+def read_image_folder(
+    root: str | os.PathLike, shape: Sequence[int], batch_size: int = 256
+) -> ImageFolder:
+    """Reads a labelled folder: one subfolder per class, pictures inside.
+
+    The layout of `keras.utils.image_dataset_from_directory`: `root/cat/…`,
+    `root/dog/…`, classes in the sorted order of their folder names, each
+    folder searched recursively. Files directly under `root`, hidden names
+    and files that are not pictures are skipped and reported, never raised.
+
+    Example:
+
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> _ = write_image_folder(np.zeros((4, 8, 8, 3), np.uint8), [0, 1, 1, 0],
+    ...                        root, ["cat", "dog"])
+    >>> folder = read_image_folder(root, (16, 16, 3))
+    >>> folder.images.shape, folder.labels.tolist(), folder.class_names
+    ((4, 16, 16, 3), [0, 0, 1, 1], ['cat', 'dog'])
+
+    Args:
+        root: the folder.
+        shape: the model's input shape `(H, W, C)`.
+        batch_size: pictures decoded at a time (in parallel threads).
+
+    Returns:
+        An `ImageFolder`.
+
+    Raises:
+        ValueError: fewer than two class folders, or a class folder with no
+            picture that decodes (the message names them).
+        NotADirectoryError, FileNotFoundError: `root` is not a folder.
+    """
+    paths, skipped = find_files(root)
+    class_names = sorted({path.split("/", 1)[0] for path in paths if "/" in path})
+    skipped += [SkippedFile(p, "not in a class folder") for p in paths if "/" not in p]
+    paths = [path for path in paths if "/" in path]
+    if len(class_names) < 2:
+        raise ValueError(
+            "a labelled folder needs one subfolder per class, at least 2, "
+            f"received {len(class_names)} ({class_names}) in {os.fspath(root)}"
+        )
+    index = {name: i for i, name in enumerate(class_names)}
+    kept: list[str] = []
+    batches = []
+    for batch in image_batches(root, paths, shape, batch_size):
+        kept += batch.paths
+        batches.append(batch.pixels)
+        skipped += batch.skipped
+    labels = np.array([index[p.split("/", 1)[0]] for p in kept], dtype=np.int64)
+    empty = [name for i, name in enumerate(class_names) if not np.any(labels == i)]
+    if empty:
+        raise ValueError(
+            f"class folders without a readable picture: {empty} (in "
+            f"{os.fspath(root)}); remove them or add pictures"
+        )
+    return ImageFolder(np.concatenate(batches), labels, class_names, kept, skipped)

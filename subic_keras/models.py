@@ -70,14 +70,18 @@ class SubicTrainModel(ImageModel):
     although the entropy losses and the code metrics on `block_probs` need no
     target; and it carries `default_query`, the query kind (`QUERY_KINDS`)
     chosen for this model on validation data, saved with it in its `.keras`
-    file (`"fc0"` when never set).
+    file (`"fc0"` when never set), and `class_names`, the names of its
+    classes when they are known (`None` otherwise), saved likewise.
     """
 
     default_query = QUERY_KINDS[0]
+    # The names of the classes, when known (a folder's subfolders).
+    class_names: list[str] | None = None
 
     def get_config(self):
         config = super().get_config()
         config["default_query"] = self.default_query
+        config["class_names"] = self.class_names
         return config
 
     @classmethod
@@ -86,8 +90,14 @@ class SubicTrainModel(ImageModel):
         query = check_query_kind(
             "default_query", config.pop("default_query", QUERY_KINDS[0])
         )
+        names = config.pop("class_names", None)
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        ):
+            raise ValueError(f"class_names must be a list of str, received {names!r}")
         model = super().from_config(config, custom_objects=custom_objects)
         model.default_query = query
+        model.class_names = names
         return model
 
     def _targets(self, y, y_pred):

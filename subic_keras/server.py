@@ -5,8 +5,10 @@ One process holds one model and one `ImageIndex` and answers:
 - `POST /search?k=10`: a picture as the request body (`Content-Type:
   image/png`, `image/jpeg`, ...) or as the multipart field `image`. Answers
   `{"results": [{"rank", "score", "id", "path", "exact"}, ...],
-  "predicted_class", "probability", "k", "milliseconds"}`; `exact` marks a
-  stored picture identical to the query.
+  "predicted_class", "class_name", "probability", "k", "milliseconds"}`;
+  `exact` marks a stored picture identical to the query, and `class_name`
+  is the predicted class's name when the model knows it (trained on a
+  folder), else `null`.
 - `POST /search/query?k=10`, JSON `{"query": [M·K floats]}`: the same
   `results` for a query vector computed elsewhere (`Subic.query`).
 - `POST /search/codes?k=10`, JSON `{"codes": [M ints]}`: stored pictures
@@ -111,6 +113,7 @@ class SearchService:
         self.max_upload_bytes = int(max_upload_bytes)
         self.subic = load_subic(model_path)
         self.query_kind = query or self.subic.default_query
+        self.class_names = getattr(self.subic.train_model, "class_names", None)
         self.image_shape = retrieval.input_shape(self.subic)
         model = self.subic.query_model(self.query_kind)
         spec = tf.TensorSpec((None, *self.image_shape), tf.uint8)
@@ -178,6 +181,7 @@ class SearchService:
         best = int(np.argmax(probabilities[0]))
         answer.update(
             predicted_class=best,
+            class_name=self.class_names[best] if self.class_names else None,
             probability=round(float(probabilities[0, best]), 6),
             milliseconds=round(1000 * (time.perf_counter() - start), 3),
         )
@@ -242,6 +246,7 @@ class SearchService:
             "query": self.query_kind,
             "image_shape": list(self.image_shape),
             "num_classes": self.subic.num_classes,
+            "class_names": self.class_names,
             "loaded_at": state.loaded_at,
             "max_k": MAX_K,
             "max_upload_bytes": self.max_upload_bytes,

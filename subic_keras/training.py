@@ -23,6 +23,7 @@ from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
+from subic_keras.images import read_image_folder
 from subic_keras.models import Subic, build_subic
 from subic_keras.recipe import train_subic
 
@@ -82,15 +83,9 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         test metrics, wall time, and `"stopped_on_nan"`.
     """
     start = time.time()
-    (x_train, y_train), (x_test, y_test) = load_images(
-        config.dataset, config.data_dir, config.max_train_images
-    )
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
-    train_idx, val_idx = datasets.train_validation_split(
-        y_train, config.validation_size, seed=0
-    )
-    x_val, y_val = x_train[val_idx], y_train[val_idx]
-    x_fit, y_fit = x_train[train_idx], y_train[train_idx]
+    data = _data(config)
+    x_fit, y_fit, x_val, y_val, x_test, y_test = data.splits
+    num_classes = data.num_classes
     shape = x_fit.shape[1:]
     recipe = config.recipe(augment=min(shape[:2]) >= 16)
     cache_dir = config.cache_dir or default_cache_dir()
@@ -119,6 +114,7 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         callbacks=[EpochTensorBoard(os.path.join(logs, "subic")), *callbacks],
         verbose=verbose,
     )
+    subic.train_model.class_names = data.class_names
     best_path = os.path.join(config.output_dir, "best.keras")
     summary = {
         "config": dataclasses.asdict(config),
@@ -127,7 +123,9 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         "bits": run["bits"],
         "num_train": len(x_fit),
         "num_validation": len(x_val),
-        "num_test": len(x_test),
+        "num_test": None if x_test is None else len(x_test),
+        "class_names": data.class_names,
+        "skipped_files": [dataclasses.asdict(s) for s in data.skipped],
         **run,
         "checkpoint": None,
     }
@@ -135,13 +133,72 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         with atomic_path(best_path, suffix=".keras") as tmp:
             subic.train_model.save(tmp)
         summary["checkpoint"] = best_path
-        test_data = datasets.make_dataset(x_test, y_test, 256)
-        summary["test"] = evaluate_classification(subic, test_data, y_test)
+        if x_test is not None:
+            test_data = datasets.make_dataset(x_test, y_test, 256)
+            summary["test"] = evaluate_classification(subic, test_data, y_test)
     summary["wall_seconds"] = round(time.time() - start, 1)
     with atomic_path(os.path.join(config.output_dir, "summary.json")) as tmp:
         with open(tmp, "w") as handle:
             json.dump(summary, handle, indent=2)
     return summary
+
+
+@dataclasses.dataclass
+class _TrainingData:
+    splits: tuple  # x_fit, y_fit, x_val, y_val, x_test (or None), y_test
+    num_classes: int
+    class_names: list[str] | None
+    skipped: list
+
+
+def _data(config: TrainConfig) -> _TrainingData:
+    """The training, validation and test splits `config` names."""
+    if config.images is not None:
+        return _folder_data(config)
+    (x_train, y_train), (x_test, y_test) = load_images(
+        config.dataset, config.data_dir, config.max_train_images
+    )
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    train_idx, val_idx = datasets.train_validation_split(
+        y_train, config.validation_size, seed=0
+    )
+    splits = (x_train[train_idx], y_train[train_idx], x_train[val_idx])
+    return _TrainingData(
+        (*splits, y_train[val_idx], x_test, y_test), num_classes, None, []
+    )
+
+
+def _folder_data(config: TrainConfig) -> _TrainingData:
+    """A labelled folder: validation held out of it (or its own folder), no
+    test split (the summary reports validation only)."""
+    shape = (config.image_size, config.image_size, 3)
+    folder = read_image_folder(config.images, shape)
+    skipped = list(folder.skipped)
+    images, labels = folder.images, folder.labels
+    if config.validation_images is not None:
+        validation = read_image_folder(config.validation_images, shape)
+        if validation.class_names != folder.class_names:
+            raise ValueError(
+                f"the validation folder's classes {validation.class_names} differ "
+                f"from the training folder's {folder.class_names}"
+            )
+        skipped += validation.skipped
+        x_val, y_val = validation.images, validation.labels
+    else:
+        fit_idx, val_idx = datasets.train_validation_split(
+            labels, config.validation_size, seed=0
+        )
+        x_val, y_val = images[val_idx], labels[val_idx]
+        images, labels = images[fit_idx], labels[fit_idx]
+    if config.max_train_images is not None:
+        images = images[: config.max_train_images]
+        labels = labels[: config.max_train_images]
+    return _TrainingData(
+        (images, labels, x_val, y_val, None, None),
+        len(folder.class_names),
+        folder.class_names,
+        skipped,
+    )
 
 
 def evaluate_classification(subic: Subic, data, labels: np.ndarray) -> dict:

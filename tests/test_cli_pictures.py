@@ -38,7 +38,7 @@ def test_build_indexes_every_picture_and_lists_the_rest(model, folder, capsys):
     output = root.parent / "photos.subic"
     assert main(["index", "build", model, str(root), "--output", str(output)]) == 0
     out, err = capsys.readouterr()
-    assert f"indexed 24 pictures of {root}; skipped 4 files" in out
+    assert f"indexed 24 pictures of {root}; skipped 4 files (listed" in out
     for name, reason in [
         ("notes.txt", "not an image"),
         ("c/broken.png", "image file is truncated"),
@@ -205,3 +205,52 @@ def test_special_files_are_refused_at_once(model, tmp_path, capsys):
     assert "model file: not a regular file" in err and seconds < 1
     err, seconds = _error(capsys, "serve", model, fifo)
     assert "not a regular file" in err and seconds < 1
+
+
+def test_train_on_a_folder_records_its_classes(tmp_path, capsys):
+    import keras
+
+    from subic_keras.server import SearchService
+
+    root = tmp_path / "photos"
+    picture_folder(root, n=200)  # classes a, b, c
+    (root / "stray.txt").write_text("not in a class folder")
+    out = tmp_path / "run"
+    train = ["train", "--images", str(root), "--image-size", "16", "--bits", "8"]
+    train += ["--block-size", "4", "--pretrain-epochs", "1", "--epochs", "1"]
+    assert main([*train, "--output-dir", str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    assert "on the pictures of" in stdout and "(resized to 16x16)" in stdout
+    assert "skipped stray.txt: not in a class folder" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["class_names"] == ["a", "b", "c"] and "test" not in summary
+    assert summary["num_train"] + summary["num_validation"] == 200
+    model = keras.saving.load_model(out / "best.keras")
+    assert model.class_names == ["a", "b", "c"] and model.input_shape[1:] == (16, 16, 3)
+    # The classes name the server's predictions.
+    index = str(tmp_path / "photos.subic")
+    assert (
+        main(["index", "build", str(out / "best.keras"), str(root), "--output", index])
+        == 0
+    )
+    service = SearchService(str(out / "best.keras"), index)
+    answer = service.search_image((root / "a" / "a_00000.png").read_bytes(), 3)
+    assert answer["class_name"] in ("a", "b", "c")
+    assert answer["results"][0]["path"] == "a/a_00000.png"
+    assert service.stats()["class_names"] == ["a", "b", "c"]
+
+
+def test_train_folder_mistakes_are_one_line(tmp_path, capsys):
+    root = tmp_path / "photos"
+    picture_folder(root, n=9)
+    other = tmp_path / "other"
+    picture_folder(other, n=6)
+    (other / "c").rename(other / "z")
+    err, _ = _error(capsys, "train", "--validation-images", other)
+    assert "validation_images needs images" in err
+    err, _ = _error(capsys, "train", "--images", root, "--image-size", "4")
+    assert "image_size must be >= 8, received 4" in err
+    err, _ = _error(capsys, "train", "--images", root, "--validation-images", other)
+    assert "the validation folder's classes ['a', 'b', 'z'] differ" in err
+    err, _ = _error(capsys, "train", "--images", tmp_path / "none")
+    assert "image folder not found" in err

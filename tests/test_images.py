@@ -178,3 +178,51 @@ def test_write_image_folder_checks_its_arguments(tmp_path):
         images.write_image_folder(np.zeros((2, 4, 4), np.float32), [0, 1], tmp_path)
     with pytest.raises(ValueError, match="one entry per image"):
         images.write_image_folder(np.zeros((2, 4, 4), np.uint8), [0], tmp_path)
+
+
+def test_read_image_folder_labels_by_subfolder_and_converts_modes(tmp_path):
+    rng = np.random.default_rng(1)
+    (tmp_path / "grey").mkdir()
+    (tmp_path / "colour" / "deeper").mkdir(parents=True)
+    grey = rng.integers(0, 256, (20, 20), dtype=np.uint8)
+    Image.fromarray(grey).save(tmp_path / "grey" / "g.png")
+    Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "grey" / "g16.png")
+    rgba = rng.integers(0, 256, (12, 30, 4), dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "colour" / "deeper" / "a.png")
+    Image.fromarray(rgba[..., :3]).save(tmp_path / "colour" / "b.jpg")
+    (tmp_path / "colour" / "bad.png").write_bytes(b"nope")
+    (tmp_path / "top.png").write_bytes((tmp_path / "colour" / "b.jpg").read_bytes())
+    folder = images.read_image_folder(tmp_path, (16, 16, 3))
+    assert folder.class_names == ["colour", "grey"]
+    assert folder.paths == ["colour/b.jpg", "colour/deeper/a.png", "grey/g.png",
+                            "grey/g16.png"]  # fmt: skip
+    assert folder.labels.tolist() == [0, 0, 1, 1]
+    assert folder.images.shape == (4, 16, 16, 3) and folder.images.dtype == np.uint8
+    # 8-bit and 16-bit versions of one grey picture give the same pixels.
+    np.testing.assert_array_equal(folder.images[2], folder.images[3])
+    assert {(s.path, s.reason.split(" (")[0]) for s in folder.skipped} == {
+        ("top.png", "not in a class folder"),
+        ("colour/bad.png", "not an image"),
+    }
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ({}, "at least 2, received 0"),
+        ({"only/a.png": True}, r"at least 2, received 1 \(\['only'\]\)"),
+        (
+            {"a/x.png": True, "b/broken.png": False},
+            r"without a readable picture: \['b'\]",
+        ),
+    ],
+)
+def test_read_image_folder_refuses_what_cannot_train(
+    tmp_path, picture, layout, message
+):
+    data = _encoded(Image.fromarray(picture), "PNG")
+    for path, good in layout.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(data if good else data[:20])
+    with pytest.raises(ValueError, match=message):
+        images.read_image_folder(tmp_path, (8, 8, 3))

@@ -84,7 +84,7 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             assert cards.nth(0).get_attribute("data-path") == query
             assert cards.nth(0).locator(".badge").inner_text() == "query"
             assert "matches in" in page.inner_text("#summary")
-            assert "predicted class" in page.inner_text("#query-info")
+            assert "predicted: class " in page.inner_text("#query-info")
             # Every thumbnail loaded from the server.
             page.wait_for_function(
                 "[...document.querySelectorAll('#grid img')]"

@@ -34,27 +34,34 @@ def _report_training(summary: dict) -> None:
             f"Kept the last good model: {kept}",
             file=sys.stderr,
         )
-    if summary.get("test"):
-        test = summary["test"]
-        pretrain = summary.get("pretrain")
-        if pretrain:
-            how = "cached" if pretrain["cached"] else f"{pretrain['train_seconds']} s"
-            print(
-                f"pre-training: validation accuracy "
-                f"{pretrain['best_validation_accuracy']:.4f} at epoch "
-                f"{pretrain['best_epoch']} ({how})"
-            )
-        maps = summary["validation_map"]
+    skipped = summary.get("skipped_files") or []
+    for entry in skipped:
+        print(f"skipped {entry['path']}: {entry['reason']}", file=sys.stderr)
+    if skipped:
+        print(f"skipped {len(skipped)} files (listed with the reason on stderr)")
+    if summary["checkpoint"] is None:
+        return
+    pretrain = summary.get("pretrain")
+    if pretrain:
+        how = "cached" if pretrain["cached"] else f"{pretrain['train_seconds']} s"
         print(
-            f"best epoch {summary['best_epoch']}: validation mAP "
-            + ", ".join(f"{maps[kind]:.4f} ({kind} query)" for kind in maps)
-            + f"; query {summary['query']!r} saved with the model"
+            f"pre-training: validation accuracy "
+            f"{pretrain['best_validation_accuracy']:.4f} at epoch "
+            f"{pretrain['best_epoch']} ({how})"
         )
+    maps = summary["validation_map"]
+    print(
+        f"best epoch {summary['best_epoch']}: validation mAP "
+        + ", ".join(f"{maps[kind]:.4f} ({kind} query)" for kind in maps)
+        + f"; query {summary['query']!r} saved with the model"
+    )
+    test = summary.get("test")
+    if test:
         print(
             f"test accuracy {test['accuracy_soft']:.4f} (soft codes), "
             f"{test['accuracy_binary']:.4f} ({summary['bits']}-bit binary codes)"
         )
-        print(f"model: {summary['checkpoint']}")
+    print(f"model: {summary['checkpoint']}")
 
 
 def _announce(config) -> None:
@@ -63,11 +70,19 @@ def _announce(config) -> None:
     bits = config.num_blocks * int(math.log2(config.block_size))
     print(
         f"Training SuBiC ({config.num_blocks} blocks of {config.block_size}: "
-        f"{bits} bits) on {config.dataset}: {config.pretrain_epochs} epochs of "
+        f"{bits} bits) on {_training_source(config)}: {config.pretrain_epochs} "
+        "epochs of "
         f"pre-training, then {config.epochs} SuBiC epochs with gamma = "
         f"{config.gamma:g} and mu = {config.mu:g} ramped in from 0 over the first "
         f"{recipe.warmup_epochs:.3g} epochs (--warmup-epochs); the best epoch is kept."
     )
+
+
+def _training_source(config) -> str:
+    if config.images is None:
+        return config.dataset
+    size = config.image_size
+    return f"the pictures of {config.images} (resized to {size}x{size})"
 
 
 def run_train(args) -> int:
@@ -212,7 +227,7 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
     )
     print(
         f"indexed {report.added} pictures of {index.root}{known}; skipped "
-        f"{len(report.skipped)} files that are not pictures (listed on stderr); "
+        f"{len(report.skipped)} files (listed with the reason on stderr); "
         f"{len(index)} pictures in {output}"
     )
 

@@ -56,6 +56,27 @@ def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig)
         "tensorflow-datasets)",
     )
     parser.add_argument(
+        "--images",
+        metavar="DIR",
+        default=None,
+        help="train on your own pictures instead of --dataset: a folder with "
+        "one subfolder per class (default: none)",
+    )
+    parser.add_argument(
+        "--validation-images",
+        metavar="DIR",
+        default=None,
+        help="with --images: a folder of the same classes to validate on "
+        "(default: --validation-size of --images held out)",
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=defaults.image_size,
+        help="with --images: the side, in pixels, pictures are resized to "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--bits",
         type=int,
         default=None,
@@ -172,6 +193,9 @@ def config_from_args(args) -> TrainConfig:
     return TrainConfig(
         dataset=args.dataset,
         data_dir=args.data_dir,
+        images=args.images,
+        validation_images=args.validation_images,
+        image_size=args.image_size,
         num_blocks=num_blocks,
         block_size=block_size,
         gamma=args.gamma,
