@@ -160,8 +160,7 @@ class TrainConfig:
         check_int("image_size", self.image_size, minimum=8)
         if self.validation_images is not None and self.images is None:
             raise ValueError(
-                "validation_images needs images (a folder to train on), received "
-                "none"
+                "validation_images needs images (a folder to train on), received none"
             )
         check_int("epochs", self.epochs, minimum=1)
         if self.warmup_epochs is not None:

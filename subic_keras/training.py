@@ -171,6 +171,7 @@ def _data(config: TrainConfig) -> _TrainingData:
 def _folder_data(config: TrainConfig) -> _TrainingData:
     """A labelled folder: validation held out of it (or its own folder), no
     test split (the summary reports validation only)."""
+    assert config.images is not None
     shape = (config.image_size, config.image_size, 3)
     folder = read_image_folder(config.images, shape)
     skipped = list(folder.skipped)
