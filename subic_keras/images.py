@@ -161,6 +161,16 @@ def fingerprint(pixels: np.ndarray) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
+def check_folder(root: str | os.PathLike) -> str:
+    """`root` if it is a folder; otherwise the error that says what it is."""
+    root = os.fspath(root)
+    if not os.path.exists(root):
+        raise FileNotFoundError(2, "image folder not found", root)
+    if not os.path.isdir(root):
+        raise NotADirectoryError(20, "not a folder of images", root)
+    return root
+
+
 def find_files(root: str | os.PathLike) -> tuple[list[str], list[SkippedFile]]:
     """Every regular file under `root`, recursively, as sorted relative paths.
 
@@ -176,11 +186,7 @@ def find_files(root: str | os.PathLike) -> tuple[list[str], list[SkippedFile]]:
     Raises:
         NotADirectoryError, FileNotFoundError: `root` is not a folder.
     """
-    root = os.fspath(root)
-    if not os.path.exists(root):
-        raise FileNotFoundError(2, "image folder not found", root)
-    if not os.path.isdir(root):
-        raise NotADirectoryError(20, "not a folder of images", root)
+    root = check_folder(root)
     real_root = os.path.realpath(root)
     paths, skipped = [], []
     for directory, folders, files in os.walk(root, followlinks=True):

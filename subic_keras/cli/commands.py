@@ -6,6 +6,7 @@ and returns the exit status.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -35,8 +36,7 @@ def _report_training(summary: dict) -> None:
             file=sys.stderr,
         )
     skipped = summary.get("skipped_files") or []
-    for entry in skipped:
-        print(f"skipped {entry['path']}: {entry['reason']}", file=sys.stderr)
+    _list_skipped(skipped)
     if skipped:
         print(f"skipped {len(skipped)} files (listed with the reason on stderr)")
     if summary["checkpoint"] is None:
@@ -70,9 +70,9 @@ def _announce(config) -> None:
     bits = config.num_blocks * int(math.log2(config.block_size))
     print(
         f"Training SuBiC ({config.num_blocks} blocks of {config.block_size}: "
-        f"{bits} bits) on {_training_source(config)}: {config.pretrain_epochs} "
-        "epochs of "
-        f"pre-training, then {config.epochs} SuBiC epochs with gamma = "
+        f"{bits} bits) on {_training_source(config)}: "
+        f"{config.pretrain_epochs} epochs of pre-training, then {config.epochs} "
+        "SuBiC epochs with gamma = "
         f"{config.gamma:g} and mu = {config.mu:g} ramped in from 0 over the first "
         f"{recipe.warmup_epochs:.3g} epochs (--warmup-epochs); the best epoch is kept."
     )
@@ -208,7 +208,7 @@ def _index_folder(args) -> int:
             f"({args.folder}) takes none of them"
         )
     batch_size = check_int("--batch-size", args.batch_size, minimum=1)
-    image_files.find_files(args.folder)  # refuses a missing folder at once
+    image_files.check_folder(args.folder)
     check_output_path(args.output)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
@@ -219,9 +219,16 @@ def _index_folder(args) -> int:
     return 0
 
 
+def _list_skipped(skipped: list) -> None:
+    """Each file that was passed over, and why, on standard error."""
+    for entry in skipped:
+        if not isinstance(entry, dict):
+            entry = dataclasses.asdict(entry)
+        print(f"skipped {entry['path']}: {entry['reason']}", file=sys.stderr)
+
+
 def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
-    for skipped in report.skipped:
-        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    _list_skipped(report.skipped)
     known = (
         f", {report.already_indexed} already indexed" if report.already_indexed else ""
     )
@@ -237,7 +244,7 @@ def run_index_add(args) -> int:
     check_file(args.index, "index file")
     index = ImageIndex.load(args.index)
     folder = index.root if args.folder is None else args.folder
-    image_files.find_files(folder)
+    image_files.check_folder(folder)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
         subic, folder, index=index, batch_size=batch_size, progress=True

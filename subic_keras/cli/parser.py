@@ -262,6 +262,11 @@ def _add_query_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_model_and_index(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="the SuBiC .keras model that built the index")
+    parser.add_argument("index", help="an index file built from a folder")
+
+
 def _add_batch_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size",
@@ -413,8 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Encodes the pictures under FOLDER that the index does not "
         "hold yet (by path) and rewrites the index file atomically.",
     )
-    add.add_argument("model", help="the SuBiC .keras model that built the index")
-    add.add_argument("index", help="an index file built from a folder")
+    _add_model_and_index(add)
     add.add_argument(
         "folder",
         nargs="?",
@@ -481,8 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Answers POST /search with the pictures of an index built "
         "from a folder, serves them at GET /items/ID, and a web page at /.",
     )
-    serve.add_argument("model", help="the SuBiC .keras model that built the index")
-    serve.add_argument("index", help="an index file built from a folder")
+    _add_model_and_index(serve)
     serve.add_argument(
         "--host",
         default="127.0.0.1",
