@@ -254,3 +254,13 @@ def test_train_folder_mistakes_are_one_line(tmp_path, capsys):
     assert "the validation folder's classes ['a', 'b', 'z'] differ" in err
     err, _ = _error(capsys, "train", "--images", tmp_path / "none")
     assert "image folder not found" in err
+
+
+def test_outputs_in_missing_folders_are_refused_not_created(model, tmp_path, capsys):
+    missing = tmp_path / "no" / "such"
+    build = ["index", "build", model, "--dataset", "digits"]
+    err, seconds = _error(capsys, *build, "--output", missing / "x.subic")
+    assert "the folder of the output file does not exist" in err and seconds < 1
+    err, _ = _error(capsys, "evaluate", model, "--output", missing / "e.json")
+    assert "the folder of the output file does not exist" in err
+    assert not (tmp_path / "no").exists()

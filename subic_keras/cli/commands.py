@@ -162,6 +162,8 @@ def _milvus(args, num_blocks=None, block_size=None):
 def run_index_build(args) -> int:
     if (args.output is None) == (args.milvus is None):
         raise ValueError("give one of --output FILE and --milvus URI")
+    if args.output is not None:
+        check_output_path(args.output)
     if args.folder is not None:
         return _index_folder(args)
     args.dataset = args.dataset or "cifar10"
@@ -209,7 +211,6 @@ def _index_folder(args) -> int:
         )
     batch_size = check_int("--batch-size", args.batch_size, minimum=1)
     image_files.check_folder(args.folder)
-    check_output_path(args.output)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
         subic, args.folder, batch_size=batch_size, progress=True
@@ -430,6 +431,8 @@ def run_serve(args) -> int:
 
 
 def run_evaluate(args) -> int:
+    if args.output is not None:
+        check_output_path(args.output)
     subic = _load_subic(args.model)
     images, labels = _split_images(args)
     options = {}
