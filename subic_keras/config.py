@@ -15,6 +15,24 @@ from subic_keras._validation import check_block_shape, check_int, check_non_nega
 
 # The datasets `subic train` and `datasets.load_images` read by name.
 DATASETS = ("digits", "cifar10", "fashion_mnist")
+# Each dataset's class names, in label order (the official releases' lists),
+# saved with a model trained on it.
+CLASS_NAMES = {
+    "digits": [str(digit) for digit in range(10)],
+    "cifar10": "airplane automobile bird cat deer dog frog horse ship truck".split(),
+    "fashion_mnist": [
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ],
+}
 # The backbones of `TrainConfig.backbone`.
 BACKBONES = ("auto", "dsh_cnn", "mlp")
 # The queries of asymmetric search: FC0's output `z` (Sec. 3.3) or FC1's

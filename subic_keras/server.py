@@ -333,17 +333,19 @@ def create_app(service: SearchService) -> FastAPI:
     async def search(request: Request, k: int = Query(10)):
         service.check_k(k)
         data = await _picture(request, service.max_upload_bytes)
-        return await run_in_threadpool(service.search_image, data, k)
+        return JSONResponse(await run_in_threadpool(service.search_image, data, k))
 
     @app.post("/search/query")
     async def search_query(request: Request, k: int = Query(10)):
         body = await _json(request, "query")
-        return await run_in_threadpool(service.search_query, body["query"], k)
+        answer = await run_in_threadpool(service.search_query, body["query"], k)
+        return JSONResponse(answer)
 
     @app.post("/search/codes")
     async def search_codes(request: Request, k: int = Query(10)):
         body = await _json(request, "codes")
-        return await run_in_threadpool(service.search_codes, body["codes"], k)
+        answer = await run_in_threadpool(service.search_codes, body["codes"], k)
+        return JSONResponse(answer)
 
     @app.get("/items/{item_id}")
     async def item(item_id: int):

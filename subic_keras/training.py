@@ -20,6 +20,7 @@ from subic_keras._io import atomic_path
 from subic_keras.backbones import mlp_backbone
 from subic_keras.callbacks import EpochTensorBoard
 from subic_keras.config import BACKBONES as BACKBONES
+from subic_keras.config import CLASS_NAMES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
@@ -163,8 +164,12 @@ def _data(config: TrainConfig) -> _TrainingData:
         y_train, config.validation_size, seed=0
     )
     splits = (x_train[train_idx], y_train[train_idx], x_train[val_idx])
+    names = CLASS_NAMES[config.dataset]
     return _TrainingData(
-        (*splits, y_train[val_idx], x_test, y_test), num_classes, None, []
+        (*splits, y_train[val_idx], x_test, y_test),
+        num_classes,
+        names if len(names) == num_classes else None,
+        [],
     )
 
 

@@ -12,12 +12,12 @@ import pytest
 from served import ServeProcess, save_model
 
 from subic_keras import retrieval
+from subic_keras.config import CLASS_NAMES
 from subic_keras.datasets import load_cifar10
 from subic_keras.export import load_subic
 from subic_keras.images import write_image_folder
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CIFAR10_CLASSES = "airplane automobile bird cat deer dog frog horse ship truck".split()
 # Flags for a root user on a machine without network or GPU.
 _BROWSER_ARGS = [
     "--no-sandbox",
@@ -54,7 +54,7 @@ def served_cifar(shared_data_dir, tmp_path_factory):
     _, (images, labels) = load_cifar10(
         shared_data_dir / "cifar-10-batches-bin", max_per_split=200
     )
-    paths = write_image_folder(images, labels, base / "photos", CIFAR10_CLASSES)
+    paths = write_image_folder(images, labels, base / "photos", CLASS_NAMES["cifar10"])
     model = save_model(base / "model.keras")
     index, _ = retrieval.index_folder(load_subic(model), base / "photos")
     index.save(base / "photos.subic")

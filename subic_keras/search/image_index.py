@@ -58,6 +58,34 @@ def _check_paths(name: str, paths) -> list[str]:
     return paths
 
 
+class _SortedKeys:
+    """Ids and fingerprints sorted once, so that each look-up is a binary
+    search rather than a scan of every item (1,000,000 items: microseconds,
+    not milliseconds)."""
+
+    def __init__(self, ids: np.ndarray, fingerprints: np.ndarray):
+        self.id_order = np.argsort(ids, kind="stable")
+        self.sorted_ids = ids[self.id_order]
+        self.fingerprint_order = np.argsort(fingerprints, kind="stable")
+        self.sorted_fingerprints = fingerprints[self.fingerprint_order]
+
+    def id_rows(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each id, -1 where it is absent."""
+        if not len(self.sorted_ids):
+            return np.full(len(ids), -1, np.int64)
+        rank = np.searchsorted(self.sorted_ids, ids)
+        rank = np.minimum(rank, len(self.sorted_ids) - 1)
+        found = self.sorted_ids[rank] == ids
+        return np.where(found, self.id_order[rank], -1)
+
+    def fingerprint_rows(self, fingerprint) -> np.ndarray:
+        """The rows whose fingerprint is `fingerprint`, in insertion order."""
+        value = np.uint64(fingerprint)
+        lo = np.searchsorted(self.sorted_fingerprints, value, side="left")
+        hi = np.searchsorted(self.sorted_fingerprints, value, side="right")
+        return np.sort(self.fingerprint_order[lo:hi])
+
+
 class ImageIndex:
     """The codes of a folder's pictures, with each picture's path.
 
@@ -111,7 +139,7 @@ class ImageIndex:
             )
         self._row_of_path: dict[str, int] = {}
         self._next_id = 0  # ids are never reused, not even after a remove
-        self._id_order: np.ndarray | None = None
+        self._sorted: _SortedKeys | None = None  # built on the first look-up
         self._lock = ReadWriteLock()
 
     # Properties ---------------------------------------------------------
@@ -198,7 +226,7 @@ class ImageIndex:
             self._fingerprints = np.concatenate(
                 [self._fingerprints, fingerprints.astype(np.uint64)]
             )
-            self._id_order = None
+            self._sorted = None
         return ids
 
     def remove(self, paths: Iterable[str]) -> int:
@@ -225,7 +253,7 @@ class ImageIndex:
             self._row_of_path = {path: row for row, path in enumerate(self._paths)}
             self._ids = self._ids[kept]
             self._fingerprints = self._fingerprints[kept]
-            self._id_order = None
+            self._sorted = None
         return len(rows)
 
     def _restore(
@@ -238,24 +266,24 @@ class ImageIndex:
         self._paths = paths
         self._row_of_path = {path: row for row, path in enumerate(paths)}
         self._fingerprints = fingerprints
+        self._sorted = None
         self._shape = None if shape is None else tuple(shape)
 
     # Reading ------------------------------------------------------------
 
+    def _keys(self) -> _SortedKeys:
+        # Concurrent readers may both build it: the same value, one kept.
+        keys = self._sorted
+        if keys is None:
+            keys = self._sorted = _SortedKeys(self._ids, self._fingerprints)
+        return keys
+
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows (insertion positions) of `ids`; KeyError for unknown ones."""
-        if not len(self._ids):
-            if len(ids):
-                raise KeyError(f"ids not in the index: {preview(ids)}")
-            return np.zeros(0, np.int64)
-        if self._id_order is None:
-            self._id_order = np.argsort(self._ids, kind="stable")
-        sorted_ids = self._ids[self._id_order]
-        rank = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
-        found = sorted_ids[rank] == ids
-        if not np.all(found):
-            raise KeyError(f"ids not in the index: {preview(ids[~found])}")
-        return self._id_order[rank]
+        rows = self._keys().id_rows(ids)
+        if np.any(rows < 0):
+            raise KeyError(f"ids not in the index: {preview(ids[rows < 0])}")
+        return rows
 
     def paths(self, ids) -> list[str]:
         """The relative paths of `ids` (1-D), in order.
@@ -305,7 +333,7 @@ class ImageIndex:
     def exact_copies(self, fingerprint: int) -> np.ndarray:
         """Ids of the pictures whose pixels have this fingerprint."""
         with self._lock.read():
-            return self._ids[self._fingerprints == np.uint64(fingerprint)].copy()
+            return self._ids[self._keys().fingerprint_rows(fingerprint)]
 
     def search(
         self, queries, k: int, fingerprints=None
@@ -335,8 +363,9 @@ class ImageIndex:
                 )
             queries = np.asarray(queries, dtype=np.float32)
             block = np.arange(self.num_blocks) * self.block_size
+            keys = self._keys()
             for row, value in enumerate(fingerprints):
-                copies = self._ids[self._fingerprints == value]
+                copies = self._ids[keys.fingerprint_rows(value)]
                 if value == 0 or not len(copies):
                     continue
                 copies = copies[: ids.shape[1]]
