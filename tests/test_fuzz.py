@@ -525,9 +525,21 @@ _CLI_CASES = [
             "--dataset",
             "digits",
             "--output",
-            str(w["root"]),
+            str(w["root"] / "digits.subic"),
         ],
         "images must have shape (n, 8, 8, 3), received (599, 8, 8, 1)",
+    ),
+    (
+        lambda w: [
+            "index",
+            "build",
+            w["model"],
+            "--dataset",
+            "digits",
+            "--output",
+            str(w["root"]),
+        ],
+        "a directory, not an output file",
     ),
     (
         lambda w: [

@@ -88,8 +88,14 @@ def test_header_problems_raise(saved, tmp_path):
     with pytest.raises(ValueError, match="magic"):
         SubicIndex.load(_rewrite(path, bad))
     bad = bytearray(data)
+    bad[8:12] = struct.pack("<I", 3)
+    with pytest.raises(ValueError, match="version 3 is not supported"):
+        SubicIndex.load(_rewrite(path, bad))
+    # Version 2 announces an item table after the ids: without one, the
+    # file is too short for what its header says.
+    bad = bytearray(data)
     bad[8:12] = struct.pack("<I", 2)
-    with pytest.raises(ValueError, match="version 2 is not supported"):
+    with pytest.raises(ValueError, match="announces at least .* truncated"):
         SubicIndex.load(_rewrite(path, bad))
     bad = bytearray(data)
     bad[16:20] = struct.pack("<I", 48)
