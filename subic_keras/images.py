@@ -210,11 +210,22 @@ def find_files(root: str | os.PathLike) -> tuple[list[str], list[SkippedFile]]:
             relative = _relative(relative_dir, name)
             if os.path.islink(full) and not _inside(full, real_root):
                 skipped.append(SkippedFile(relative, "link out of the folder"))
+            elif not _utf8(relative):
+                skipped.append(SkippedFile(repr(relative), "name is not UTF-8"))
             elif not os.path.isfile(full):
                 skipped.append(SkippedFile(relative, "not a regular file"))
             else:
                 paths.append(relative)
     return sorted(paths), skipped
+
+
+def _utf8(name: str) -> bool:
+    # Python keeps undecodable bytes of a file name as surrogates.
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _relative(directory: str, name: str) -> str:

@@ -88,7 +88,7 @@ def index_folder(
     if index is None:
         index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
     else:
-        _check_same_folder(index, subic, root, shape)
+        _check_same_folder(index, subic, root)
     new = [path for path in paths if path not in index]
     report = FolderReport(already_indexed=len(paths) - len(new), skipped=skipped)
     from tqdm.auto import tqdm
@@ -112,27 +112,29 @@ def index_folder(
     return index, report
 
 
-def _check_same_folder(index: ImageIndex, subic: Subic, root, shape) -> None:
+def _check_same_folder(index: ImageIndex, subic: Subic, root) -> None:
     if os.path.realpath(index.root) != os.path.realpath(root):
         raise ValueError(
             f"the index holds pictures of {index.root}, received the folder "
             f"{os.path.abspath(root)}"
         )
     check_model_fits(index, subic)
-    if index.image_shape is not None and tuple(index.image_shape) != shape:
-        raise ValueError(
-            f"the index holds pictures decoded to {index.image_shape}, but the "
-            f"model takes {shape}"
-        )
 
 
 def check_model_fits(index, subic: Subic, where: str = "the index") -> None:
-    """Refuses a model whose codes are not the index's."""
+    """Refuses a model whose codes are not the index's, or whose input is not
+    the size the index's pictures were decoded to."""
     if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
         raise ValueError(
             f"{where} holds codes of {index.num_blocks} blocks of "
             f"{index.block_size}, but the model makes {subic.num_blocks} blocks of "
             f"{subic.block_size}"
+        )
+    shape = getattr(index, "image_shape", None)
+    if shape is not None and tuple(shape) != input_shape(subic):
+        raise ValueError(
+            f"{where} holds pictures decoded to {tuple(shape)}, but the model "
+            f"takes {input_shape(subic)}"
         )
 
 

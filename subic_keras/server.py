@@ -129,11 +129,6 @@ class SearchService:
 
         index = ImageIndex.load(self.index_path)
         retrieval.check_model_fits(index, self.subic, f"index {self.index_path}")
-        if index.image_shape is not None and index.image_shape != self.image_shape:
-            raise ValueError(
-                f"index {self.index_path} holds pictures decoded to "
-                f"{index.image_shape}, but the model takes {self.image_shape}"
-            )
         return _Loaded(index, time.time())
 
     @property

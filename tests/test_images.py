@@ -123,6 +123,7 @@ def test_find_files_skips_hidden_names_and_links_out_of_the_folder(tmp_path):
     (root / "in.png").symlink_to(root / "x.png")
     (root / "outdir").symlink_to(tmp_path)
     os.mkfifo(root / "fifo.png")
+    open(os.fsencode(root) + b"/caf\xe9.png", "wb").close()  # Latin-1 name
     paths, skipped = images.find_files(root)
     assert paths == ["a/b/z.txt", "a/y.jpg", "in.png", "x.png"]
     assert {(s.path, s.reason) for s in skipped} == {
@@ -130,6 +131,7 @@ def test_find_files_skips_hidden_names_and_links_out_of_the_folder(tmp_path):
         ("a/dangling.png", "link out of the folder"),
         ("outdir", "link out of the folder"),
         ("fifo.png", "not a regular file"),
+        (repr("caf\udce9.png"), "name is not UTF-8"),
     }
     with pytest.raises(NotADirectoryError):
         images.find_files(root / "x.png")

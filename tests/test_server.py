@@ -291,3 +291,12 @@ def test_service_refuses_a_model_of_other_codes(photos, tmp_path):
     other = save_model(tmp_path / "other.keras", num_blocks=8, block_size=16)
     with pytest.raises(ValueError, match="holds codes of 4 blocks of 16"):
         SearchService(other, str(photos["index"]))
+
+
+def test_service_refuses_a_model_of_another_picture_size(photos, tmp_path):
+    from subic_keras import backbones, build_subic
+
+    small = build_subic(backbones.dsh_cnn(input_shape=(16, 16, 3)), 4, 16, 3)
+    small.train_model.save(tmp_path / "small.keras")
+    with pytest.raises(ValueError, match=r"decoded to \(32, 32, 3\), but the model"):
+        SearchService(str(tmp_path / "small.keras"), str(photos["index"]))
