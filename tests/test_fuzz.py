@@ -508,6 +508,10 @@ def _cli(arguments: Callable[[dict], list[str]]):
     return run
 
 
+def _build_digits(w):
+    return ["index", "build", w["model"], "--dataset", "digits", "--output"]
+
+
 _CLI_CASES = [
     (lambda w: ["search", "missing.keras", w["index_path"], w["queries"]], "not found"),
     (lambda w: ["search", str(w["root"]), w["index_path"], w["queries"]], "directory"),
@@ -518,29 +522,10 @@ _CLI_CASES = [
     (lambda w: ["search", w["model"], w["index_path"], str(w["root"])], "directory"),
     (lambda w: ["search", w["model"], w["index_path"], w["queries"], "-k", "0"], "-k"),
     (
-        lambda w: [
-            "index",
-            "build",
-            w["model"],
-            "--dataset",
-            "digits",
-            "--output",
-            str(w["root"] / "digits.subic"),
-        ],
+        lambda w: [*_build_digits(w), str(w["root"] / "digits.subic")],
         "images must have shape (n, 8, 8, 3), received (599, 8, 8, 1)",
     ),
-    (
-        lambda w: [
-            "index",
-            "build",
-            w["model"],
-            "--dataset",
-            "digits",
-            "--output",
-            str(w["root"]),
-        ],
-        "a directory, not an output file",
-    ),
+    (lambda w: [*_build_digits(w), str(w["root"])], "a directory, not an output file"),
     (
         lambda w: [
             "evaluate",
