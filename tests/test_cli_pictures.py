@@ -264,3 +264,27 @@ def test_outputs_in_missing_folders_are_refused_not_created(model, tmp_path, cap
     err, _ = _error(capsys, "evaluate", model, "--output", missing / "e.json")
     assert "the folder of the output file does not exist" in err
     assert not (tmp_path / "no").exists()
+
+
+def test_evaluate_on_a_folder_states_its_split(model, tmp_path, capsys):
+    root = tmp_path / "photos"
+    picture_folder(root, n=60)  # 20 pictures in each of 3 classes
+    output = tmp_path / "eval.json"
+    assert (
+        main(["evaluate", model, "--images", str(root), "--output", str(output)]) == 0
+    )
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(f"pictures of {root} (3 classes), protocol 'random' ")
+    assert "(queries per class 4, seed 0)" in line
+    result = json.loads(output.read_text())
+    assert (result["num_queries"], result["num_database"]) == (12, 48)
+    assert result["images"] == str(root) and 0 < result["map"] <= 1
+    # The same seed gives the same split and the same mAP.
+    assert main(["evaluate", model, "--images", str(root), "--seed", "0"]) == 0
+    again = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert again["map"] == result["map"]
+    err, _ = _error(capsys, "evaluate", model, "--images", root, "--dataset", "digits")
+    assert "--dataset select a dataset split or its codes" in err
+    err, _ = _error(capsys, "evaluate", model, "--images", root, "--seed", "0",
+                    "--index", tmp_path / "x.subic")  # fmt: skip
+    assert "--index select" in err

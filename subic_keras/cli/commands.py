@@ -192,23 +192,12 @@ def run_index_build(args) -> int:
 
 
 def _index_folder(args) -> int:
-    given = [
-        flag
-        for flag, value in (
-            ("--dataset", args.dataset),
-            ("--data-dir", args.data_dir),
-            ("--split", args.split),
-            ("--protocol", args.protocol),
-            ("--seed", args.seed),
-            ("--milvus", args.milvus),
-        )
-        if value is not None
-    ]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)} select a dataset split; a folder of pictures "
-            f"({args.folder}) takes none of them"
-        )
+    _refuse_given(
+        args,
+        ("dataset", "data_dir", "split", "protocol", "seed", "milvus"),
+        f"select a dataset split; a folder of pictures ({args.folder}) takes "
+        "none of them",
+    )
     batch_size = check_int("--batch-size", args.batch_size, minimum=1)
     image_files.check_folder(args.folder)
     subic = _load_subic(args.model)
@@ -433,16 +422,45 @@ def run_serve(args) -> int:
 def run_evaluate(args) -> int:
     if args.output is not None:
         check_output_path(args.output)
+    if args.index and args.milvus:
+        raise ValueError("give at most one of --index FILE and --milvus URI")
+    if args.images is not None:
+        _refuse_given(
+            args,
+            ("dataset", "data_dir", "split", "index", "milvus"),
+            "select a dataset split or its codes; --images takes none of them",
+        )
+        image_files.check_folder(args.images)
     subic = _load_subic(args.model)
-    images, labels = _split_images(args)
+    if args.images is not None:
+        folder = image_files.read_image_folder(
+            args.images, retrieval.input_shape(subic)
+        )
+        _list_skipped(folder.skipped)
+        images, labels = folder.images, folder.labels
+        source = f"pictures of {args.images} ({len(folder.class_names)} classes)"
+        protocol = args.protocol or "random"
+        smallest = int(np.bincount(labels).min())
+        per_class = args.queries_per_class or max(1, min(100, smallest // 5))
+    else:
+        args.dataset = args.dataset or "cifar10"
+        args.split = args.split or "test"
+        images, labels = _split_images(args)
+        source = f"{args.dataset} {args.split}"
+        protocol = args.protocol or "paper"
+        per_class = args.queries_per_class or 100
     options = {}
-    if args.protocol == "random":
+    if protocol == "random":
         if args.num_queries is not None:
             options["num_queries"] = args.num_queries
         else:
-            options["queries_per_class"] = args.queries_per_class or 100
-    if args.index and args.milvus:
-        raise ValueError("give at most one of --index FILE and --milvus URI")
+            options["queries_per_class"] = per_class
+    ks = (10, 100)
+    if args.images is not None and protocol == "random":
+        # A folder may hold fewer pictures than the k of precision@k.
+        queries = options.get("num_queries", per_class * len(np.unique(labels)))
+        database = max(1, len(labels) - queries)
+        ks = tuple(k for k in ks if k <= database) or (database,)
     index = SubicIndex.load(args.index) if args.index else None
     if args.milvus is not None:
         index = _milvus(args)
@@ -451,31 +469,48 @@ def run_evaluate(args) -> int:
         subic,
         images,
         labels,
-        args.protocol,
+        protocol,
         seed=args.seed,
         index=index,
         ties=args.ties,
         query=args.query,
+        ks=ks,
         **options,
     )
     result.update(
         {
             "model": args.model,
             "dataset": args.dataset,
+            "images": args.images,
             "split": args.split,
             "seed": args.seed,
             "wall_seconds": round(time.time() - start, 1),
         }
     )
+    split = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in options.items())
     print(
-        f"{args.dataset} {args.split}, protocol {args.protocol!r}: mAP "
-        f"{result['map']:.4f} ({args.ties} ties; {result['map_expected']:.4f} "
-        f"expected over tie orders), precision@10 {result['precision@10']:.4f} "
-        f"({result['num_queries']} queries, {result['num_database']} database, "
-        f"{result['bits']} bits)"
+        f"{source}, protocol {protocol!r}"
+        + (f" ({split}, seed {args.seed})" if split else "")
+        + f": mAP {result['map']:.4f} ({args.ties} ties; "
+        f"{result['map_expected']:.4f} expected over tie orders), "
+        f"precision@{ks[0]} {result[f'precision@{ks[0]}']:.4f} "
+        f"({result['num_queries']} queries, "
+        f"{result['num_database']} database, {result['bits']} bits)"
     )
     _write_json(args.output, result)
     return 0
+
+
+def _refuse_given(args, names: tuple[str, ...], why: str) -> None:
+    """Refuses the options `names` (argument names) that were given: they do
+    not apply beside another one, and would otherwise be ignored."""
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in names
+        if getattr(args, name) is not None
+    ]
+    if given:
+        raise ValueError(f"{', '.join(given)} {why}")
 
 
 def run_export(args) -> int:

@@ -512,18 +512,28 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("model", help="a SuBiC .keras model")
     _add_data_arguments(evaluate)
     evaluate.add_argument(
+        "--images",
+        metavar="DIR",
+        default=None,
+        help="evaluate on your own labelled pictures instead of --dataset: a "
+        "folder with one subfolder per class (default: none)",
+    )
+    # Unset unless given, so that they can be refused beside --images.
+    evaluate.set_defaults(dataset=None, split=None)
+    evaluate.add_argument(
         "--protocol",
         choices=("paper", "dsh", "random"),
-        default="paper",
+        default=None,
         help="paper: 100 queries per class, the rest the database (Sec. 4.1); "
         "dsh: every image queries the whole split; random: --queries-per-class "
-        "or --num-queries random queries (default: %(default)s)",
+        "or --num-queries random queries (default: paper; random with --images)",
     )
     evaluate.add_argument(
         "--queries-per-class",
         type=int,
         default=None,
-        help="queries per class of the random protocol (default: 100)",
+        help="queries per class of the random protocol (default: 100; with "
+        "--images, a fifth of the smallest class, at most 100)",
     )
     evaluate.add_argument(
         "--num-queries",
