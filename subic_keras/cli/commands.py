@@ -455,7 +455,7 @@ def run_evaluate(args) -> int:
             options["num_queries"] = args.num_queries
         else:
             options["queries_per_class"] = per_class
-    ks = (10, 100)
+    ks: tuple[int, ...] = (10, 100)
     if args.images is not None and protocol == "random":
         # A folder may hold fewer pictures than the k of precision@k.
         queries = options.get("num_queries", per_class * len(np.unique(labels)))
