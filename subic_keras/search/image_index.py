@@ -48,6 +48,10 @@ def _check_paths(name: str, paths) -> list[str]:
                 f"{name} must be relative POSIX paths inside the folder (no "
                 f"empty, '.' or '..' parts), received {path!r}"
             )
+        try:
+            path.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{name} must be valid UTF-8, received {path!r}") from None
     if len(set(paths)) != len(paths):
         seen, repeated = set(), []
         for path in paths:

@@ -93,6 +93,7 @@ def test_remove_keeps_ids_paths_and_fingerprints_together(filled, rng):
         (["/etc/a.png", "b.png"], ValueError, "relative POSIX"),
         (["a//b.png", "b.png"], ValueError, "relative POSIX"),
         (["a\0.png", "b.png"], ValueError, "relative POSIX"),
+        (["caf\udce9.png", "b.png"], ValueError, "valid UTF-8"),
         ([b"a.png", "b.png"], TypeError, "str paths"),
         ("ab", TypeError, "one string"),
         (["p/0/img_0.png", "new.png"], ValueError, "already in the index"),
