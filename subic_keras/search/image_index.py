@@ -130,17 +130,16 @@ class ImageIndex:
                 f"index holds codes of {index.num_blocks} blocks of "
                 f"{index.block_size}, not {num_blocks} of {block_size}"
             )
+        elif len(index):
+            raise ValueError(
+                f"index must be empty, received one of {len(index)} items without paths"
+            )
         self._index = index
         self._root = os.path.abspath(os.fspath(root))
         self._shape = None if image_shape is None else tuple(map(int, image_shape))
-        self._ids = index.get_ids()
+        self._ids = np.zeros(0, np.int64)
         self._paths: list[str] = []
-        self._fingerprints = np.zeros(len(self._ids), np.uint64)
-        if len(self._ids):
-            raise ValueError(
-                f"index must be empty, received one of {len(self._ids)} items "
-                "without paths"
-            )
+        self._fingerprints = np.zeros(0, np.uint64)
         self._row_of_path: dict[str, int] = {}
         self._next_id = 0  # ids are never reused, not even after a remove
         self._sorted: _SortedKeys | None = None  # built on the first look-up

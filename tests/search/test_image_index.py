@@ -197,3 +197,13 @@ def test_foreign_item_tables_are_refused(tmp_path):
         load_index(tmp_path / "x.subic")
     with pytest.raises(ValueError, match="describe the index's 2 items"):
         index.save(tmp_path / "x.subic", items=file_format.ItemTable([], [], {}))
+
+
+def test_a_given_subic_index_must_fit_and_be_empty():
+    exact = SubicIndex(4, 16, exact=True)
+    assert ImageIndex(4, 16, "/p", index=exact).index is exact
+    with pytest.raises(ValueError, match="not 8 of 16"):
+        ImageIndex(8, 16, "/p", index=exact)
+    exact.add(np.zeros((1, 4), int))
+    with pytest.raises(ValueError, match="must be empty, received one of 1 items"):
+        ImageIndex(4, 16, "/p", index=exact)
