@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
+import logging
 import math
 import os
 import signal
@@ -52,7 +54,10 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from subic_keras import images as image_files
+from subic_keras import retrieval
 from subic_keras.search.image_index import ImageIndex
+
+LOG = logging.getLogger(__name__)
 
 MAX_K = 1000
 # Room for the multipart envelope around an uploaded picture.
@@ -105,7 +110,6 @@ class SearchService:
     ):
         import tensorflow as tf
 
-        from subic_keras import retrieval
         from subic_keras.export import load_subic
 
         self.model_path = model_path
@@ -125,8 +129,6 @@ class SearchService:
     # The index ------------------------------------------------------------
 
     def _load(self) -> _Loaded:
-        from subic_keras import retrieval
-
         index = ImageIndex.load(self.index_path)
         retrieval.check_model_fits(index, self.subic, f"index {self.index_path}")
         return _Loaded(index, time.time())
@@ -308,6 +310,14 @@ def create_app(service: SearchService) -> FastAPI:
         )
         return JSONResponse({"error": problems}, status_code=422)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception):
+        # A bug of ours, not the client's: logged with its traceback, and
+        # answered in JSON like every other error.
+        LOG.exception("unexpected error answering %s", request.url.path)
+        message = f"internal error ({type(error).__name__})"
+        return JSONResponse({"error": message}, status_code=500)
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException):
         return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
@@ -395,14 +405,13 @@ async def _picture(request, limit: int) -> bytes:
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "a multipart upload needs the picture in the field 'image'")
     data = await upload.read()
+    await form.close()  # the upload's spooled temporary file
     if len(data) > limit:
         raise ApiError(413, f"the upload is larger than {limit} bytes")
     return data
 
 
 async def _json(request, field: str) -> dict:
-    import json
-
     body = await _read_limited(request, 4 * 1024 * 1024)
     try:
         value = json.loads(body)

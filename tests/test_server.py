@@ -300,3 +300,17 @@ def test_service_refuses_a_model_of_another_picture_size(photos, tmp_path):
     small.train_model.save(tmp_path / "small.keras")
     with pytest.raises(ValueError, match=r"decoded to \(32, 32, 3\), but the model"):
         SearchService(str(tmp_path / "small.keras"), str(photos["index"]))
+
+
+def test_a_bug_of_ours_is_still_a_json_answer(served, monkeypatch, caplog):
+    port, service = served
+
+    def broken(query, k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(service, "search_query", broken)
+    status, answer = request_json(
+        port, "POST", "/search/query", json.dumps({"query": [0.0] * 64})
+    )
+    assert (status, answer) == (500, {"error": "internal error (RuntimeError)"})
+    assert request(port, "GET", "/health")[0] == 200
