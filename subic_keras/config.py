@@ -34,7 +34,16 @@ CLASS_NAMES = {
     ],
 }
 # The backbones of `TrainConfig.backbone`.
-BACKBONES = ("auto", "dsh_cnn", "mlp")
+# `keras.applications` networks that `subic train --backbone` offers, by
+# the names the command line takes: ones that train on a CPU as on a GPU.
+APPLICATIONS = {
+    "mobilenet_v3_small": "MobileNetV3Small",
+    "mobilenet_v3_large": "MobileNetV3Large",
+    "efficientnet_b0": "EfficientNetB0",
+    "efficientnetv2_b0": "EfficientNetV2B0",
+    "resnet50": "ResNet50",
+}
+BACKBONES = ("auto", "dsh_cnn", "mlp", *APPLICATIONS)
 # The queries of asymmetric search: FC0's output `z` (Sec. 3.3) or FC1's
 # kernel times the class posterior.
 QUERY_KINDS = ("fc0", "class_posterior")
@@ -131,8 +140,12 @@ class TrainConfig:
         validation_size: fraction or count of training images held out for
             model selection (never the test set); the split is the same for
             every seed, so that seeds are compared on the same images.
-        backbone: `"dsh_cnn"`, `"mlp"`, or `"auto"` (MLP for 8×8 digits, the
-            DSH CNN otherwise).
+        backbone: `"dsh_cnn"`, `"mlp"`, `"auto"` (MLP for 8×8 digits, the
+            DSH CNN otherwise), or a `keras.applications` network of
+            `APPLICATIONS` (its own preprocessing inside the model).
+        weights: the weights of a `keras.applications` backbone:
+            `"imagenet"` (Keras's download, cached in `~/.keras/models`), a
+            weights file, or `None` (random).
         augment: random flips and shifts during training; `None` turns them
             on for images of at least 16×16 pixels.
         max_train_images: train on the first `n` training images only
@@ -159,6 +172,7 @@ class TrainConfig:
     warmup_epochs: float | None = None
     validation_size: float = 0.1
     backbone: str = "auto"
+    weights: str | None = "imagenet"
     augment: bool | None = None
     max_train_images: int | None = None
     seed: int = 0

@@ -19,8 +19,8 @@ from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path
 from subic_keras.backbones import mlp_backbone
 from subic_keras.callbacks import EpochTensorBoard
+from subic_keras.config import APPLICATIONS, CLASS_NAMES
 from subic_keras.config import BACKBONES as BACKBONES
-from subic_keras.config import CLASS_NAMES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
@@ -41,9 +41,22 @@ def _backbone(config: TrainConfig, shape) -> keras.Model:
     kind = config.backbone
     if kind == "auto":
         kind = "mlp" if min(shape[:2]) < 16 else "dsh_cnn"
+    if kind in APPLICATIONS:
+        return backbones.keras_application(
+            APPLICATIONS[kind], tuple(shape), weights=config.weights
+        )
     if kind == "dsh_cnn":
         return backbones.dsh_cnn(input_shape=shape)
     return mlp_backbone(shape)
+
+
+def _preprocessing(config: TrainConfig, images: np.ndarray) -> keras.layers.Layer:
+    """What goes between the `[0, 1]` pixels and the backbone: the channel
+    standardisation of the recipe, or, for a `keras.applications` network,
+    the `0..255` range its own preprocessing expects."""
+    if config.backbone in APPLICATIONS:
+        return keras.layers.Rescaling(255.0, name="to_0_255")
+    return standardization(images)
 
 
 def build_model(config: TrainConfig, x_train: np.ndarray, num_classes: int) -> Subic:
@@ -57,7 +70,7 @@ def build_model(config: TrainConfig, x_train: np.ndarray, num_classes: int) -> S
         gamma=config.gamma,
         mu=config.mu,
         input_shape=shape,
-        preprocessing=standardization(x_train),
+        preprocessing=_preprocessing(config, x_train),
         optimizer=None,
     )
 
@@ -106,7 +119,7 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         num_classes=num_classes,
         recipe=recipe,
         seed=config.seed,
-        preprocessing=standardization(x_fit),
+        preprocessing=_preprocessing(config, x_fit),
         cache_dir=cache_dir,
         pretrain_callbacks=[
             EpochTensorBoard(os.path.join(logs, "pretrain")),

@@ -288,3 +288,38 @@ def test_evaluate_on_a_folder_states_its_split(model, tmp_path, capsys):
     err, _ = _error(capsys, "evaluate", model, "--images", root, "--seed", "0",
                     "--index", tmp_path / "x.subic")  # fmt: skip
     assert "--index select" in err
+
+
+def test_a_keras_application_backbone_trains_and_loads_local_weights(tmp_path, capsys):
+    import keras
+
+    from subic_keras.config import TrainConfig
+    from subic_keras.training import build_model
+
+    root = tmp_path / "photos"
+    picture_folder(root, n=90)
+    out = tmp_path / "run"
+    train = ["train", "--images", str(root), "--backbone", "mobilenet_v3_small"]
+    train += ["--weights", "none", "--bits", "8", "--block-size", "4"]
+    train += ["--pretrain-epochs", "0", "--epochs", "1", "--validation-size", "30"]
+    assert main([*train, "--output-dir", str(out)]) == 0
+    assert "model: " in capsys.readouterr().out
+    index = str(tmp_path / "photos.subic")
+    assert (
+        main(["index", "build", str(out / "best.keras"), str(root), "--output", index])
+        == 0
+    )
+
+    # A local weights file is loaded into the backbone.
+    keras.utils.set_random_seed(7)
+    base = keras.applications.MobileNetV3Small(
+        include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg"
+    )
+    base.save_weights(tmp_path / "local.weights.h5")
+    config = TrainConfig(
+        backbone="mobilenet_v3_small", weights=str(tmp_path / "local.weights.h5")
+    )
+    subic = build_model(config, np.zeros((4, 32, 32, 3), np.uint8), num_classes=3)
+    expected = base.get_layer("conv").get_weights()[0]
+    loaded = subic.backbone.get_layer("conv").get_weights()[0]
+    np.testing.assert_array_equal(loaded, expected)

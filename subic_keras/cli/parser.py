@@ -152,8 +152,15 @@ def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig)
         "--backbone",
         choices=BACKBONES,
         default=defaults.backbone,
-        help="auto: an MLP for 8x8 digits, the DSH CNN otherwise (default: "
-        "%(default)s)",
+        help="auto: an MLP for 8x8 digits, the DSH CNN otherwise; or a "
+        "keras.applications network, its preprocessing inside the model "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--weights",
+        default=defaults.weights,
+        help="a keras.applications backbone's weights: imagenet (Keras's "
+        "download), none, or a weights file (default: %(default)s)",
     )
     parser.add_argument(
         "--augment",
@@ -207,6 +214,7 @@ def config_from_args(args) -> TrainConfig:
         warmup_epochs=args.warmup_epochs,
         validation_size=int(validation) if validation >= 1 else validation,
         backbone=args.backbone,
+        weights=None if args.weights == "none" else args.weights,
         augment=args.augment,
         max_train_images=args.max_train_images,
         seed=args.seed,
