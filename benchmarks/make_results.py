@@ -501,8 +501,13 @@ def render_serve_load(data: dict) -> list[str]:
         f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')} "
         f"(SIMD flags: {', '.join(data.get('cpu_flags') or ['none recorded'])}; "
         f"{data.get('machine', {}).get('cpu_count', '?')} cores shared by "
-        f"server and clients; native kernel {data.get('native_kernel')}). "
-        "`query`: `POST /search/query` with a query vector; `image`: `POST "
+        "server and clients; "
+        + (
+            f"native kernel {data['native_kernel']}). "
+            if data.get("native_kernel")
+            else "faiss's scan, the native one off or not built). "
+        )
+        + "`query`: `POST /search/query` with a query vector; `image`: `POST "
         "/search` with a 32x32 PNG, decoded and encoded by the model. In the "
         f"same run, in-process `SubicIndex.search` of one query took "
         f"{fmt(single['p50_ms'])} ms (p50), {fmt(single['p99_ms'])} ms (p99); "
@@ -540,6 +545,10 @@ KNOWN = {
     "train_overhead.json": ("Training overhead", render_train_overhead),
     "train_recipe.json": ("`subic train` defaults", render_train_recipe),
     "serve_load.json": ("Serving under load", render_serve_load),
+    "serve_load_faiss.json": (
+        "Serving under load without the native scan (`SUBIC_NATIVE=0`)",
+        render_serve_load,
+    ),
 }
 
 

@@ -17,12 +17,15 @@ Beside them, in the same run: in-process `SubicIndex.search` of one query at
 a time on the same codes (what the server's search costs without HTTP).
 Clients and server share the machine's cores, so throughput is the whole
 machine's. Everything is recorded with the CPU model and the native scan's
-kernel.
+kernel (`None` with `SUBIC_NATIVE=0`, where faiss's scan searches: a
+machine without a C compiler).
 
 Example:
 
     python -m benchmarks.serve_load                  # 1,000,000 codes
     python -m benchmarks.serve_load --items 20000 --requests 40 --quick
+    SUBIC_NATIVE=0 python -m benchmarks.serve_load \
+        --output benchmarks/results/serve_load_faiss.json
 """
 
 from __future__ import annotations
@@ -296,6 +299,7 @@ def main(argv=None) -> dict:
         **run_metadata("serve_load", "numpy", "tensorflow", "keras", "fastapi"),
         "cpu_flags": simd_flags(),
         "native_kernel": native.kernel(K) if native.available() else None,
+        "environment": {"SUBIC_NATIVE": os.environ.get("SUBIC_NATIVE")},
         "items": args.items,
         "num_blocks": M,
         "block_size": K,
@@ -313,6 +317,11 @@ def main(argv=None) -> dict:
         },
         "wall_seconds": round(time.time() - started, 1),
     }
+    if os.environ.get("SUBIC_NATIVE") is not None:
+        # The variable chooses the scan: the command must carry it.
+        report["command"] = f"SUBIC_NATIVE={os.environ['SUBIC_NATIVE']} " + str(
+            report["command"]
+        )
     print(json.dumps(report["goals"]))
     write_json(args.output, report)
     log(f"wrote {args.output}")
