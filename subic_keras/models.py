@@ -364,16 +364,65 @@ class Subic(Scorer):
             )
         return inputs
 
+    def stream_inputs(self, images, batch_size: int = 256):
+        """A `tf.data.Dataset` of pictures as batches this model predicts on.
+
+        The dataset may hold images or `(image, label, ...)` tuples, batched
+        or not; labels are dropped. Pictures are uint8 (scaled inside the
+        model) or floats in `[0, 1]`. Nothing is materialised: batches flow
+        from the dataset to the model.
+
+        Returns:
+            The batched dataset of images, or `None` if `images` is not a
+            `tf.data.Dataset` (arrays take `model_inputs`).
+
+        Raises:
+            ValueError: for elements of another shape than the model's input.
+            TypeError: for a dtype other than uint8 or float.
+        """
+        import tensorflow as tf
+
+        if not isinstance(images, tf.data.Dataset):
+            return None
+        spec = images.element_spec
+        if isinstance(spec, tuple):
+            images = images.map(lambda image, *rest: image)
+            spec = spec[0]
+        expected = tuple(self.train_model.input_shape[1:])
+        shape = tuple(spec.shape)
+        if len(shape) == len(expected):
+            images = images.batch(batch_size)
+            shape = (None, *shape)
+        if len(shape) != len(expected) + 1 or any(
+            e is not None and s is not None and e != s
+            for e, s in zip(expected, shape[1:])
+        ):
+            raise ValueError(
+                f"the dataset's images must have shape {expected} (or batches of "
+                f"it), received elements of shape {tuple(spec.shape)}"
+            )
+        if spec.dtype != tf.uint8 and not spec.dtype.is_floating:
+            raise TypeError(
+                "the dataset's images must be uint8 pixels or floats in [0, 1], "
+                f"received {spec.dtype.name}"
+            )
+        return images.prefetch(tf.data.AUTOTUNE)
+
     def _predict(self, model, inputs, batch_size: int, description: str):
         callbacks = []
-        if self.show_progress:
-            callbacks.append(PredictionProgress(description, len(inputs)))
+        total = len(inputs) if isinstance(inputs, np.ndarray) else None
+        if self.show_progress and total is not None:
+            callbacks.append(PredictionProgress(description, total))
         return model.predict(
             inputs, batch_size=batch_size, verbose=0, callbacks=callbacks
         )
 
     def encode(self, images, batch_size: int = 256) -> np.ndarray:
-        """Integer codes `(n, M)` int32 of `images` (uint8, or float inputs)."""
+        """Integer codes `(n, M)` int32 of `images`: uint8 or float arrays, or
+        a `tf.data.Dataset` of them (`stream_inputs`)."""
+        stream = self.stream_inputs(images, batch_size)
+        if stream is not None:
+            return self._predict(self.encoder, stream, batch_size, "encoding")
         inputs = self.model_inputs(images)
         if not len(inputs):
             return np.zeros((0, self.num_blocks), np.int32)
@@ -385,7 +434,8 @@ class Subic(Scorer):
         """Real-valued queries `(n, M·K)` of asymmetric search.
 
         Args:
-            images: uint8 images (scaled to `[0, 1]`) or float model inputs.
+            images: uint8 images (scaled to `[0, 1]`) or float model inputs,
+                as arrays or a `tf.data.Dataset` (`stream_inputs`).
             batch_size: prediction batch size.
             kind: `"fc0"` for the paper's `z` (`query_encoder`),
                 `"class_posterior"` for `W₁ s` (`class_query_encoder`), or
@@ -395,10 +445,13 @@ class Subic(Scorer):
             float32 queries for `SubicIndex.search`.
         """
         kind = check_query_kind("kind", self.default_query if kind is None else kind)
+        encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
+        stream = self.stream_inputs(images, batch_size)
+        if stream is not None:
+            return self._predict(encoder, stream, batch_size, "queries")
         inputs = self.model_inputs(images)
         if not len(inputs):
             return np.zeros((0, self.num_blocks * self.block_size), np.float32)
-        encoder = self.query_encoder if kind == "fc0" else self.class_query_encoder
         return self._predict(encoder, inputs, batch_size, "queries")
 
     def query_model(self, kind: str | None = None) -> ImageModel:

@@ -307,3 +307,30 @@ def test_encode_and_query_take_uint8_as_x_over_255():
         ValueError, match=r"shape \(n, 8, 8, 3\), received \(30, 8, 8\)"
     ):
         subic.query(scaled[..., 0])
+
+
+def test_encode_and_query_take_a_tf_data_pipeline():
+    import tensorflow as tf
+
+    from subic_keras import backbones
+    from subic_keras.models import build_subic
+
+    subic = build_subic(backbones.dsh_cnn(), 4, 16, 3)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(37, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 3, size=37)
+    codes, queries = subic.encode(images), subic.query(images, kind="fc0")
+    # Pairs, unbatched; images alone, batched; floats in [0, 1].
+    pairs = tf.data.Dataset.from_tensor_slices((images, labels))
+    np.testing.assert_array_equal(subic.encode(pairs, batch_size=8), codes)
+    batched = tf.data.Dataset.from_tensor_slices(images).batch(5)
+    # Other batch sizes take other kernels: equal up to float32 rounding.
+    np.testing.assert_allclose(subic.query(batched, kind="fc0"), queries, atol=1e-5)
+    floats = tf.data.Dataset.from_tensor_slices(images.astype("float32") / 255)
+    np.testing.assert_array_equal(subic.encode(floats), codes)
+    with pytest.raises(
+        ValueError, match=r"shape \(32, 32, 3\).*received .*\(16, 16, 3\)"
+    ):
+        subic.encode(tf.data.Dataset.from_tensor_slices(images[:, :16, :16]))
+    with pytest.raises(TypeError, match="uint8 pixels or floats.*int32"):
+        subic.encode(tf.data.Dataset.from_tensor_slices(images.astype("int32")))
