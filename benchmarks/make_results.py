@@ -532,6 +532,56 @@ def render_serve_load(data: dict) -> list[str]:
     return lines
 
 
+def render_stream_training(data: dict) -> list[str]:
+    ratios = data["ratios"]
+    lines = [
+        f"One SuBiC epoch ({data.get('model', '')}) from PNG files in class "
+        "folders, streamed by `datasets.image_folder`, and from in-memory "
+        f"arrays, each in its own process, on "
+        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')} "
+        f"({data.get('machine', {}).get('cpu_count', '?')} cores). Peak RSS "
+        f"of 50,000 files over 5,000: {fmt(ratios['rss_50000_over_5000'])}x; "
+        "training pictures/s from the 50,000 files over the arrays: "
+        f"{fmt(ratios['speed_folder_over_arrays'])}x.",
+        "",
+    ]
+    lines += table(
+        ["source", "training pictures", "pictures/s", "peak RSS (MB)", "check s"],
+        [
+            [
+                name.replace("_", " "),
+                case["num_train"],
+                case["images_per_second"],
+                round(case["peak_rss_kb"] / 1024),
+                case["prepare_seconds"],
+            ]
+            for name, case in data["cases"].items()
+        ],
+    )
+    return lines
+
+
+def render_folder_training(data: dict) -> list[str]:
+    budget = data["budget"]
+    lines = [
+        f"`subic train --images` on CIFAR-10's training set written as PNG "
+        f"class folders, against `subic train --dataset cifar10`, at "
+        f"{budget['pretrain_epochs']} + {budget['epochs']} epochs and "
+        f"{budget['bits']} bits; {data.get('map_definition', '')}; measured on "
+        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')}. Mean "
+        f"difference {data['difference']:+.4f}; the largest range between "
+        f"seeds of one kind {data['largest_seed_range']:.4f}.",
+        "",
+    ]
+    rows = [
+        [kind, run["seed"], run["test_map"], run["query"], run["train_seconds"]]
+        for kind, runs in data["runs"].items()
+        for run in runs
+    ]
+    lines += table(["trained from", "seed", "test mAP", "query", "training s"], rows)
+    return lines
+
+
 KNOWN = {
     "cifar10_retrieval.json": ("CIFAR-10 category retrieval (Table 2)", render_cifar10),
     "cross_domain.json": (
@@ -545,6 +595,11 @@ KNOWN = {
     "train_overhead.json": ("Training overhead", render_train_overhead),
     "train_recipe.json": ("`subic train` defaults", render_train_recipe),
     "serve_load.json": ("Serving under load", render_serve_load),
+    "stream_training.json": ("Training from a folder", render_stream_training),
+    "folder_training.json": (
+        "Folder against arrays: the same mAP",
+        render_folder_training,
+    ),
     "serve_load_faiss.json": (
         "Serving under load without the native scan (`SUBIC_NATIVE=0`)",
         render_serve_load,

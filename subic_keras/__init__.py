@@ -36,6 +36,7 @@ _SUBMODULES = (
     "retrieval",
     "scoring",
     "search",
+    "streams",
     "training",
 )
 _NAMES = {

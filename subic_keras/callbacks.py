@@ -226,6 +226,17 @@ class BestWeights(keras.callbacks.Callback):
             self.model.set_weights(self.best_weights)
 
 
+def _length(images) -> int:
+    from subic_keras import streams
+
+    if streams.is_stream(images):
+        raise ValueError(
+            "labels must be None for a stream of (image, label) pairs, received "
+            "labels as well"
+        )
+    return len(images)
+
+
 class RetrievalValidation(keras.callbacks.Callback):
     """Logs retrieval mAP on held-out images after every epoch.
 
@@ -250,8 +261,9 @@ class RetrievalValidation(keras.callbacks.Callback):
 
     Args:
         scorer: the `Subic` (or other scorer) whose model is being fitted.
-        images: validation images: uint8 pixels or float model inputs.
-        labels: their class ids `(n,)`.
+        images: validation images: uint8 pixels or float model inputs, or a
+            stream of `(image, label)` pairs (`subic_keras.streams`).
+        labels: their class ids `(n,)`; `None` for a stream.
         queries: the query kinds of a `Subic` to score; `None` scores the
             scorer as it is, as `val_map`.
         query_fraction: the fraction of `images` used as queries (at least 10).
@@ -262,12 +274,19 @@ class RetrievalValidation(keras.callbacks.Callback):
         self,
         scorer,
         images,
-        labels,
+        labels=None,
         queries=("fc0", "class_posterior"),
         query_fraction: float = 0.1,
         seed: int = 0,
     ):
         super().__init__()
+        streamed = labels is None
+        if streamed:
+            from subic_keras import streams
+
+            # A stream's labels, from one pass; its inputs are read again
+            # after every epoch, a batch at a time.
+            labels = streams.summarize(images, "validation").labels
         self.scorer, self.images, self.labels = scorer, images, np.asarray(labels)
         if queries is not None:
             queries = tuple(queries)
@@ -281,10 +300,11 @@ class RetrievalValidation(keras.callbacks.Callback):
             raise ValueError(
                 f"query_fraction must be in (0, 1), received {query_fraction!r}"
             )
-        if len(self.labels) != len(images) or len(images) < 20:
+        count = len(self.labels) if streamed else _length(images)
+        if len(self.labels) != count or count < 20:
             raise ValueError(
                 "images and labels must be the same length, at least 20, received "
-                f"{len(images)} images and {len(self.labels)} labels"
+                f"{count} images and {len(self.labels)} labels"
             )
         self.queries = queries
         self.num_queries = max(10, int(len(self.labels) * query_fraction))

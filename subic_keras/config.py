@@ -64,6 +64,12 @@ class Recipe:
             stage's steps.
         batch_size: images per batch in both stages.
         augment: random flips and shifts of image inputs in both stages.
+        frozen_epochs: for a pre-trained backbone (ImageNet weights), the
+            first pre-training epochs train the softmax layer only, on the
+            frozen backbone; the rest fine-tune the whole network at a tenth
+            of `learning_rate`, its batch normalisation kept in inference
+            mode (the transfer-learning practice of Keras's guide). 0 trains
+            the whole network from the first epoch.
     """
 
     pretrain_epochs: int = 50
@@ -74,9 +80,16 @@ class Recipe:
     learning_rate: float = 1e-3
     batch_size: int = 200
     augment: bool = True
+    frozen_epochs: int = 0
 
     def __post_init__(self):
         check_int("pretrain_epochs", self.pretrain_epochs, minimum=0)
+        check_int("frozen_epochs", self.frozen_epochs, minimum=0)
+        if self.frozen_epochs > self.pretrain_epochs:
+            raise ValueError(
+                f"frozen_epochs must be at most pretrain_epochs "
+                f"({self.pretrain_epochs}), received {self.frozen_epochs}"
+            )
         check_int("epochs", self.epochs, minimum=1)
         check_non_negative("gamma", self.gamma)
         check_non_negative("mu", self.mu)
@@ -148,6 +161,13 @@ class TrainConfig:
             weights file, or `None` (random).
         augment: random flips and shifts during training; `None` turns them
             on for images of at least 16×16 pixels.
+        frozen_epochs: pre-training epochs with the backbone frozen before
+            it is fine-tuned (`Recipe.frozen_epochs`); `None`: a fifth of
+            `pretrain_epochs` for a `keras.applications` backbone with
+            weights, 0 otherwise.
+        mixed_precision: train in `mixed_float16` (for GPUs with float16
+            units: about twice the speed); the saved model computes in
+            float32 (`models.float32_copy`).
         max_train_images: train on the first `n` training images only
             (quick runs); the test split is always whole.
         seed: seed of the initial weights, the data order and augmentation.
@@ -174,6 +194,8 @@ class TrainConfig:
     backbone: str = "auto"
     weights: str | None = "imagenet"
     augment: bool | None = None
+    frozen_epochs: int | None = None
+    mixed_precision: bool = False
     max_train_images: int | None = None
     seed: int = 0
     output_dir: str = "subic_run"
@@ -210,7 +232,13 @@ class TrainConfig:
         """The `Recipe` of this configuration (`augment` when `self.augment`
         is `None`)."""
         warmup = self.epochs / 3 if self.warmup_epochs is None else self.warmup_epochs
+        frozen = self.frozen_epochs
+        if frozen is None:
+            pretrained = self.backbone in APPLICATIONS and self.weights is not None
+            fifth = self.pretrain_epochs // 5 or min(1, self.pretrain_epochs)
+            frozen = fifth if pretrained else 0
         return Recipe(
+            frozen_epochs=frozen,
             pretrain_epochs=self.pretrain_epochs,
             epochs=self.epochs,
             gamma=self.gamma,

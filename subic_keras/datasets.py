@@ -24,6 +24,8 @@ import tensorflow as tf
 
 from subic_keras._validation import check_int
 from subic_keras.config import DATASETS as DATASETS
+from subic_keras.folders import LabelledFolder as LabelledFolder
+from subic_keras.folders import image_folder as image_folder
 from subic_keras.pixels import PIXEL_LEVELS, scale_pixels
 
 # The splits live in `protocols` (NumPy only); re-exported here, where
@@ -691,7 +693,9 @@ def channel_statistics(images) -> tuple[np.ndarray, np.ndarray]:
     ((3,), (3,))
 
     Args:
-        images: uint8 `(n, H, W, C)`, or `(n, H, W)` (one channel).
+        images: uint8 `(n, H, W, C)`, or `(n, H, W)` (one channel), or a
+            stream of `(image, label)` pairs (`subic_keras.streams`), read
+            in one pass.
 
     Returns:
         `(mean, std)`: float64 arrays of shape `(C,)`.
@@ -700,18 +704,21 @@ def channel_statistics(images) -> tuple[np.ndarray, np.ndarray]:
         TypeError: `images` is not uint8.
         ValueError: bad shape or no images.
     """
+    from subic_keras import streams
+
+    if streams.is_stream(images):
+        summary = streams.summarize(images, "images")
+        if summary.histogram is None:
+            raise TypeError(
+                f"images must be uint8 (0..255), received a stream of {summary.dtype}"
+            )
+        return streams.histogram_moments(summary.histogram)
     images = _check_images(images)
-    channels = images.shape[-1]
-    histogram = np.zeros((channels, 256), dtype=np.int64)
+    histogram = None
     for start in range(0, images.shape[0], _CHUNK):
-        pixels = images[start : start + _CHUNK].reshape(-1, channels)
-        for channel in range(channels):
-            histogram[channel] += np.bincount(pixels[:, channel], minlength=256)
-    levels = np.arange(256, dtype=np.float64) / 255.0
-    count = histogram.sum(axis=1)
-    mean = histogram @ levels / count
-    variance = (histogram * (levels - mean[:, None]) ** 2).sum(axis=1) / count
-    return mean, np.sqrt(variance)
+        histogram = streams.add_histogram(histogram, images[start : start + _CHUNK])
+    assert histogram is not None
+    return streams.histogram_moments(histogram)
 
 
 def standardize(images, mean, std) -> np.ndarray:
@@ -892,6 +899,72 @@ def make_dataset(
         return standardize_batch(batch), tf.gather(labels_t, idx)
 
     dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def make_stream_dataset(
+    data, batch_size: int, *, augment: bool = False, seed: int = 0
+) -> tf.data.Dataset:
+    """`make_dataset` for a stream of `(image, label)` pairs, in its own order.
+
+    The stream (`subic_keras.streams`: a `tf.data.Dataset` or `PyDataset`,
+    batched or not) is batched by `batch_size` if its elements are single
+    examples, augmented as `make_dataset` does (one random seed per batch
+    from `seed`), and uint8 pixels are scaled to `[0, 1]`. With a stream that
+    yields what `make_dataset`'s index shuffle picks, the batches are the
+    same: e.g. `Dataset.from_tensor_slices((images, labels)).shuffle(n,
+    seed)` against `make_dataset(images, labels, shuffle=True, seed=seed)`
+    under the same global seed.
+
+    Example:
+
+    >>> pairs = tf.data.Dataset.from_tensor_slices((images, labels))
+    >>> batch, batch_labels = next(iter(make_stream_dataset(pairs, 16, augment=True)))
+    >>> tuple(batch.shape), batch.dtype.name
+    ((16, 32, 32, 3), 'float32')
+
+    Args:
+        data: the stream.
+        batch_size: examples per batch, for a stream of single examples.
+        augment: random flip and shift (uint8 images only).
+        seed: seed of the augmentation.
+
+    Returns:
+        A `tf.data.Dataset` of `(float32 inputs, labels)` batches.
+
+    Raises:
+        ValueError: `augment` with float inputs, or a stream that does not
+            give `(image, label)` pairs.
+    """
+    from subic_keras import streams
+
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    dataset = streams.labelled_batches(data, batch_size)
+    uint8 = dataset.element_spec[0].dtype == tf.uint8
+    if augment and not uint8:
+        raise ValueError(
+            "augment=True needs uint8 images, received a stream of "
+            f"{dataset.element_spec[0].dtype.name}"
+        )
+    if augment and dataset.element_spec[0].shape.rank != 4:
+        raise ValueError(
+            "augment=True needs images (H, W, C), received elements of shape "
+            f"{dataset.element_spec[0].shape}"
+        )
+    if augment:
+        batch_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        dataset = tf.data.Dataset.zip((dataset, batch_seeds)).map(
+            lambda pair, batch_seed: (_augment_batch(pair[0], batch_seed), pair[1]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    dataset = dataset.map(
+        lambda images, labels: (
+            scale_pixels(images) if uint8 else tf.cast(images, tf.float32),
+            labels,
+        ),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

@@ -430,6 +430,31 @@ def read_image_folder(
             picture that decodes (the message names them).
         NotADirectoryError, FileNotFoundError: `root` is not a folder.
     """
+    paths, class_names, skipped = labelled_files(root)
+    kept: list[str] = []
+    batches = []
+    for batch in image_batches(root, paths, shape, batch_size):
+        kept += batch.paths
+        batches.append(batch.pixels)
+        skipped += batch.skipped
+    labels = class_ids(kept, class_names)
+    check_classes(labels, class_names, root)
+    return ImageFolder(np.concatenate(batches), labels, class_names, kept, skipped)
+
+
+def labelled_files(
+    root: str | os.PathLike,
+) -> tuple[list[str], list[str], list[SkippedFile]]:
+    """The files of a class-per-subfolder tree, without decoding them.
+
+    Returns:
+        `(paths, class_names, skipped)`: relative paths in sorted order,
+        the sorted class folder names, and the files left out (directly
+        under `root`, or not regular files).
+
+    Raises:
+        ValueError: fewer than two class folders.
+    """
     paths, skipped = find_files(root)
     class_names = sorted({path.split("/", 1)[0] for path in paths if "/" in path})
     skipped += [SkippedFile(p, "not in a class folder") for p in paths if "/" not in p]
@@ -439,18 +464,22 @@ def read_image_folder(
             "a labelled folder needs one subfolder per class, at least 2, "
             f"received {len(class_names)} ({class_names}) in {os.fspath(root)}"
         )
+    return paths, class_names, skipped
+
+
+def class_ids(paths: Sequence[str], class_names: Sequence[str]) -> np.ndarray:
+    """The class id of each relative path: its first folder's position."""
     index = {name: i for i, name in enumerate(class_names)}
-    kept: list[str] = []
-    batches = []
-    for batch in image_batches(root, paths, shape, batch_size):
-        kept += batch.paths
-        batches.append(batch.pixels)
-        skipped += batch.skipped
-    labels = np.array([index[p.split("/", 1)[0]] for p in kept], dtype=np.int64)
+    return np.array([index[p.split("/", 1)[0]] for p in paths], dtype=np.int64)
+
+
+def check_classes(
+    labels: np.ndarray, class_names: Sequence[str], root: str | os.PathLike
+) -> None:
+    """Raises `ValueError` naming the classes without a readable picture."""
     empty = [name for i, name in enumerate(class_names) if not np.any(labels == i)]
     if empty:
         raise ValueError(
             f"class folders without a readable picture: {empty} (in "
             f"{os.fspath(root)}); remove them or add pictures"
         )
-    return ImageFolder(np.concatenate(batches), labels, class_names, kept, skipped)

@@ -552,6 +552,38 @@ class _ClassPosteriorQuery(keras.layers.Layer):
         return (*input_shape[:-1], self.fc1.kernel.shape[0])
 
 
+def float32_copy(subic: Subic) -> Subic:
+    """`subic` computing in float32: for a model trained in mixed precision.
+
+    Under a `mixed_float16` policy the variables are float32 already and
+    only the computations are float16; the copy has every layer's policy
+    set to float32 and the same weights, so it encodes, searches and
+    exports as a model trained in float32 would.
+
+    Example:
+
+    >>> keras.mixed_precision.set_global_policy("mixed_float16")
+    >>> mixed = build_subic(backbones.dsh_cnn(), 4, 16, 10)
+    >>> keras.mixed_precision.set_global_policy("float32")
+    >>> float32_copy(mixed).query_encoder.output.dtype
+    'float32'
+    """
+
+    def plain(node):
+        if isinstance(node, dict):
+            if node.get("class_name") == "DTypePolicy":
+                return {**node, "config": {**node["config"], "name": "float32"}}
+            return {key: plain(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [plain(value) for value in node]
+        return node
+
+    config = plain(keras.saving.serialize_keras_object(subic.train_model))
+    copy = keras.saving.deserialize_keras_object(config)
+    copy.set_weights(subic.train_model.get_weights())
+    return Subic(copy, gamma=subic.gamma, mu=subic.mu)
+
+
 def leaf_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """The layers of a possibly nested model, depth first, in order.
 
@@ -677,7 +709,11 @@ def build_subic(
     z = keras.layers.Dense(num_blocks * block_size, activation="relu", name=FC0)(
         features
     )
-    soft_codes = BlockSoftmax(num_blocks, block_size, name=BLOCK_PROBS)(z)
+    # float32 block probabilities under mixed precision: their entropies
+    # (Eq. 8) and codes need more than float16's 11 bits.
+    soft_codes = BlockSoftmax(
+        num_blocks, block_size, dtype="float32", name=BLOCK_PROBS
+    )(z)
     logits = keras.layers.Dense(num_classes, name=FC1)(soft_codes)
     outputs = {CLASS_PROBS: _softmax(logits, CLASS_PROBS), BLOCK_PROBS: soft_codes}
     subic = Subic(SubicTrainModel(inputs, outputs, name=name), gamma=gamma, mu=mu)

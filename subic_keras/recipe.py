@@ -54,7 +54,7 @@ import time
 import keras
 import numpy as np
 
-from subic_keras import datasets
+from subic_keras import datasets, streams
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_block_shape, check_int
 from subic_keras.callbacks import BestWeights, EntropyWarmup, RetrievalValidation
@@ -74,10 +74,16 @@ def learning_rate_schedule(rate: float, total_steps: int):
     )
 
 
-def stage_optimizer(recipe: Recipe, num_images: int, epochs: int):
+def stage_optimizer(
+    recipe: Recipe, num_images: int, epochs: int, steps_per_epoch: int | None = None
+):
     """Adam at `recipe.learning_rate` for a stage of `epochs` over `num_images`
-    (`learning_rate_schedule`: ×0.1 after 75% of the stage's steps)."""
-    steps = math.ceil(num_images / recipe.batch_size) * epochs
+    (`learning_rate_schedule`: ×0.1 after 75% of the stage's steps); a
+    stream's own `steps_per_epoch` (batches) replaces the count of batches
+    of `recipe.batch_size`."""
+    if steps_per_epoch is None:
+        steps_per_epoch = math.ceil(num_images / recipe.batch_size)
+    steps = steps_per_epoch * epochs
     return keras.optimizers.Adam(learning_rate_schedule(recipe.learning_rate, steps))
 
 
@@ -100,8 +106,15 @@ def fit_dataset(
 
     uint8 images go through `datasets.make_dataset` (scaled to `[0, 1]`,
     optionally augmented); float inputs (e.g. precomputed features) are
-    batched as they are, and cannot be augmented.
+    batched as they are, and cannot be augmented. A stream of `(image,
+    label)` pairs (`subic_keras.streams`, `labels=None`) goes through
+    `datasets.make_stream_dataset`, in its own order (`shuffle` is the
+    stream's business).
     """
+    if streams.is_stream(images):
+        return datasets.make_stream_dataset(
+            images, batch_size, augment=augment, seed=seed
+        )
     images = np.asarray(images)
     if images.dtype == np.uint8:
         return datasets.make_dataset(
@@ -156,23 +169,120 @@ def _num_classes(num_classes, *label_sets) -> int:
     return num_classes
 
 
-def _check_data(images, labels, validation, num_classes, input_shape):
-    """Checked `(images, labels, validation, num_classes, input_shape)`."""
-    images, labels = _check_split("training", images, labels)
-    if not isinstance(validation, (tuple, list)) or len(validation) != 2:
-        raise ValueError(
-            "validation must be a pair (images, labels), received "
-            f"{type(validation).__name__}"
+class Split:
+    """One split of a stage's data: arrays, or a stream read only when needed.
+
+    A stream is summarised (`streams.summarize`, one pass) only for what
+    its structure does not tell: its labels (the class count when
+    `num_classes` is not given; validation), its batch count when its
+    cardinality is unknown, and its digest for the pre-training cache.
+    """
+
+    def __init__(self, name: str, images, labels):
+        self.name = name
+        self._summary: streams.StreamSummary | None = None
+        self.is_stream = streams.is_stream(images)
+        if self.is_stream:
+            if labels is not None:
+                raise ValueError(
+                    f"{name} labels must be None when the images are a stream of "
+                    f"(image, label) pairs, received {type(labels).__name__}"
+                )
+            self.images, self._labels = images, None
+            self._batches = streams.labelled_batches(images, 1, name)
+        else:
+            self.images, self._labels = _check_split(name, images, labels)
+
+    @property
+    def summary(self) -> streams.StreamSummary:
+        if self._summary is None:
+            self._summary = streams.summarize(self.images, self.name)
+        return self._summary
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.summary.labels if self._labels is None else self._labels
+
+    @property
+    def fit_labels(self):
+        """The labels to pass beside `images`: `None` for a stream."""
+        return self._labels
+
+    def __len__(self) -> int:
+        if self._labels is not None:
+            return len(self._labels)
+        return self.summary.count
+
+    def known_count(self) -> int | None:
+        """The number of examples, if known without reading a stream."""
+        if not self.is_stream or streams.known_summary(self.images) is not None:
+            return len(self)
+        dataset = streams.as_dataset(self.images, self.name)
+        spec = dataset.element_spec
+        count = int(dataset.cardinality())
+        return count if count >= 0 and spec[1].shape.rank == 0 else None
+
+    def optimizer(self, recipe: Recipe, epochs: int):
+        """`stage_optimizer` for `epochs` over this split."""
+        return stage_optimizer(recipe, 0, epochs, self.steps(recipe.batch_size))
+
+    @property
+    def input_shape(self) -> tuple:
+        if self.is_stream:
+            return tuple(self._batches.element_spec[0].shape[1:])
+        return tuple(np.shape(self.images)[1:])
+
+    def steps(self, batch_size: int) -> int:
+        """Batches per epoch."""
+        if not self.is_stream:
+            return math.ceil(len(self) / batch_size)
+        known = int(streams.labelled_batches(self.images, batch_size).cardinality())
+        return known if known > 0 else self.summary.steps(batch_size)
+
+    def digest(self) -> str:
+        if self.is_stream:
+            return self.summary.digest
+        return _digest(self.images, self.labels)
+
+    def batches(self, batch_size: int, *, shuffle: bool, augment: bool, seed: int):
+        return fit_dataset(
+            self.images,
+            self.fit_labels,
+            batch_size,
+            shuffle=shuffle,
+            augment=augment,
+            seed=seed,
         )
-    validation = _check_split("validation", *validation)
-    num_classes = _num_classes(num_classes, labels, validation[1])
-    return (
-        images,
-        labels,
-        validation,
-        num_classes,
-        tuple(input_shape or images.shape[1:]),
-    )
+
+
+def check_data(images, labels, validation, num_classes=None, input_shape=None):
+    """Checked `(training, validation, num_classes, input_shape)`: a stage's
+    data, arrays or streams, as two `Split`s."""
+    training = Split("training", images, labels)
+    if not isinstance(validation, (tuple, list)) or len(validation) != 2:
+        if not streams.is_stream(validation):
+            raise ValueError(
+                "validation must be a pair (images, labels) or a stream of "
+                f"(image, label) pairs, received {type(validation).__name__}"
+            )
+        validation = (validation, None)
+    held_out = Split("validation", *validation)
+    if num_classes is None or not training.is_stream:
+        # A stream's labels are read (one pass) only when the class count
+        # is not given.
+        num_classes = _num_classes(num_classes, training.labels, held_out.labels)
+    else:
+        num_classes = _num_classes(num_classes, held_out.labels)
+    return training, held_out, num_classes, tuple(input_shape or training.input_shape)
+
+
+def _data_digest(training: Split, validation: Split) -> str:
+    if not training.is_stream and not validation.is_stream:
+        return _digest(
+            training.images, training.labels, validation.images, validation.labels
+        )
+    digests = training.digest() + validation.digest()
+    return hashlib.sha256(digests.encode()).hexdigest()
 
 
 def _digest(*arrays) -> str:
@@ -202,13 +312,18 @@ def _architecture(layer: keras.layers.Layer) -> list:
 def pretraining_key(
     backbone, preprocessing, images, labels, validation, num_classes, recipe, seed
 ) -> str:
-    """The cache key of a pre-training: a digest of everything it depends on."""
+    """The cache key of a pre-training: a digest of everything it depends on.
+
+    The data are arrays, or streams (`labels=None`), whose digest does not
+    depend on the order of their examples (`streams.StreamSummary`).
+    """
+    training, held_out, _, _ = check_data(images, labels, validation, num_classes)
     parts = [backbone] + ([preprocessing] if preprocessing is not None else [])
     settings = {
         "format": _CACHE_FORMAT,
         "architecture": [_architecture(part) for part in parts],
         "initial_weights": _digest(*(w for p in parts for w in p.get_weights())),
-        "data": _digest(images, labels, *validation),
+        "data": _data_digest(training, held_out),
         "num_classes": num_classes,
         "epochs": recipe.pretrain_epochs,
         "batch_size": recipe.batch_size,
@@ -216,6 +331,8 @@ def pretraining_key(
         "augment": recipe.augment,
         "seed": seed,
     }
+    if recipe.frozen_epochs:  # (absent from the keys of earlier releases)
+        settings["frozen_epochs"] = recipe.frozen_epochs
     text = json.dumps(settings, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -342,8 +459,9 @@ def pretrain_backbone(
     Args:
         backbone: a Keras model mapping inputs to feature vectors.
         images, labels: the training inputs (uint8 images or float inputs)
-            and their class ids.
-        validation: `(images, labels)` held out from training.
+            and their class ids, or a stream of `(image, label)` pairs and
+            `labels=None` (`subic_keras.streams`).
+        validation: `(images, labels)` held out from training, or a stream.
         num_classes: classes of the softmax layer; from the labels if `None`.
         recipe: the budget (`pretrain_epochs`, >= 1 here), batch size,
             learning rate and augmentation.
@@ -365,13 +483,23 @@ def pretrain_backbone(
             "pretrain_backbone needs recipe.pretrain_epochs >= 1, received "
             f"{recipe.pretrain_epochs}"
         )
-    images, labels, validation, num_classes, input_shape = _check_data(
+    training, held_out, num_classes, input_shape = check_data(
         images, labels, validation, num_classes, input_shape
     )
-    key = pretraining_key(
-        backbone, preprocessing, images, labels, validation, num_classes, recipe, seed
-    )
-    paths = None if cache_dir is None else _cache_paths(cache_dir, key)
+    key = None
+    if cache_dir is not None or not (training.is_stream or held_out.is_stream):
+        # A stream's digest costs a pass over it: only for the cache.
+        key = pretraining_key(
+            backbone,
+            preprocessing,
+            images,
+            labels,
+            validation,
+            num_classes,
+            recipe,
+            seed,
+        )
+    paths = None if key is None or cache_dir is None else _cache_paths(cache_dir, key)
     if paths is not None:
         weights_path, record_path, _ = paths
         if os.path.isfile(record_path) and os.path.isfile(weights_path):
@@ -380,34 +508,51 @@ def pretrain_backbone(
                 return {**json.load(handle), "cached": True}
 
     classifier = _classifier(backbone, preprocessing, input_shape, num_classes)
-    classifier.compile(
-        stage_optimizer(recipe, len(images), recipe.pretrain_epochs),
-        "sparse_categorical_crossentropy",
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-    )
     selector = BestWeights("val_accuracy", mode="max")
     stage_callbacks = [selector, keras.callbacks.TerminateOnNaN(), *callbacks]
-    initial_epoch = 0
-    if paths is not None:
-        partial = paths[2]
-        initial_epoch = _resume(classifier, selector, partial, recipe.pretrain_epochs)
-        stage_callbacks.insert(1, _Progress(partial, selector))
-    fit_data = training_data(images, labels, recipe, seed)
-    val_images, val_labels = validation
-    val_data = fit_dataset(
-        val_images, val_labels, 256, shuffle=False, augment=False, seed=seed
-    )
-    classifier.fit(
-        fit_data,
-        validation_data=val_data,
-        epochs=recipe.pretrain_epochs,
-        initial_epoch=initial_epoch,
-        callbacks=stage_callbacks,
-        verbose=verbose,
-        # `fit_data` shuffles itself; Keras would only warn that it ignores
-        # the flag for a tf.data.Dataset.
-        shuffle=False,
-    )
+    phases = [(0, recipe.frozen_epochs), (recipe.frozen_epochs, recipe.pretrain_epochs)]
+    flags = _trainable_flags(backbone)
+    resumed = None
+    for first, last in phases:
+        if first == last:
+            continue
+        if recipe.frozen_epochs:
+            _set_phase(backbone, flags, fine_tuning=first > 0)
+        rate = recipe.learning_rate / (10 if first > 0 else 1)
+        classifier.compile(
+            training.optimizer(
+                dataclasses.replace(recipe, learning_rate=rate), last - first
+            ),
+            "sparse_categorical_crossentropy",
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        )
+        phase_callbacks = list(stage_callbacks)
+        start_at = first
+        if paths is not None:
+            partial = paths[2]
+            if resumed is None:
+                resumed = _resume(classifier, selector, partial, recipe.pretrain_epochs)
+            if resumed >= last:
+                continue  # this phase ended before the interruption
+            start_at = max(first, resumed)
+            phase_callbacks.insert(1, _Progress(partial, selector))
+        classifier.fit(
+            training.batches(
+                recipe.batch_size, shuffle=True, augment=recipe.augment, seed=seed
+            ),
+            validation_data=held_out.batches(
+                256, shuffle=False, augment=False, seed=seed
+            ),
+            epochs=last,
+            initial_epoch=start_at,
+            callbacks=phase_callbacks,
+            verbose=verbose,
+            # The pipeline shuffles itself; Keras would only warn that it
+            # ignores the flag for a tf.data.Dataset.
+            shuffle=False,
+        )
+    _restore_flags(backbone, flags)
+    initial_epoch = resumed or 0
     if selector.best_epoch is None:
         raise RuntimeError(
             "pre-training produced no epoch with finite losses; lower "
@@ -421,13 +566,35 @@ def pretrain_backbone(
         "validation_accuracy_per_epoch": selector.history,
         "train_seconds": round(time.time() - start, 1),
         "resumed_at_epoch": initial_epoch or None,
-        "num_train": len(images),
-        "num_validation": len(validation[1]),
+        "num_train": training.known_count(),
+        "num_validation": len(held_out),
         "num_classes": num_classes,
     }
     if paths is not None:
         _save_pretraining(backbone, record, *paths)
     return {**record, "cached": False}
+
+
+def _trainable_flags(backbone) -> list:
+    return [(layer, layer.trainable) for layer in [backbone, *leaf_layers(backbone)]]
+
+
+def _restore_flags(backbone, flags: list) -> None:
+    for layer, trainable in flags:
+        layer.trainable = trainable
+
+
+def _set_phase(backbone, flags: list, *, fine_tuning: bool) -> None:
+    """The trainable flags of a pre-training phase: the backbone frozen, or
+    fine-tuned as it was given with batch normalisation frozen (so that it
+    runs in inference mode)."""
+    if not fine_tuning:
+        backbone.trainable = False
+        return
+    _restore_flags(backbone, flags)
+    for layer in leaf_layers(backbone):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False
 
 
 def _cache_paths(cache_dir: str, key: str) -> tuple[str, str, str]:
@@ -515,11 +682,14 @@ def train_subic(
             `subic_keras.backbones` or your own.
         num_blocks, block_size: `M` and `K`; codes have `M·log2 K` bits.
         images, labels: the training inputs (uint8 images, or float inputs
-            such as features) and their class ids.
+            such as features) and their class ids; or a stream of
+            `(image, label)` pairs, batched or not, and `labels=None`
+            (`subic_keras.streams`: read in its own order, so shuffle it).
         validation: `(images, labels)` held out from training, for model
-            selection (at least 20).
+            selection (at least 20), or a stream of `(image, label)` pairs.
         num_classes: number of classes; from the labels if `None`.
-        recipe: the budgets and weights (`Recipe()`: our validated defaults).
+        recipe: the budgets and weights (`Recipe()`: our validated defaults);
+            `batch_size` batches unbatched streams.
         seed: seed of the initial weights, data order and augmentation.
         preprocessing: a layer applied to the inputs before the backbone,
             saved with the model (e.g. `keras.layers.Normalization`).
@@ -535,13 +705,13 @@ def train_subic(
     """
     start = time.time()
     num_blocks, block_size = check_block_shape(num_blocks, block_size)
-    images, labels, validation, num_classes, input_shape = _check_data(
+    training, held_out, num_classes, input_shape = check_data(
         images, labels, validation, num_classes, input_shape
     )
-    if len(validation[1]) < 20:
+    if len(held_out) < 20:
         raise ValueError(
             "validation must hold at least 20 images for model selection, "
-            f"received {len(validation[1])}"
+            f"received {len(held_out)}"
         )
     pretraining = None
     if recipe.pretrain_epochs:
@@ -575,15 +745,16 @@ def train_subic(
         preprocessing=_fresh_copy(preprocessing),
         optimizer=None,
     )
-    subic.compile(stage_optimizer(recipe, len(images), recipe.epochs))
-    val_images, val_labels = validation
-    validator = RetrievalValidation(subic, val_images, val_labels, queries=QUERY_KINDS)
+    subic.compile(training.optimizer(recipe, recipe.epochs))
+    validator = RetrievalValidation(
+        subic, held_out.images, held_out.fit_labels, queries=QUERY_KINDS
+    )
     selector = BestWeights(f"val_map_{QUERY_KINDS[0]}", mode="max")
     history = subic.train_model.fit(
-        training_data(images, labels, recipe, seed),
-        validation_data=fit_dataset(
-            val_images, val_labels, 256, shuffle=False, augment=False, seed=seed
+        training.batches(
+            recipe.batch_size, shuffle=True, augment=recipe.augment, seed=seed
         ),
+        validation_data=held_out.batches(256, shuffle=False, augment=False, seed=seed),
         epochs=recipe.epochs,
         callbacks=[
             EntropyWarmup(recipe.warmup_epochs),

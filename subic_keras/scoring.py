@@ -9,12 +9,13 @@ and the quantizers (`Quantizer`: asymmetric distance) implement it, so
 
     result = evaluate(scorer, images, labels, protocol="paper")
 
-NumPy only: this module does not import TensorFlow.
+NumPy only: this module imports TensorFlow only to read a stream.
 """
 
 from __future__ import annotations
 
 import abc
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,6 +59,9 @@ def protocol_scores(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Scores of a protocol's queries against its whole database.
 
+    `inputs` are arrays, or a stream of `(input, label)` pairs
+    (`subic_keras.streams`) with `labels=None`.
+
     `protocols.protocol_split` splits `inputs` into queries and database;
     the database is encoded (or `database` is used: the encoded items, in the
     split's database order) and every query is scored against all of it.
@@ -67,25 +71,72 @@ def protocol_scores(
         `(num_queries, num_database)` with columns in database order, ready
         for any `subic_keras.evaluation` metric, and the encoded database.
     """
+    if _is_stream(inputs):
+        return _stream_scores(
+            scorer, inputs, labels, protocol, seed, database, **protocol_args
+        )
+    if labels is None:
+        raise ValueError(
+            "labels must be given with array inputs (None is for a stream of "
+            "(input, label) pairs)"
+        )
     labels = np.asarray(labels)
     query_idx, database_idx = protocols.protocol_split(
         protocol, labels, seed=seed, **protocol_args
     )
     if database is None:
         database = scorer.encode_database(inputs[database_idx])
-    elif len(database) != len(database_idx):
+    _check_database(database, database_idx)
+    scores = scorer.score(scorer.encode_queries(inputs[query_idx]), database)
+    return scores, labels[query_idx], labels[database_idx], database
+
+
+def _is_stream(inputs) -> bool:
+    # A stream is a TensorFlow or Keras object: without TensorFlow loaded,
+    # `inputs` cannot be one (and this module stays free of TensorFlow).
+    if "tensorflow" not in sys.modules:
+        return False
+    from subic_keras import streams
+
+    return streams.is_stream(inputs)
+
+
+def _check_database(database: np.ndarray, database_idx: np.ndarray) -> None:
+    if len(database) != len(database_idx):
         raise ValueError(
             f"database must hold the protocol's {len(database_idx)} database "
             f"items, received {len(database)}"
         )
-    scores = scorer.score(scorer.encode_queries(inputs[query_idx]), database)
+
+
+def _stream_scores(scorer, inputs, labels, protocol, seed, database, **protocol_args):
+    """`protocol_scores` of a stream: its labels from one pass (unless given),
+    then the database's and the queries' rows encoded batch by batch."""
+    from subic_keras import streams
+
+    if labels is None:
+        labels = streams.summarize(inputs, "inputs").labels
+    labels = np.asarray(labels)
+    query_idx, database_idx = protocols.protocol_split(
+        protocol, labels, seed=seed, **protocol_args
+    )
+
+    def encode(encoder, positions):
+        order = np.sort(positions)
+        parts = [encoder(batch) for batch in streams.rows(inputs, order, labels)]
+        return np.concatenate(parts)[np.searchsorted(order, positions)]
+
+    if database is None:
+        database = encode(scorer.encode_database, database_idx)
+    _check_database(database, database_idx)
+    scores = scorer.score(encode(scorer.encode_queries, query_idx), database)
     return scores, labels[query_idx], labels[database_idx], database
 
 
 def evaluate(
     scorer: Scorer,
     inputs,
-    labels,
+    labels=None,
     protocol: str = "paper",
     *,
     seed: int = 0,
@@ -110,8 +161,10 @@ def evaluate(
 
     Args:
         scorer: the method (`Subic`, `HashingNetwork`, `Quantizer`, ...).
-        inputs: what `scorer` encodes (images, features), `(n, ...)`.
-        labels: class ids `(n,)` or multi-hot `(n, C)`.
+        inputs: what `scorer` encodes (images, features), `(n, ...)`, or
+            a stream of `(input, label)` pairs (`subic_keras.streams`),
+            read in batches: twice, or once more without `database`.
+        labels: class ids `(n,)` or multi-hot `(n, C)`; `None` for a stream.
         protocol: a name of `protocols.RETRIEVAL_PROTOCOLS`.
         seed: the protocol's seed.
         database: the encoded database, to skip encoding it again.

@@ -24,8 +24,7 @@ from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
-from subic_keras.images import read_image_folder
-from subic_keras.models import Subic, build_subic
+from subic_keras.models import Subic, build_subic, float32_copy
 from subic_keras.recipe import train_subic
 
 
@@ -98,36 +97,26 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
     """
     start = time.time()
     data = _data(config)
-    x_fit, y_fit, x_val, y_val, x_test, y_test = data.splits
-    num_classes = data.num_classes
-    shape = x_fit.shape[1:]
+    x_test, y_test = data.splits[4:]
+    shape = data.shape
     recipe = config.recipe(augment=min(shape[:2]) >= 16)
     cache_dir = config.cache_dir or default_cache_dir()
     os.makedirs(config.output_dir, exist_ok=True)
-    logs = os.path.join(config.output_dir, "logs")
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
 
     keras.utils.set_random_seed(config.seed)
-    subic, run = train_subic(
-        _backbone(config, shape),
-        config.num_blocks,
-        config.block_size,
-        x_fit,
-        y_fit,
-        (x_val, y_val),
-        num_classes=num_classes,
-        recipe=recipe,
-        seed=config.seed,
-        preprocessing=_preprocessing(config, x_fit),
-        cache_dir=cache_dir,
-        pretrain_callbacks=[
-            EpochTensorBoard(os.path.join(logs, "pretrain")),
-            *callbacks,
-        ],
-        callbacks=[EpochTensorBoard(os.path.join(logs, "subic")), *callbacks],
-        verbose=verbose,
-    )
+    policy = keras.mixed_precision.global_policy()
+    if config.mixed_precision:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        subic, run = _train_subic(
+            config, data, shape, recipe, cache_dir, callbacks, verbose
+        )
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+    if config.mixed_precision:
+        subic = float32_copy(subic)
     subic.train_model.class_names = data.class_names
     best_path = os.path.join(config.output_dir, "best.keras")
     summary = {
@@ -135,8 +124,8 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         "recipe": run.pop("recipe"),
         "cache_dir": cache_dir,
         "bits": run["bits"],
-        "num_train": len(x_fit),
-        "num_validation": len(x_val),
+        "num_train": data.num_train,
+        "num_validation": data.num_validation,
         "num_test": None if x_test is None else len(x_test),
         "class_names": data.class_names,
         "skipped_files": [dataclasses.asdict(s) for s in data.skipped],
@@ -159,8 +148,13 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
 
 @dataclasses.dataclass
 class _TrainingData:
-    splits: tuple  # x_fit, y_fit, x_val, y_val, x_test (or None), y_test
+    # x_fit, y_fit, x_val, y_val, x_test (or None), y_test: arrays, or for a
+    # folder the training and validation streams with labels None.
+    splits: tuple
+    shape: tuple
     num_classes: int
+    num_train: int
+    num_validation: int
     class_names: list[str] | None
     skipped: list
 
@@ -180,41 +174,46 @@ def _data(config: TrainConfig) -> _TrainingData:
     names = CLASS_NAMES[config.dataset]
     return _TrainingData(
         (*splits, y_train[val_idx], x_test, y_test),
+        x_train.shape[1:],
         num_classes,
+        len(train_idx),
+        len(val_idx),
         names if len(names) == num_classes else None,
         [],
     )
 
 
 def _folder_data(config: TrainConfig) -> _TrainingData:
-    """A labelled folder: validation held out of it (or its own folder), no
-    test split (the summary reports validation only)."""
+    """A labelled folder, streamed (`datasets.image_folder`): validation held
+    out of it (or its own folder), no test split (the summary reports
+    validation only)."""
     assert config.images is not None
-    shape = (config.image_size, config.image_size, 3)
-    folder = read_image_folder(config.images, shape)
+    separate = config.validation_images is not None
+    folder = datasets.image_folder(
+        config.images,
+        config.image_size,
+        validation_split=None if separate else config.validation_size,
+        max_images=config.max_train_images,
+    )
     skipped = list(folder.skipped)
-    images, labels = folder.images, folder.labels
+    validation, num_validation = folder.validation, len(folder.validation_paths)
     if config.validation_images is not None:
-        validation = read_image_folder(config.validation_images, shape)
-        if validation.class_names != folder.class_names:
+        held_out = datasets.image_folder(
+            config.validation_images, config.image_size, shuffle=False
+        )
+        if held_out.class_names != folder.class_names:
             raise ValueError(
-                f"the validation folder's classes {validation.class_names} differ "
+                f"the validation folder's classes {held_out.class_names} differ "
                 f"from the training folder's {folder.class_names}"
             )
-        skipped += validation.skipped
-        x_val, y_val = validation.images, validation.labels
-    else:
-        fit_idx, val_idx = datasets.train_validation_split(
-            labels, config.validation_size, seed=0
-        )
-        x_val, y_val = images[val_idx], labels[val_idx]
-        images, labels = images[fit_idx], labels[fit_idx]
-    if config.max_train_images is not None:
-        images = images[: config.max_train_images]
-        labels = labels[: config.max_train_images]
+        skipped += held_out.skipped
+        validation, num_validation = held_out.training, len(held_out.training_paths)
     return _TrainingData(
-        (images, labels, x_val, y_val, None, None),
+        (folder.training, None, validation, None, None, None),
+        (config.image_size, config.image_size, 3),
         len(folder.class_names),
+        len(folder.training_paths),
+        num_validation,
         folder.class_names,
         skipped,
     )
@@ -229,3 +228,27 @@ def evaluate_classification(subic: Subic, data, labels: np.ndarray) -> dict:
         "accuracy_soft": float(np.mean(soft.argmax(-1) == labels)),
         "accuracy_binary": float(np.mean(binary.argmax(-1) == labels)),
     }
+
+
+def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
+    x_fit, y_fit, x_val, y_val, _, _ = data.splits
+    logs = os.path.join(config.output_dir, "logs")
+    return train_subic(
+        _backbone(config, shape),
+        config.num_blocks,
+        config.block_size,
+        x_fit,
+        y_fit,
+        x_val if y_val is None else (x_val, y_val),
+        num_classes=data.num_classes,
+        recipe=recipe,
+        seed=config.seed,
+        preprocessing=_preprocessing(config, x_fit),
+        cache_dir=cache_dir,
+        pretrain_callbacks=[
+            EpochTensorBoard(os.path.join(logs, "pretrain")),
+            *callbacks,
+        ],
+        callbacks=[EpochTensorBoard(os.path.join(logs, "subic")), *callbacks],
+        verbose=verbose,
+    )

@@ -34,6 +34,8 @@ MODULES = (
     "subic_keras.search.packing",
     "subic_keras.search.milvus",
     "subic_keras.pixels",
+    "subic_keras.folders",
+    "subic_keras.streams",
 )
 
 

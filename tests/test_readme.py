@@ -69,3 +69,23 @@ def test_milvus_snippet_runs_as_written(tmp_path, monkeypatch):
     assert namespace["ids"].shape == (4, 50)
     assert set(namespace["ids"][0]) <= set(range(0, 150, 3)) | {-1}
     namespace["index"].close()
+
+
+def test_folder_snippet_runs_as_written(tmp_path, monkeypatch):
+    text = README.read_text()
+    section = text[
+        text.index("## Train on your own pictures") : text.index("## Inputs and errors")
+    ]
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    rng = np.random.default_rng(0)
+    labels = np.arange(600) % 3
+    pictures = rng.integers(0, 256, (600, 40, 30, 3), dtype=np.uint8)
+    pictures[..., 0] = (labels * 100)[:, None, None].astype(np.uint8)
+    sk.images.write_image_folder(pictures, labels, tmp_path / "photos")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(snippet, namespace)
+    assert namespace["folder"].class_names == ["0", "1", "2"]
+    assert namespace["summary"]["num_classes"] == 3
+    assert namespace["subic"].encode(namespace["folder"].validation).shape == (60, 8)
+    assert 0 <= namespace["result"]["map"] <= 1

@@ -227,3 +227,45 @@ def test_train_subic_under_mirrored_strategy():
     assert result["replicas"] == 2
     assert result["best_epoch"] in (1, 2) and result["query"] in QUERY_KINDS
     assert result["validation_map"] > 0.5
+
+
+def _with_batch_norm(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((DIM,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.BatchNormalization(),
+        ],
+        name="pretrained",
+    )
+
+
+def test_frozen_epochs_train_the_head_then_fine_tune_without_batch_norm(data):
+    (x, y), validation = data
+    backbone = _with_batch_norm()
+    before = [w.copy() for w in backbone.get_weights()]
+    frozen = recipe.Recipe(
+        pretrain_epochs=1, frozen_epochs=1, batch_size=32, augment=False
+    )
+    record = recipe.pretrain_backbone(backbone, x, y, validation, recipe=frozen)
+    assert record["best_epoch"] == 1
+    for a, b in zip(before, backbone.get_weights()):
+        np.testing.assert_array_equal(a, b)  # the backbone did not move
+    assert all(layer.trainable for layer in backbone.layers)
+
+    tuned = recipe.Recipe(
+        pretrain_epochs=3, frozen_epochs=1, batch_size=32, augment=False
+    )
+    backbone = _with_batch_norm()
+    norm = backbone.layers[1]
+    statistics = [w.numpy().copy() for w in norm.non_trainable_weights]
+    dense = backbone.layers[0].kernel.numpy().copy()
+    record = recipe.pretrain_backbone(backbone, x, y, validation, recipe=tuned)
+    assert len(record["validation_accuracy_per_epoch"]) == 3
+    if record["best_epoch"] > 1:  # a fine-tuned epoch was kept
+        assert not np.array_equal(backbone.layers[0].kernel.numpy(), dense)
+    # Batch normalisation ran in inference mode throughout.
+    for a, b in zip(statistics, norm.non_trainable_weights):
+        np.testing.assert_array_equal(a, b.numpy())
+    assert norm.trainable and backbone.trainable

@@ -42,3 +42,44 @@ def test_standardization_uses_channel_statistics():
     out = np.asarray(layer(images.astype("float32") / 255))
     np.testing.assert_allclose(out.mean(axis=(0, 1, 2)), 0.0, atol=1e-4)
     np.testing.assert_allclose(out.std(axis=(0, 1, 2)), 1.0, atol=1e-3)
+
+
+def test_a_pretrained_backbone_is_frozen_for_a_fifth_of_the_pretraining():
+    pretrained = TrainConfig(backbone="mobilenet_v3_small", weights="imagenet")
+    assert pretrained.recipe().frozen_epochs == 10
+    assert TrainConfig(backbone="resnet50", weights=None).recipe().frozen_epochs == 0
+    assert (
+        TrainConfig(pretrain_epochs=3, backbone="resnet50").recipe().frozen_epochs == 1
+    )
+    assert (
+        TrainConfig(pretrain_epochs=0, backbone="resnet50").recipe().frozen_epochs == 0
+    )
+    assert TrainConfig(frozen_epochs=4).recipe().frozen_epochs == 4
+    with pytest.raises(ValueError, match="frozen_epochs must be at most pretrain"):
+        TrainConfig(pretrain_epochs=2, frozen_epochs=3)
+
+
+def test_mixed_precision_trains_and_saves_a_float32_model(tmp_path):
+    import keras
+
+    from subic_keras.export import load_subic
+    from subic_keras.training import train
+
+    config = TrainConfig(
+        dataset="digits",
+        pretrain_epochs=1,
+        epochs=1,
+        mixed_precision=True,
+        max_train_images=300,
+        output_dir=str(tmp_path),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    summary = train(config, verbose=0)
+    assert keras.mixed_precision.global_policy().name == "float32"
+    assert summary["best_epoch"] == 1 and summary["test"]["accuracy_soft"] > 0.2
+    subic = load_subic(summary["checkpoint"])
+    policies = {
+        layer.dtype_policy.name for layer in subic.train_model._flatten_layers()
+    }
+    assert policies == {"float32"}
+    assert subic.query_encoder.output.dtype == "float32"

@@ -14,11 +14,10 @@ from __future__ import annotations
 import time
 
 import keras
-import numpy as np
 
 from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.callbacks import BestWeights, RetrievalValidation
-from subic_keras.recipe import Recipe, stage_optimizer, training_data
+from subic_keras.recipe import Recipe, check_data
 
 
 def train_hashing(
@@ -48,8 +47,10 @@ def train_hashing(
         network: a built `HashingNetwork` (`build_dsh`, `build_dlbhc`),
             whose `train_model` is compiled here.
         images, labels: the training inputs (uint8 images or float inputs)
-            and their class ids.
-        validation: `(images, labels)` held out for model selection (>= 20).
+            and their class ids, or a stream of `(image, label)` pairs and
+            `labels=None` (`subic_keras.streams`).
+        validation: `(images, labels)` held out for model selection (>= 20),
+            or a stream of `(image, label)` pairs.
         recipe: `epochs`, `learning_rate`, `batch_size` and `augment` are
             used (the SuBiC stage's budget and schedule); `None` means
             `Recipe()`, the validated defaults.
@@ -72,13 +73,16 @@ def train_hashing(
         )
     recipe = Recipe() if recipe is None else recipe
     start = time.time()
-    images = np.asarray(images)
-    val_images, val_labels = validation
-    validator = RetrievalValidation(network, val_images, val_labels, queries=None)
+    training, held_out, _, _ = check_data(images, labels, validation)
+    validator = RetrievalValidation(
+        network, held_out.images, held_out.fit_labels, queries=None
+    )
     selector = BestWeights("val_map", mode="max")
-    network.compile(stage_optimizer(recipe, len(images), recipe.epochs))
+    network.compile(training.optimizer(recipe, recipe.epochs))
     history = network.train_model.fit(
-        training_data(images, labels, recipe, seed),
+        training.batches(
+            recipe.batch_size, shuffle=True, augment=recipe.augment, seed=seed
+        ),
         epochs=recipe.epochs,
         callbacks=[validator, selector, keras.callbacks.TerminateOnNaN(), *callbacks],
         verbose=verbose,

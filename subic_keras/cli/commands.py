@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from subic_keras import evaluation, protocols, retrieval
+from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, check_file, check_output_path
 from subic_keras._validation import check_int
@@ -433,11 +433,14 @@ def run_evaluate(args) -> int:
         image_files.check_folder(args.images)
     subic = _load_subic(args.model)
     if args.images is not None:
-        folder = image_files.read_image_folder(
-            args.images, retrieval.input_shape(subic)
+        height, width, channels = retrieval.input_shape(subic)
+        # Streamed: the pictures are decoded a batch at a time, twice.
+        folder = datasets.image_folder(
+            args.images, (height, width), channels=channels, shuffle=False
         )
         _list_skipped(folder.skipped)
-        images, labels = folder.images, folder.labels
+        images = folder.training
+        labels = streams.summarize(images).labels
         source = f"pictures of {args.images} ({len(folder.class_names)} classes)"
         protocol = args.protocol or "random"
         smallest = int(np.bincount(labels).min())

@@ -163,6 +163,20 @@ def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig)
         "download), none, or a weights file (default: %(default)s)",
     )
     parser.add_argument(
+        "--frozen-epochs",
+        type=int,
+        default=defaults.frozen_epochs,
+        help="pre-training epochs that train the softmax layer on a frozen "
+        "backbone before fine-tuning it at a tenth of the rate (default: a "
+        "fifth of --pretrain-epochs for a keras.applications backbone with "
+        "weights, 0 otherwise)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="train in mixed_float16 (GPUs); the saved model computes in float32",
+    )
+    parser.add_argument(
         "--augment",
         action=argparse.BooleanOptionalAction,
         default=defaults.augment,
@@ -216,6 +230,8 @@ def config_from_args(args) -> TrainConfig:
         backbone=args.backbone,
         weights=None if args.weights == "none" else args.weights,
         augment=args.augment,
+        frozen_epochs=args.frozen_epochs,
+        mixed_precision=args.mixed_precision,
         max_train_images=args.max_train_images,
         seed=args.seed,
         output_dir=args.output_dir,

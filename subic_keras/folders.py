@@ -1,0 +1,242 @@
+"""A folder of labelled pictures as `tf.data` streams, for training at any size.
+
+`image_folder` reads the class-per-subfolder layout of
+`keras.utils.image_dataset_from_directory` (`root/cat/…`, `root/dog/…`):
+the files are listed and checked once, then decoded a picture at a time
+on every pass, with the package's one decoder (`subic_keras.images`: EXIF
+orientation, transparency over white, 16-bit to 8-bit, antialiased resize),
+so a picture trained on gives the pixels it gives when indexed or searched.
+Memory holds the file names and labels, not the pictures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from subic_keras import images, streams
+from subic_keras._validation import check_int
+from subic_keras.protocols import train_validation_split
+
+
+@dataclasses.dataclass
+class LabelledFolder:
+    """A labelled folder as streams of `(uint8 picture (H, W, C), class id)`.
+
+    Attributes:
+        training: the training stream, reshuffled on every pass (file names
+            are shuffled, so this costs no memory) unless `shuffle=False`.
+        validation: the held-out stream, in a fixed order; `None` without
+            `validation_split`.
+        class_names: the class folders, in the order of the class ids.
+        training_paths, validation_paths: the pictures of each split,
+            relative to the folder (sorted).
+        skipped: files left out, with the reason (not a picture, truncated,
+            outside a class folder, or unreadable later).
+    """
+
+    training: tf.data.Dataset
+    validation: tf.data.Dataset | None
+    class_names: list[str]
+    training_paths: list[str]
+    validation_paths: list[str]
+    skipped: list[images.SkippedFile]
+
+
+def image_folder(
+    directory: str | os.PathLike,
+    image_size: int | Sequence[int] = 224,
+    *,
+    channels: int = 3,
+    validation_split: float | int | None = None,
+    seed: int = 0,
+    max_images: int | None = None,
+    shuffle: bool = True,
+    workers: int | None = None,
+) -> LabelledFolder:
+    """A class-per-subfolder tree of pictures as training and validation streams.
+
+    Each split is checked once when this is called: every file is decoded
+    (in threads), files that are not pictures are listed in `skipped`
+    instead of failing an epoch later, and the split's one-pass summary
+    (`streams.summarize`: labels, pixel histogram, digest) is kept, so
+    training reads no file more than once per epoch. A file that becomes
+    unreadable afterwards is replaced by the next readable picture of its
+    class, with a warning, and added to `skipped`: the streams keep their
+    length, so an epoch never ends early or dies halfway.
+
+    Example:
+
+    >>> import tempfile
+    >>> from subic_keras.images import write_image_folder
+    >>> root = tempfile.mkdtemp()
+    >>> _ = write_image_folder(images[:40], [0, 1] * 20, root, ["cat", "dog"])
+    >>> folder = image_folder(root, 16, validation_split=0.25)
+    >>> folder.class_names, len(folder.training_paths), len(folder.validation_paths)
+    (['cat', 'dog'], 30, 10)
+    >>> picture, label = next(iter(folder.validation))
+    >>> tuple(picture.shape), picture.dtype.name
+    ((16, 16, 3), 'uint8')
+
+    Train on it with `train_subic(backbone, M, K, folder.training, None,
+    folder.validation, num_classes=len(folder.class_names))`.
+
+    Args:
+        directory: the folder: one subfolder per class (at least two),
+            pictures inside, searched recursively.
+        image_size: the side, or `(height, width)`, pictures are resized to.
+        channels: 3 (RGB) or 1 (grey).
+        validation_split: a fraction in (0, 1) or a count of pictures held
+            out per class in proportion (`protocols.train_validation_split`,
+            seeded); `None`: no validation stream.
+        seed: seed of the split, of the subset (`max_images`) and of the
+            training stream's order.
+        max_images: at most this many training pictures (a seeded subset
+            that keeps every class).
+        shuffle: reshuffle the training stream on every pass; `False` keeps
+            the sorted order (a folder to validate or evaluate on).
+        workers: decoding threads of the check (default: the cores).
+
+    Returns:
+        A `LabelledFolder`.
+
+    Raises:
+        ValueError: fewer than two classes, a class without a readable
+            picture, or a bad `image_size`, `channels` or `validation_split`.
+        FileNotFoundError, NotADirectoryError: `directory` is not a folder.
+    """
+    root = images.check_folder(directory)
+    shape = (*_image_size(image_size), _channels(channels))
+    seed = check_int("seed", seed, minimum=0)
+    paths, class_names, skipped = images.labelled_files(root)
+    labels = images.class_ids(paths, class_names)
+    if validation_split is None:
+        train_idx, val_idx = np.arange(len(paths)), np.zeros(0, np.int64)
+    else:
+        train_idx, val_idx = _validation_indices(labels, validation_split, seed)
+    if max_images is not None:
+        max_images = check_int("max_images", max_images, minimum=1)
+        if max_images < len(train_idx):
+            rng = np.random.default_rng(seed)
+            train_idx = np.sort(rng.choice(train_idx, max_images, replace=False))
+    splits: list[tuple[tf.data.Dataset | None, list[str]]] = []
+    for name, index, reshuffled in (
+        ("training", train_idx, shuffle),
+        ("validation", val_idx, False),
+    ):
+        if name == "validation" and validation_split is None:
+            splits.append((None, []))
+            continue
+        kept, summary = _check_files(
+            root, [paths[i] for i in index], class_names, shape, name, skipped, workers
+        )
+        images.check_classes(summary.labels, class_names, os.path.join(root, name))
+        stream = _stream(root, kept, summary, shape, reshuffled, seed, skipped)
+        splits.append((stream, kept))
+    (training, training_paths), (validation, validation_paths) = splits
+    return LabelledFolder(
+        training, validation, class_names, training_paths, validation_paths, skipped
+    )
+
+
+def _image_size(image_size) -> tuple[int, int]:
+    sizes = (image_size, image_size) if np.ndim(image_size) == 0 else image_size
+    if len(sizes) != 2:
+        raise ValueError(
+            f"image_size must be a side or (height, width), received {image_size!r}"
+        )
+    height, width = (check_int("image_size", side, minimum=1) for side in sizes)
+    return height, width
+
+
+def _channels(channels) -> int:
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, received {channels!r}")
+    return int(channels)
+
+
+def _validation_indices(labels: np.ndarray, validation_split, seed: int):
+    if isinstance(validation_split, float) and not 0 < validation_split < 1:
+        raise ValueError(
+            f"validation_split must be a fraction in (0, 1) or a count, received "
+            f"{validation_split!r}"
+        )
+    return train_validation_split(labels, validation_split, seed=seed)
+
+
+def _check_files(root, paths, class_names, shape, name, skipped, workers):
+    """Decodes every file once: the readable ones, and the split's summary."""
+    summarizer = streams.Summarizer(name)
+    kept: list[str] = []
+    for batch in images.image_batches(root, paths, shape, workers=workers):
+        skipped += batch.skipped
+        if batch.paths:
+            kept += batch.paths
+            summarizer.add(batch.pixels, images.class_ids(batch.paths, class_names))
+    if not kept:
+        raise ValueError(
+            f"the {name} split of {root} holds no readable picture "
+            f"({len(paths)} files listed)"
+        )
+    return kept, summarizer.result(batched=False)
+
+
+def _stream(root, kept, summary, shape, shuffle: bool, seed: int, skipped):
+    decoder = _Decoder(root, kept, summary.labels, shape, skipped)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.arange(len(kept)), summary.labels)  # the labels of `kept`, in order
+    )
+    if shuffle:
+        dataset = dataset.shuffle(len(kept), seed=seed, reshuffle_each_iteration=True)
+
+    def load(position, label):
+        pixels = tf.numpy_function(decoder, [position], tf.uint8, stateful=False)
+        return tf.ensure_shape(pixels, shape), label
+
+    # A map keeps the stream's length known, so Keras counts its steps.
+    dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    streams.remember(dataset, summary)
+    return dataset
+
+
+class _Decoder:
+    """Decodes a split's picture by position; a file that broke after the
+    check is replaced by the next readable picture of its class (reported
+    in `skipped` and by a warning), so an epoch never dies halfway."""
+
+    def __init__(self, root, kept, labels, shape, skipped):
+        self.root, self.shape, self.skipped = root, shape, skipped
+        self.files = [os.path.join(root, path) for path in kept]
+        self.labels = np.asarray(labels)
+        self.broken: set[int] = set()
+
+    def __call__(self, position) -> np.ndarray:
+        position = int(position)
+        same_class = np.flatnonzero(self.labels == self.labels[position])
+        start = int(np.searchsorted(same_class, position))
+        for candidate in np.roll(same_class, -start):
+            if candidate in self.broken:
+                continue
+            try:
+                return images.read_image(self.files[candidate], self.shape)
+            except (images.ImageDecodeError, OSError) as error:
+                self._broke(int(candidate), error)
+        raise images.ImageDecodeError(
+            f"no readable picture is left in the class of "
+            f"{os.path.relpath(self.files[position], self.root)}"
+        )
+
+    def _broke(self, position: int, error: Exception) -> None:
+        self.broken.add(position)
+        relative = os.path.relpath(self.files[position], self.root)
+        self.skipped.append(images.SkippedFile(relative, str(error)))
+        warnings.warn(
+            f"skipped {relative} ({error}); another picture of its class "
+            "takes its place",
+            stacklevel=1,
+        )
