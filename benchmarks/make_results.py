@@ -546,10 +546,18 @@ def render_stream_training(data: dict) -> list[str]:
         "",
     ]
     lines += table(
-        ["source", "training pictures", "pictures/s", "peak RSS (MB)", "check s"],
+        [
+            "source",
+            "backbone",
+            "training pictures",
+            "pictures/s",
+            "peak RSS (MB)",
+            "check s",
+        ],
         [
             [
-                name.replace("_", " "),
+                name.split("_")[0] + " " + name.split("_")[1],
+                case.get("backbone", "DSH CNN at 32x32"),
                 case["num_train"],
                 case["images_per_second"],
                 round(case["peak_rss_kb"] / 1024),

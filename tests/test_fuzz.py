@@ -539,7 +539,7 @@ _CLI_CASES = [
     ),
     (
         lambda w: ["export", w["model"], "--output-dir", w["index_path"]],
-        "Not a directory",
+        "--output-dir is not a directory",
     ),
     (lambda w: ["train", "--epochs", "0"], "epochs must be >= 1"),
     (lambda w: ["train", "--block-size", "3"], "power of two"),

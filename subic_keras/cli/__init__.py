@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 
+from subic_keras.cli import checks
 from subic_keras.cli.console import (
     USER_ERRORS,
     debug_requested,
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug = debug_requested(args.verbose)
     try:
+        # Paths and values first: a mistake costs no TensorFlow start-up.
+        checks.check(args)
         with quiet_imports(not debug):
             commands = importlib.import_module("subic_keras.cli.commands")
         return getattr(commands, args.run)(args)

@@ -17,8 +17,7 @@ import numpy as np
 
 from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
-from subic_keras._io import atomic_path, check_file, check_output_path
-from subic_keras._validation import check_int
+from subic_keras._io import atomic_path, check_file
 from subic_keras.cli.parser import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
@@ -160,10 +159,6 @@ def _milvus(args, num_blocks=None, block_size=None):
 
 
 def run_index_build(args) -> int:
-    if (args.output is None) == (args.milvus is None):
-        raise ValueError("give one of --output FILE and --milvus URI")
-    if args.output is not None:
-        check_output_path(args.output)
     if args.folder is not None:
         return _index_folder(args)
     args.dataset = args.dataset or "cifar10"
@@ -192,17 +187,9 @@ def run_index_build(args) -> int:
 
 
 def _index_folder(args) -> int:
-    _refuse_given(
-        args,
-        ("dataset", "data_dir", "split", "protocol", "seed", "milvus"),
-        f"select a dataset split; a folder of pictures ({args.folder}) takes "
-        "none of them",
-    )
-    batch_size = check_int("--batch-size", args.batch_size, minimum=1)
-    image_files.check_folder(args.folder)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
-        subic, args.folder, batch_size=batch_size, progress=True
+        subic, args.folder, batch_size=args.batch_size, progress=True
     )
     index.save(args.output)
     _report_folder(report, index, args.output)
@@ -230,14 +217,12 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
 
 
 def run_index_add(args) -> int:
-    batch_size = check_int("--batch-size", args.batch_size, minimum=1)
-    check_file(args.index, "index file")
     index = ImageIndex.load(args.index)
     folder = index.root if args.folder is None else args.folder
     image_files.check_folder(folder)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
-        subic, folder, index=index, batch_size=batch_size, progress=True
+        subic, folder, index=index, batch_size=args.batch_size, progress=True
     )
     index.save(args.index)
     _report_folder(report, index, args.index)
@@ -245,9 +230,6 @@ def run_index_add(args) -> int:
 
 
 def run_index_remove(args) -> int:
-    check_file(args.index, "index file")
-    if not args.paths and not args.missing:
-        raise ValueError("give the paths to remove, or --missing")
     index = ImageIndex.load(args.index)
     paths = list(args.paths)
     unknown = [path for path in paths if path not in index]
@@ -332,13 +314,7 @@ def _read_query_images(
 
 
 def run_search(args) -> int:
-    check_int("-k", args.k, minimum=1)
     paths = args.images
-    check_file(args.model, "model file")
-    if args.milvus is None:
-        if not paths:
-            raise ValueError("give at least one query image after the index file")
-        check_file(args.index, "index file")
     subic = _load_subic(args.model)
     if args.milvus is not None:
         index = _milvus(args)  # no index file: its place holds a query
@@ -402,35 +378,17 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 def run_serve(args) -> int:
     from subic_keras import server
 
-    port = check_int("--port", args.port, minimum=0)
-    if port > 65535:
-        raise ValueError(f"--port must be <= 65535, received {port}")
-    if not args.max_upload_mb > 0:
-        raise ValueError(f"--max-upload-mb must be > 0, received {args.max_upload_mb}")
-    check_file(args.model, "model file")
-    check_file(args.index, "index file")
     service = server.SearchService(
         args.model,
         args.index,
         query=args.query,
         max_upload_bytes=int(args.max_upload_mb * 1e6),
     )
-    server.run(service, host=args.host, port=port)
+    server.run(service, host=args.host, port=args.port)
     return 0
 
 
 def run_evaluate(args) -> int:
-    if args.output is not None:
-        check_output_path(args.output)
-    if args.index and args.milvus:
-        raise ValueError("give at most one of --index FILE and --milvus URI")
-    if args.images is not None:
-        _refuse_given(
-            args,
-            ("dataset", "data_dir", "split", "index", "milvus"),
-            "select a dataset split or its codes; --images takes none of them",
-        )
-        image_files.check_folder(args.images)
     subic = _load_subic(args.model)
     if args.images is not None:
         height, width, channels = retrieval.input_shape(subic)
@@ -504,39 +462,17 @@ def run_evaluate(args) -> int:
     return 0
 
 
-def _refuse_given(args, names: tuple[str, ...], why: str) -> None:
-    """Refuses the options `names` (argument names) that were given: they do
-    not apply beside another one, and would otherwise be ignored."""
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name in names
-        if getattr(args, name) is not None
-    ]
-    if given:
-        raise ValueError(f"{', '.join(given)} {why}")
-
-
 def run_export(args) -> int:
     """Exports a trained model for TF Serving and, optionally, LiteRT."""
-    if args.int8 and args.representative_data is None:
-        raise ValueError(
-            "--int8 needs --representative-data (calibration images), received none"
-        )
-    count = check_int("--num-representative", args.num_representative, minimum=1)
+    count = args.num_representative
     litert = {}
     if args.litert:
         litert["float32"] = os.path.join(args.output_dir, f"{args.model_name}.tflite")
     if args.int8:
         litert["int8"] = os.path.join(args.output_dir, f"{args.model_name}_int8.tflite")
-    # Refuse before writing anything, so that no export is left half done. A
-    # new version (no --version) replaces the LiteRT files: they always hold
-    # the encoders of the latest export.
-    if args.version is not None:
-        target = os.path.join(args.output_dir, args.model_name, str(args.version))
-        if os.path.exists(target) and not args.overwrite:
-            raise FileExistsError(
-                17, "version exists; pass --overwrite to replace it", target
-            )
+    # An existing version was refused before anything was written (`checks`),
+    # so that no export is left half done. A new version (no --version)
+    # replaces the LiteRT files: they always hold the latest encoders.
     subic = load_subic(args.model)
     path = export_saved_model(
         subic,

@@ -174,7 +174,8 @@ def _add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig)
     parser.add_argument(
         "--mixed-precision",
         action="store_true",
-        help="train in mixed_float16 (GPUs); the saved model computes in float32",
+        help="train in mixed_float16 (GPUs); the saved model computes in "
+        "float32 (default: off)",
     )
     parser.add_argument(
         "--augment",

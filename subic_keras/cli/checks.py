@@ -1,0 +1,196 @@
+"""What each command checks before TensorFlow loads: its paths and values.
+
+A user's mistake (a missing or unreadable file, a directory where a file
+belongs, a text file given as a model, a count of 0, options that do not
+apply together) costs a second, not TensorFlow's start-up: `main` runs
+`check(args)` before it imports the commands. NumPy, Pillow and the
+standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+from subic_keras._io import check_file, check_output_path
+from subic_keras._validation import check_int
+from subic_keras.images import check_folder
+
+
+def check(args) -> None:
+    """Raises the `USER_ERRORS` of `args`' command that need no model loaded."""
+    checker = _CHECKS.get(args.run)
+    if checker is not None:
+        checker(args)
+
+
+def check_model_file(path: str) -> str:
+    """A `.keras` model file: a zip archive holding `config.json`.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, PermissionError, ValueError:
+            what is wrong with `path`, named.
+    """
+    path = check_file(path, "model file")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(
+            f"not a Keras model file: not a zip archive, or truncated ({error}) "
+            f"({path})"
+        ) from None
+    if "config.json" not in names:
+        raise ValueError(
+            f"not a Keras model file: no config.json in the archive ({path})"
+        )
+    return path
+
+
+def refuse_given(args, names: tuple[str, ...], why: str) -> None:
+    """Refuses the options `names` (argument names) that were given: they do
+    not apply beside another one, and would otherwise be ignored."""
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in names
+        if getattr(args, name, None) is not None
+    ]
+    if given:
+        raise ValueError(f"{', '.join(given)} {why}")
+
+
+def _data_dir(args) -> None:
+    if getattr(args, "data_dir", None) is not None:
+        path = os.path.expanduser(args.data_dir)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(2, "data directory not found", path)
+
+
+def _train(args) -> None:
+    from subic_keras.cli.parser import config_from_args
+
+    config = config_from_args(args)  # checks every value
+    _data_dir(args)
+    for folder in (config.images, config.validation_images):
+        if folder is not None:
+            check_folder(folder)
+    if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
+        raise NotADirectoryError(
+            20, "--output-dir is not a directory", config.output_dir
+        )
+
+
+def _index_build(args) -> None:
+    if (args.output is None) == (args.milvus is None):
+        raise ValueError("give one of --output FILE and --milvus URI")
+    if args.output is not None:
+        check_output_path(args.output)
+    check_int("--batch-size", args.batch_size, minimum=1)
+    check_model_file(args.model)
+    if args.folder is not None:
+        refuse_given(
+            args,
+            ("dataset", "data_dir", "split", "protocol", "seed", "milvus"),
+            f"select a dataset split; a folder of pictures ({args.folder}) takes "
+            "none of them",
+        )
+        check_folder(args.folder)
+    _data_dir(args)
+
+
+def _index_add(args) -> None:
+    check_int("--batch-size", args.batch_size, minimum=1)
+    check_file(args.index, "index file")
+    check_model_file(args.model)
+    if args.folder is not None:
+        check_folder(args.folder)
+
+
+def _index_remove(args) -> None:
+    check_file(args.index, "index file")
+    if not args.paths and not args.missing:
+        raise ValueError("give the paths to remove, or --missing")
+
+
+def _search(args) -> None:
+    check_int("-k", args.k, minimum=1)
+    check_model_file(args.model)
+    queries = list(args.images)
+    if args.milvus is None:
+        if not queries:
+            raise ValueError("give at least one query image after the index file")
+        check_file(args.index, "index file")
+    else:
+        queries.insert(0, args.index)  # no index file: its place holds a query
+    for path in queries:
+        check_file(path, "query image file")
+
+
+def _serve(args) -> None:
+    port = check_int("--port", args.port, minimum=0)
+    if port > 65535:
+        raise ValueError(f"--port must be <= 65535, received {port}")
+    if not args.max_upload_mb > 0:
+        raise ValueError(f"--max-upload-mb must be > 0, received {args.max_upload_mb}")
+    check_model_file(args.model)
+    check_file(args.index, "index file")
+
+
+def _evaluate(args) -> None:
+    if args.output is not None:
+        check_output_path(args.output)
+    if args.index and args.milvus:
+        raise ValueError("give at most one of --index FILE and --milvus URI")
+    for name in ("queries_per_class", "num_queries"):
+        value = getattr(args, name)
+        if value is not None:
+            check_int(f"--{name.replace('_', '-')}", value, minimum=1)
+    if args.protocol in ("paper", "dsh"):
+        refuse_given(
+            args,
+            ("queries_per_class", "num_queries"),
+            f"cannot go with --protocol {args.protocol}: only the random "
+            "protocol takes a number of queries",
+        )
+    if args.images is not None:
+        refuse_given(
+            args,
+            ("dataset", "data_dir", "split", "index", "milvus"),
+            "select a dataset split or its codes; --images takes none of them",
+        )
+        check_folder(args.images)
+    check_model_file(args.model)
+    if args.index is not None:
+        check_file(args.index, "index file")
+    _data_dir(args)
+
+
+def _export(args) -> None:
+    if args.int8 and args.representative_data is None:
+        raise ValueError(
+            "--int8 needs --representative-data (calibration images), received none"
+        )
+    check_int("--num-representative", args.num_representative, minimum=1)
+    check_model_file(args.model)
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise NotADirectoryError(20, "--output-dir is not a directory", args.output_dir)
+    if args.version is not None:
+        target = os.path.join(args.output_dir, args.model_name, str(args.version))
+        if os.path.exists(target) and not args.overwrite:
+            raise FileExistsError(
+                17, "version exists; pass --overwrite to replace it", target
+            )
+    _data_dir(args)
+
+
+_CHECKS = {
+    "run_quickstart": _train,
+    "run_train": _train,
+    "run_index_build": _index_build,
+    "run_index_add": _index_add,
+    "run_index_remove": _index_remove,
+    "run_search": _search,
+    "run_serve": _serve,
+    "run_evaluate": _evaluate,
+    "run_export": _export,
+}

@@ -1,0 +1,82 @@
+"""A user's mistake on the command line costs a second, not TensorFlow's
+start-up: every one below is one line on stderr, exit status 2, before
+TensorFlow is imported."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+MISTAKES = [
+    (["search", "{missing}", "index.subic", "q.png"], "model file not found"),
+    (["search", "{text}", "index.subic", "q.png"], "not a Keras model file"),
+    (["search", "{folder}", "index.subic", "q.png"], "a directory, not a model file"),
+    (["search", "{text}", "index.subic", "q.png", "-k", "0"], "-k must be >= 1"),
+    (["train", "--bits", "10"], "--bits must be a multiple of log2(--block-size)"),
+    (["train", "--images", "{missing}"], "not found"),
+    (["train", "--dataset", "cifar10", "--data-dir", "{missing}"], "data directory"),
+    (["evaluate", "{text}", "--queries-per-class", "0"], "--queries-per-class must be"),
+    (
+        ["evaluate", "{text}", "--protocol", "paper", "--num-queries", "20"],
+        "--num-queries cannot go with --protocol paper",
+    ),
+    (["evaluate", "{model}", "--index", "{missing}"], "index file not found"),
+    (
+        ["index", "build", "{model}", "--output", "{missing}/x.subic"],
+        "the folder of the output file does not exist",
+    ),
+    (["index", "build", "{model}"], "give one of --output FILE and --milvus URI"),
+    (["serve", "{model}", "{text}", "--port", "70000"], "--port must be <= 65535"),
+    (["export", "{model}", "--output-dir", "{text}"], "--output-dir is not a directory"),
+    (["export", "{model}", "--output-dir", "out", "--int8"], "--int8 needs"),
+]
+
+SCRIPT = textwrap.dedent(
+    """
+    import contextlib, io, json, sys, time
+    from subic_keras.cli import main
+
+    outcomes = []
+    for argv in json.loads(sys.argv[1]):
+        stderr, start = io.StringIO(), time.perf_counter()
+        with contextlib.redirect_stderr(stderr):
+            try:
+                status = main(argv)
+            except SystemExit as exit:
+                status = exit.code
+        outcomes.append([status, stderr.getvalue(), time.perf_counter() - start])
+    print(json.dumps({"outcomes": outcomes, "tf": "tensorflow" in sys.modules}))
+    """
+)
+
+
+def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
+    import zipfile
+
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "folder").mkdir()
+    model = tmp_path / "model.keras"
+    with zipfile.ZipFile(model, "w") as archive:
+        archive.writestr("config.json", "{}")
+    names = {
+        "missing": str(tmp_path / "missing"),
+        "text": str(tmp_path / "notes.txt"),
+        "folder": str(tmp_path / "folder"),
+        "model": str(model),
+    }
+    argvs = [[arg.format(**names) for arg in argv] for argv, _ in MISTAKES]
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert not result["tf"], "a mistake loaded TensorFlow"
+    for (argv, expected), (status, stderr, seconds) in zip(MISTAKES, result["outcomes"]):
+        assert status == 2, (argv, stderr)
+        assert stderr.count("\n") == 1 and expected in stderr, (argv, stderr)
+        assert "Traceback" not in stderr
+        assert seconds < 1.0, (argv, seconds)
