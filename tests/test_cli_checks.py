@@ -27,7 +27,7 @@ MISTAKES = [
     ),
     (["index", "build", "{model}"], "give one of --output FILE and --milvus URI"),
     (["serve", "{model}", "{text}", "--port", "70000"], "--port must be <= 65535"),
-    (["export", "{model}", "--output-dir", "{text}"], "--output-dir is not a directory"),
+    (["export", "{model}", "--output-dir", "{text}"], "is not a directory"),
     (["export", "{model}", "--output-dir", "out", "--int8"], "--int8 needs"),
 ]
 
@@ -75,7 +75,8 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert not result["tf"], "a mistake loaded TensorFlow"
-    for (argv, expected), (status, stderr, seconds) in zip(MISTAKES, result["outcomes"]):
+    outcomes = result["outcomes"]
+    for (argv, expected), (status, stderr, seconds) in zip(MISTAKES, outcomes):
         assert status == 2, (argv, stderr)
         assert stderr.count("\n") == 1 and expected in stderr, (argv, stderr)
         assert "Traceback" not in stderr
