@@ -70,18 +70,23 @@ class SubicTrainModel(ImageModel):
     although the entropy losses and the code metrics on `block_probs` need no
     target; and it carries `default_query`, the query kind (`QUERY_KINDS`)
     chosen for this model on validation data, saved with it in its `.keras`
-    file (`"fc0"` when never set), and `class_names`, the names of its
-    classes when they are known (`None` otherwise), saved likewise.
+    file (`"fc0"` when never set), `class_names`, the names of its
+    classes when they are known (`None` otherwise), and `data_source`, the
+    data it was trained on (`{"dataset": …, "data_dir": …, "images": …}`,
+    recorded by `subic train`, which the other commands default to), saved
+    likewise.
     """
 
     default_query = QUERY_KINDS[0]
     # The names of the classes, when known (a folder's subfolders).
     class_names: list[str] | None = None
+    data_source: dict | None = None
 
     def get_config(self):
         config = super().get_config()
         config["default_query"] = self.default_query
         config["class_names"] = self.class_names
+        config["data_source"] = self.data_source
         return config
 
     @classmethod
@@ -91,6 +96,15 @@ class SubicTrainModel(ImageModel):
             "default_query", config.pop("default_query", QUERY_KINDS[0])
         )
         names = config.pop("class_names", None)
+        source = config.pop("data_source", None)
+        if source is not None and not (
+            isinstance(source, dict)
+            and all(
+                isinstance(k, str) and (v is None or isinstance(v, str))
+                for k, v in source.items()
+            )
+        ):
+            raise ValueError(f"data_source must map str to str, received {source!r}")
         if names is not None and not (
             isinstance(names, list) and all(isinstance(n, str) for n in names)
         ):
@@ -98,6 +112,7 @@ class SubicTrainModel(ImageModel):
         model = super().from_config(config, custom_objects=custom_objects)
         model.default_query = query
         model.class_names = names
+        model.data_source = source
         return model
 
     def _targets(self, y, y_pred):

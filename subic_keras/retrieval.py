@@ -152,7 +152,7 @@ def full_scores(
 
 def _scorer_and_database(subic, labels, protocol, seed, index, query, protocol_args):
     """`subic` with queries of kind `query`, and `index`'s codes in protocol
-    database order (the index's ids must be the database positions)."""
+    database order (the index's ids must include the database positions)."""
     scorer = subic if query is None else subic.with_query(query)
     if index is None:
         return scorer, None
@@ -160,12 +160,14 @@ def _scorer_and_database(subic, labels, protocol, seed, index, query, protocol_a
         protocol, np.asarray(labels), seed=seed, **protocol_args
     )
     ids = np.sort(index.get_ids())
-    if not np.array_equal(ids, database_idx):
+    held = np.isin(database_idx, ids)
+    if not held.all():
         raise ValueError(
             f"index must hold the protocol's database, ids = its positions in "
             f"images ({len(database_idx)} items), received an index of "
-            f"{len(ids)} items with other ids"
+            f"{len(ids)} items without {int((~held).sum())} of them"
         )
+    # An index of the whole split serves any protocol: its database's codes.
     return scorer, index.get_codes(database_idx)
 
 
@@ -184,7 +186,7 @@ def protocol_scores(
     `scoring.protocol_scores` with queries of kind `query` (`"fc0"`, the
     paper's `z`, `"class_posterior"`, or `None` for the model's
     `default_query`); `index`, if given, supplies the database codes (its
-    ids must be the database's positions in `images`).
+    ids must include the database's positions in `images`).
 
     Returns:
         `(scores, query_labels, database_labels, database_codes)`: scores

@@ -118,6 +118,7 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
     if config.mixed_precision:
         subic = float32_copy(subic)
     subic.train_model.class_names = data.class_names
+    subic.train_model.data_source = _data_source(config)
     best_path = os.path.join(config.output_dir, "best.keras")
     summary = {
         "config": dataclasses.asdict(config),
@@ -252,3 +253,18 @@ def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
         callbacks=[EpochTensorBoard(os.path.join(logs, "subic")), *callbacks],
         verbose=verbose,
     )
+
+
+def _data_source(config: TrainConfig) -> dict:
+    """What the model was trained on, for the commands that default to it."""
+
+    def absolute(path):
+        return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+    if config.images is not None:
+        return {"dataset": None, "data_dir": None, "images": absolute(config.images)}
+    return {
+        "dataset": config.dataset,
+        "data_dir": absolute(config.data_dir),
+        "images": None,
+    }

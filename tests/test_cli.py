@@ -251,6 +251,23 @@ def test_index_build_search_and_evaluate(digits_model, tmp_path, capsys):
     assert "-k must be >= 1, received 0" in capsys.readouterr().err
 
 
+def test_commands_default_to_the_models_own_data(digits_model, tmp_path, capsys):
+    from subic_keras.search import SubicIndex
+
+    # `subic train --dataset digits` recorded its data: no dataset flag needed.
+    index_path = str(tmp_path / "own.subic")
+    assert main(["index", "build", digits_model, "--output", index_path]) == 0
+    assert len(SubicIndex.load(index_path)) == 599  # the digits test split
+    capsys.readouterr()
+    assert main(["evaluate", digits_model]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    # 59 pictures in the smallest test class: random queries, a fifth of it.
+    assert line.startswith("digits test, protocol 'random' (queries per class 11")
+    with pytest.raises(SystemExit):
+        main(["evaluate", digits_model, "--protocol", "paper"])
+    assert "use --protocol random" in capsys.readouterr().err
+
+
 def test_milvus_collection_from_the_command_line(digits_model, tmp_path):
     """`--milvus` on index build, search and evaluate (in subprocesses: Milvus
     Lite's in-process server does not mix with pytest's output capture)."""
@@ -414,3 +431,19 @@ def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
     assert done.returncode == 0, done.stderr
     lines = _by_query(done.stdout)
     assert [len(line["ids"]) for line in lines] == [599, 599]
+
+
+def test_a_cifar10_model_defaults_to_its_data(shared_data_dir, tmp_path, capsys):
+    from subic_keras.search import SubicIndex
+
+    out = tmp_path / "run"
+    train = ["train", "--dataset", "cifar10", "--data-dir", str(shared_data_dir)]
+    budget = ["--pretrain-epochs", "0", "--epochs", "1", "--max-train-images", "600"]
+    assert main([*train, *budget, "--output-dir", str(out)]) == 0
+    model = str(out / "best.keras")
+    index_path = str(tmp_path / "cifar.subic")
+    assert main(["index", "build", model, "--output", index_path]) == 0
+    assert len(SubicIndex.load(index_path)) == 10_000
+    capsys.readouterr()
+    assert main(["evaluate", model]) == 0
+    assert capsys.readouterr().out.startswith("cifar10 test, protocol 'paper':")

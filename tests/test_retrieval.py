@@ -33,6 +33,14 @@ def test_retrieval_evaluate_with_an_index_equals_without(feature_subic, feature_
     )
     without = retrieval.evaluate(feature_subic, features, labels, "random", **args)
     assert with_index == without
+    # An index of every item serves the protocol's database from it.
+    whole = retrieval.build_index(feature_subic, features)
+    assert (
+        retrieval.evaluate(
+            feature_subic, features, labels, "random", index=whole, **args
+        )
+        == without
+    )
     with pytest.raises(ValueError, match="index must hold the protocol's database"):
         retrieval.evaluate(
             feature_subic,

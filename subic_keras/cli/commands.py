@@ -140,6 +140,44 @@ def _load_subic(path: str):
     return subic
 
 
+def _follow_model(args, subic) -> dict:
+    """The data options not given, from what the model was trained on.
+
+    `subic train` records its dataset and data directory, or its folder
+    (`SubicTrainModel.data_source`); with no data option given, a command
+    uses them (a model without the record: CIFAR-10's test split). Returns
+    the record (empty when options were given or none is recorded).
+    """
+    given = [
+        name
+        for name in ("dataset", "data_dir", "images", "folder")
+        if getattr(args, name, None) is not None
+    ]
+    source = (
+        {} if given else dict(getattr(subic.train_model, "data_source", None) or {})
+    )
+    if not source.get("images"):
+        args.dataset = args.dataset or source.get("dataset") or "cifar10"
+        if args.data_dir is None:
+            args.data_dir = source.get("data_dir")
+    args.split = args.split or "test"
+    return source
+
+
+def _dataset_protocol(args, source: str, smallest: int) -> str:
+    """`--protocol`, or the paper's where every class has more than its 100
+    queries, else random queries (a fifth of the smallest class per class)."""
+    if args.protocol is None:
+        return "paper" if smallest > 100 else "random"
+    if args.protocol == "paper" and smallest <= 100:
+        raise ValueError(
+            f"the paper protocol takes 100 queries per class, and {source} holds "
+            f"{smallest} pictures in its smallest class; use --protocol random "
+            "(with --queries-per-class N)"
+        )
+    return args.protocol
+
+
 def _split_images(args):
     train_part, test_part = load_images(args.dataset, args.data_dir)
     return train_part if args.split == "train" else test_part
@@ -161,9 +199,11 @@ def _milvus(args, num_blocks=None, block_size=None):
 def run_index_build(args) -> int:
     if args.folder is not None:
         return _index_folder(args)
-    args.dataset = args.dataset or "cifar10"
-    args.split = args.split or "test"
     subic = _load_subic(args.model)
+    source = _follow_model(args, subic)
+    if source.get("images"):
+        args.folder = source["images"]
+        return _index_folder(args, subic)
     images, labels = _split_images(args)
     ids = np.arange(len(images))
     if args.protocol is not None:
@@ -186,8 +226,8 @@ def run_index_build(args) -> int:
     return 0
 
 
-def _index_folder(args) -> int:
-    subic = _load_subic(args.model)
+def _index_folder(args, subic=None) -> int:
+    subic = subic or _load_subic(args.model)
     index, report = retrieval.index_folder(
         subic, args.folder, batch_size=args.batch_size, progress=True
     )
@@ -390,6 +430,8 @@ def run_serve(args) -> int:
 
 def run_evaluate(args) -> int:
     subic = _load_subic(args.model)
+    if args.images is None:
+        args.images = _follow_model(args, subic).get("images")
     if args.images is not None:
         height, width, channels = retrieval.input_shape(subic)
         # Streamed: the pictures are decoded a batch at a time, twice.
@@ -404,12 +446,13 @@ def run_evaluate(args) -> int:
         smallest = int(np.bincount(labels).min())
         per_class = args.queries_per_class or max(1, min(100, smallest // 5))
     else:
-        args.dataset = args.dataset or "cifar10"
-        args.split = args.split or "test"
         images, labels = _split_images(args)
         source = f"{args.dataset} {args.split}"
-        protocol = args.protocol or "paper"
-        per_class = args.queries_per_class or 100
+        smallest = int(np.bincount(labels).min())
+        protocol = _dataset_protocol(args, source, smallest)
+        per_class = args.queries_per_class or (
+            100 if smallest > 100 else max(1, smallest // 5)
+        )
     options = {}
     if protocol == "random":
         if args.num_queries is not None:
