@@ -39,10 +39,25 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def simd_flags() -> list[str]:
+    """The CPU's AVX2 / AVX-512 flags: which kernels it can run."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return sorted(
+                        f for f in line.split()[2:] if f.startswith(("avx2", "avx512"))
+                    )
+    except OSError:
+        pass
+    return []
+
+
 def machine() -> dict:
     """The machine a measurement ran on, and how busy it was."""
     return {
         "cpu": cpu_model(),
+        "simd_flags": simd_flags(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "load_average": list(os.getloadavg()),

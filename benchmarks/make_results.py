@@ -615,6 +615,108 @@ KNOWN = {
 }
 
 
+def _cpu(data: dict) -> str:
+    """The CPU a result was measured on, with its SIMD level where recorded."""
+    machine = data.get("machine", {})
+    cpu = machine.get("cpu", "unrecorded CPU")
+    flags = set(machine.get("simd_flags") or data.get("cpu_flags") or [])
+    if "avx512vbmi" in flags:
+        return f"{cpu}, AVX-512 VBMI"
+    if "avx512f" in flags:
+        return f"{cpu}, AVX-512"
+    if "avx2" in flags:
+        return f"{cpu}, AVX2, no AVX-512"
+    if machine.get("faiss_simd_level"):
+        return f"{cpu} (faiss {machine['faiss_simd_level']})"
+    return cpu
+
+
+def _summary_rows(results: dict) -> list[list]:
+    """One row per headline result: what, the figure, the CPU, the section."""
+    rows = []
+    if "cifar10_retrieval.json" in results:
+        data = results["cifar10_retrieval.json"]
+        entries = data["comparison"]["bits"]
+        ours = " / ".join(f"{e['subic']['map']:.3f}" for e in entries)
+        paper = " / ".join(f"{e['paper_subic']:.3f}" for e in entries)
+        bits = "/".join(str(e["bits"]) for e in entries)
+        rows.append(
+            [
+                f"CIFAR-10 retrieval (Table 2), strict mAP at {bits} bits",
+                f"{ours} (paper {paper})",
+                _cpu(data),
+            ]
+        )
+    if "train_recipe.json" in results:
+        data = results["train_recipe.json"]
+        rows.append(
+            [
+                f"`subic train` defaults, {data['bits']} bits, "
+                f"{len(data['runs'])} seeds",
+                f"mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f}, "
+                f"{data['max_train_wall_seconds'] / 60:.0f} min per training",
+                _cpu(data),
+            ]
+        )
+    if "search_speed.json" in results:
+        data = results["search_speed.json"]
+        ratios = "; ".join(
+            f"{t['target'].split(':')[0]}: {t['ratio']:.1f}x"
+            for t in data.get("targets", [])
+        )
+        rows.append(
+            ["exact search against faiss Hamming at equal bits", ratios, _cpu(data)]
+        )
+    if "serve_load.json" in results:
+        data = results["serve_load.json"]
+        goals = data["goals"]
+        rows.append(
+            [
+                f"`subic serve`, {data['items']:,} codes",
+                f"a query request {goals['query_p50_over_in_process_p50']}x "
+                f"in-process search; {goals['image_requests_per_second']} "
+                "picture requests/s",
+                _cpu(data),
+            ]
+        )
+    if "stream_training.json" in results:
+        data = results["stream_training.json"]
+        ratios = data["ratios"]
+        rows.append(
+            [
+                "training from 50,000 PNG files",
+                f"peak memory {ratios['rss_50000_over_5000']}x that of 5,000; "
+                f"{ratios['speed_folder_over_arrays']}x the speed of arrays",
+                _cpu(data),
+            ]
+        )
+    if "folder_training.json" in results:
+        data = results["folder_training.json"]
+        means = data["mean_test_map"]
+        rows.append(
+            [
+                "`--images` folder against `--dataset cifar10`, same budget",
+                f"strict mAP {means['folder']:.4f} against {means['arrays']:.4f} "
+                f"(seeds range up to {data['largest_seed_range']:.4f})",
+                _cpu(data),
+            ]
+        )
+    return rows
+
+
+def render_summary(results: dict) -> str:
+    """The README's compact results table; RESULTS.md has every table."""
+    lines = [
+        "Every figure is read from `benchmarks/results/*.json` by `python -m "
+        "benchmarks.make_results --readme README.md`; "
+        "[benchmarks/results/RESULTS.md](benchmarks/results/RESULTS.md) has "
+        "every table, the command that produced it and its settings.",
+        "",
+    ]
+    lines += table(["result", "figure", "CPU (2 cores)"], _summary_rows(results))
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def render(name: str, data) -> list[str]:
     title, renderer = KNOWN.get(name, (name[: -len(".json")], None))
     meta = data if isinstance(data, dict) else {}
@@ -631,32 +733,42 @@ def render(name: str, data) -> list[str]:
     return lines + render_generic(data)
 
 
-def make_results(results_dir: str) -> str:
-    """The Markdown of every JSON result in `results_dir`, known files first."""
+def _read_results(results_dir: str) -> tuple[dict, list[str]]:
+    """The JSON results of `results_dir` by file name (known files first),
+    and the lines to show for unreadable ones."""
     present = {
         os.path.basename(p): p
         for p in sorted(glob.glob(os.path.join(results_dir, "*.json")))
     }
     order = [n for n in KNOWN if n in present]
     order += [n for n in present if n not in KNOWN]
+    results, problems = {}, []
+    for name in order:
+        try:
+            with open(present[name]) as handle:
+                results[name] = json.load(handle)
+        except (OSError, json.JSONDecodeError) as error:
+            problems += [f"### {name}", "", f"(unreadable: {error})", ""]
+    return results, problems
+
+
+def make_results(results_dir: str) -> str:
+    """The Markdown of every JSON result in `results_dir`, known files first."""
+    results, problems = _read_results(results_dir)
     lines = [
         "## Results",
         "",
         "Generated by `python -m benchmarks.make_results` from "
         "`benchmarks/results/*.json`; every number below is read from those "
-        "files. Timings are on a small shared CPU machine and are indicative.",
+        "files. Timings are on 2-core machines, often shared, and are "
+        "indicative.",
         "",
     ]
-    if not order:
+    if not results and not problems:
         lines += ["No benchmark results found.", ""]
-    for name in order:
-        try:
-            with open(present[name]) as handle:
-                data = json.load(handle)
-        except (OSError, json.JSONDecodeError) as error:
-            lines += [f"### {name}", "", f"(unreadable: {error})", ""]
-            continue
+    for name, data in results.items():
         lines += render(name, data)
+    lines += problems
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -681,7 +793,7 @@ def main(argv=None) -> str:
             handle.write(text)
     print(f"wrote {output}")
     if args.readme:
-        update_readme(args.readme, text)
+        update_readme(args.readme, render_summary(_read_results(args.results_dir)[0]))
         print(f"updated {args.readme}")
     return text
 
@@ -700,7 +812,7 @@ def update_readme(path: str, text: str) -> None:
         raise SystemExit(
             f"{path} has no results markers: add {README_START!r} and {README_END!r}"
         )
-    body = text.replace("## Results", "", 1).strip()
+    body = text.strip()
     readme = readme[: start + len(README_START)] + "\n\n" + body + "\n\n" + readme[end:]
     with common.atomic_output(path, suffix=".md") as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:

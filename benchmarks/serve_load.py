@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import log, run_metadata, write_json
+from benchmarks.common import log, run_metadata, simd_flags, write_json
 
 M, K = 8, 64
 CONCURRENCY = (1, 4, 16)
@@ -223,20 +223,6 @@ def in_process_latency(index_path: str, queries: np.ndarray) -> dict:
 
 
 # --------------------------------------------------------------------------
-
-
-def simd_flags() -> list[str]:
-    """The CPU's AVX2 / AVX-512 flags: which scan kernels it can run."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return sorted(
-                        f for f in line.split()[2:] if f.startswith(("avx2", "avx512"))
-                    )
-    except OSError:
-        pass
-    return []
 
 
 def main(argv=None) -> dict:

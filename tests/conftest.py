@@ -29,6 +29,23 @@ def pretraining_cache(tmp_path_factory) -> Path:
         os.environ["SUBIC_CACHE_DIR"] = previous
 
 
+DATA_SKIP = (
+    "needs SUBIC_DATA_DIR: a folder holding cifar-10-batches-bin/, "
+    "fashion-mnist/ and mobilenet/ (README.md, section Tests)"
+)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Says how many tests were skipped for want of the data directory."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    wanting = [r for r in skipped if DATA_SKIP in str(getattr(r, "longrepr", ""))]
+    if wanting:
+        terminalreporter.write_line(
+            f"{len(wanting)} tests skipped: they need the data directory in "
+            "SUBIC_DATA_DIR (README.md, section Tests)"
+        )
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """The offline data directory: `$SUBIC_DATA_DIR`, or `shared/data` beside
@@ -36,7 +53,7 @@ def shared_data_dir() -> Path:
     default = Path(__file__).resolve().parents[2] / "shared" / "data"
     path = Path(os.environ.get("SUBIC_DATA_DIR", default))
     if not path.is_dir():
-        pytest.skip(f"shared data directory not found: {path}")
+        pytest.skip(f"{DATA_SKIP}; not found: {path}")
     return path
 
 

@@ -431,19 +431,3 @@ def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
     assert done.returncode == 0, done.stderr
     lines = _by_query(done.stdout)
     assert [len(line["ids"]) for line in lines] == [599, 599]
-
-
-def test_a_cifar10_model_defaults_to_its_data(shared_data_dir, tmp_path, capsys):
-    from subic_keras.search import SubicIndex
-
-    out = tmp_path / "run"
-    train = ["train", "--dataset", "cifar10", "--data-dir", str(shared_data_dir)]
-    budget = ["--pretrain-epochs", "0", "--epochs", "1", "--max-train-images", "600"]
-    assert main([*train, *budget, "--output-dir", str(out)]) == 0
-    model = str(out / "best.keras")
-    index_path = str(tmp_path / "cifar.subic")
-    assert main(["index", "build", model, "--output", index_path]) == 0
-    assert len(SubicIndex.load(index_path)) == 10_000
-    capsys.readouterr()
-    assert main(["evaluate", model]) == 0
-    assert capsys.readouterr().out.startswith("cifar10 test, protocol 'paper':")

@@ -1,37 +1,160 @@
-"""The README's Keras snippets run as written (on a small slice of CIFAR-10)."""
+"""Every fenced `bash` and `python` block of README.md runs as written.
 
+The blocks run in order in one working directory, where `data` is the
+offline data directory (`SUBIC_DATA_DIR`), `photos/` holds 300 CIFAR-10
+test pictures as PNG files in class folders and `query.jpg` / `query.png`
+are two of them. The substitutions, all for time:
+
+- `pip install …` is skipped: the tests run in the installed package;
+- `python -m pytest tests` only collects (`--collect-only -q`): the suite
+  cannot run inside itself;
+- `subic quickstart` runs 4 SuBiC epochs, and `subic train` 0 + 1 epochs
+  on at most 500 pictures (`--pretrain-epochs 0 --epochs 1
+  --max-train-images 500`);
+- `subic serve` runs on a free port until `/health` answers;
+- the Keras snippets see 300 CIFAR-10 training images (`load_cifar10` is
+  patched), the folder snippet a folder of 600 small pictures;
+- `best.keras` of the Milvus commands is the model of the CLI block.
+
+tutorials/README.md's commands are what `tests/test_tutorials.py` runs.
+"""
+
+from __future__ import annotations
+
+import json
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
+from served import ServeProcess, request
 
 import subic_keras as sk
+from subic_keras.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+BUDGETS = {
+    "quickstart": ["--epochs", "4"],
+    "train": ["--pretrain-epochs", "0", "--epochs", "1", "--max-train-images", "500"],
+}
 
 
-def _keras_snippets() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## Using it from Keras") : text.index("## Command line")]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def blocks(path: Path = README) -> list[tuple[str, str]]:
+    """`(language, code)` of every fenced block, in order."""
+    return re.findall(r"```(\w*)\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.slow
-def test_keras_snippets_run_as_written(shared_data_dir, tmp_path, monkeypatch):
+def commands(code: str) -> list[list[str]]:
+    """A bash block's commands: continuation lines joined, comments and
+    `&&` chains split."""
+    text = code.replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        for part in line.split("&&"):
+            words = shlex.split(part, comments=True)
+            if words:
+                found.append(words)
+    return found
+
+
+def run_bash(code: str, workdir: Path) -> list[list[str]]:
+    """Runs a README bash block with the module docstring's substitutions;
+    returns the commands it ran."""
+    ran = []
+    for words in commands(code):
+        if words[:2] == ["pip", "install"]:
+            continue
+        if words[:3] == ["python", "-m", "pytest"]:
+            import subprocess
+            import sys
+
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", *words[3:], "--collect-only", "-q"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert done.returncode == 0, done.stdout[-2000:]
+            ran.append(words)
+            continue
+        assert words[0] == "subic", f"an unexpected command in README.md: {words}"
+        argv = words[1:] + BUDGETS.get(words[1], [])
+        if words[1] == "serve":
+            with ServeProcess(*argv[1:3], *argv[3:]) as served:
+                assert request(served.port, "GET", "/health")[0] == 200
+        else:
+            assert main(argv) == 0, words
+        ran.append(words)
+    return ran
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, shared_data_dir):
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("readme")
+    (root / "data").symlink_to(shared_data_dir)
+    (_, _), (x_test, y_test) = sk.datasets.load_cifar10(shared_data_dir)
+    names = ["plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship"]
+    keep = y_test[:400] < len(names)
+    sk.images.write_image_folder(
+        x_test[:400][keep][:300], y_test[:400][keep][:300], root / "photos", names
+    )
+    Image.fromarray(x_test[500]).save(root / "query.jpg")
+    Image.fromarray(x_test[501]).save(root / "query.png")
+    return root
+
+
+@pytest.fixture
+def small_cifar10(shared_data_dir, monkeypatch):
     full = sk.datasets.load_cifar10
 
-    def small_cifar10(data_dir, **kwargs):
-        assert data_dir == "data"  # the snippet names the user's directory
+    def small(data_dir, **kwargs):
+        assert data_dir == "data"  # the snippets name the user's directory
         (x, y), test = full(shared_data_dir, max_per_split=1100)
         return (x[:300], y[:300]), test
 
-    monkeypatch.setattr(sk.datasets, "load_cifar10", small_cifar10)
+    monkeypatch.setattr(sk.datasets, "load_cifar10", small)
+
+
+def test_every_block_is_run_by_a_test():
+    languages = [language for language, _ in blocks()]
+    # setup, CLI, own pictures, Milvus CLI; Keras x2, folder, Milvus.
+    assert languages.count("bash") == 4 and languages.count("python") == 4
+    assert set(languages) == {"bash", "python"}
+
+
+@pytest.mark.slow
+def test_command_blocks_run_as_written(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    bash = [code for language, code in blocks() if language == "bash"]
+    ran = run_bash(bash[0], workdir)
+    assert ran == [["subic", "quickstart"], ["python", "-m", "pytest", "tests"]]
+    run_bash(bash[1], workdir)  # train, index build, evaluate, export
+    assert (workdir / "runs/cifar48/best.keras").is_file()
+    # The model's own data: CIFAR-10's test split, the paper's protocol.
+    assert len(sk.SubicIndex.load(workdir / "db.subic")) == 10_000
+    result = json.loads((workdir / "eval.json").read_text())
+    assert result["protocol"] == "paper" and result["dataset"] == "cifar10"
+    assert (workdir / "serving").is_dir()
+    run_bash(bash[2], workdir)  # own pictures: train, index build, search, serve
+    assert (workdir / "photos.subic").is_file()
+    if pytest.importorskip("pymilvus", reason="the [milvus] extra"):
+        (workdir / "best.keras").symlink_to(workdir / "runs/cifar48/best.keras")
+        run_bash(bash[3], workdir)  # Milvus: index build, search, evaluate
+
+
+@pytest.mark.slow
+def test_keras_snippets_run_as_written(tmp_path, small_cifar10, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    snippets = _keras_snippets()
-    assert len(snippets) == 2
+    keras_fit, own_fit = [code for language, code in blocks() if language == "python"][
+        :2
+    ]
     namespace: dict = {}
-    exec(snippets[0], namespace)
+    exec(keras_fit, namespace)
     summary, subic = namespace["summary"], namespace["subic"]
     assert summary["pretrain"]["epochs"] == 50 and summary["recipe"]["epochs"] == 5
     assert namespace["codes"].shape == (100, 8)
@@ -39,44 +162,23 @@ def test_keras_snippets_run_as_written(shared_data_dir, tmp_path, monkeypatch):
     assert (tmp_path / "subic48.keras").is_file()
     assert list((tmp_path / "subic_cache").glob("pretrain-*.weights.h5"))
     assert subic.default_query == summary["query"]
-    # The codes are not collapsed onto one code.
-    assert len(np.unique(namespace["codes"], axis=0)) > 1
+    assert len(np.unique(namespace["codes"], axis=0)) > 1  # not collapsed
 
-    exec(snippets[1], namespace)
+    exec(own_fit, namespace)
     history = namespace["subic"].train_model.history.history
     assert len(history["val_map_fc0"]) == 5
 
-
-def test_milvus_snippet_runs_as_written(tmp_path, monkeypatch):
+    milvus = [code for language, code in blocks() if language == "python"][3]
     pytest.importorskip("pymilvus", reason="the [milvus] extra")
-    import keras
-
-    text = README.read_text()
-    section = text[
-        text.index("## Beyond one machine: Milvus") : text.index("## Deploying")
-    ]
-    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    backbone = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten()])
-    images = np.random.default_rng(0).integers(0, 256, (50, 8, 8, 3), dtype=np.uint8)
-    namespace = {
-        "subic": sk.build_subic(backbone, 8, 64, num_classes=3, input_shape=(8, 8, 3)),
-        "images": images,
-        "image_ids": np.arange(50) * 3,
-        "query_images": images[:4],
-    }
-    monkeypatch.chdir(tmp_path)
-    exec(snippet, namespace)
-    assert namespace["ids"].shape == (4, 50)
-    assert set(namespace["ids"][0]) <= set(range(0, 150, 3)) | {-1}
+    exec(milvus, namespace)
+    assert namespace["ids"].shape == (10, 100)  # 100 codes in the small test split
+    assert set(namespace["ids"].ravel()) <= set(range(1000, 1100)) | {-1}
     namespace["index"].close()
 
 
 def test_folder_snippet_runs_as_written(tmp_path, monkeypatch):
-    text = README.read_text()
-    section = text[
-        text.index("## Train on your own pictures") : text.index("## Inputs and errors")
-    ]
-    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    snippet = [code for language, code in blocks() if language == "python"][2]
+    assert "image_folder" in snippet
     rng = np.random.default_rng(0)
     labels = np.arange(600) % 3
     pictures = rng.integers(0, 256, (600, 40, 30, 3), dtype=np.uint8)

@@ -14,8 +14,13 @@ A collection records `M`, `K` and this format's version in its properties
 opened, with the next default id and insertion counter. Differences from
 `SubicIndex`, by Milvus's design:
 
-- Items whose code meets no non-zero entry of the query (score exactly 0
-  when the query has no negative entries) are not returned; a row holding
+- Milvus takes non-negative weights only: a block of the query with
+  negative entries (the class-posterior query has them) is raised by a
+  constant so that its least entry is 0, which raises every item's score
+  alike, and the scores returned have it taken off again, so every query
+  ranks as with `SubicIndex`.
+- Items whose code meets no non-zero entry of the (raised) query are not
+  returned; a row holding
   fewer results than `min(k, len(index))` is padded with id -1 and score
   -inf, the missing-result convention of `subic_keras.search.base`.
 - `k` is at most 16,384 (Milvus's `topk` limit).
@@ -433,8 +438,20 @@ class MilvusIndex(Searcher):
         ids = np.full((len(queries), width), -1, dtype=np.int64)
         if not width or not len(queries):
             return scores, ids
+        # Milvus takes non-negative sparse weights only. Every code holds one
+        # entry per block, so raising a block's entries by a constant raises
+        # every item's score by it: each block with negative entries is
+        # shifted so that its least entry is 0, the ranking is unchanged, and
+        # the shifts are taken off the scores again (float64 shifts, so a
+        # class-posterior query is served exactly as SubicIndex serves it).
+        blocks = np.asarray(queries, np.float64).reshape(
+            len(queries), self._num_blocks, self._block_size
+        )
+        shifts = np.minimum(blocks.min(axis=2, keepdims=True), 0.0)
+        shifted = (blocks - shifts).reshape(len(queries), -1)
+        offsets = shifts.sum(axis=(1, 2))
         sparse = [
-            {int(j): float(row[j]) for j in np.flatnonzero(row)} for row in queries
+            {int(j): float(row[j]) for j in np.flatnonzero(row)} for row in shifted
         ]
         asked = [i for i, entries in enumerate(sparse) if entries]
         for start in range(0, len(asked), 256):
@@ -451,7 +468,9 @@ class MilvusIndex(Searcher):
                 ranked = sorted(
                     hits, key=lambda h: (-h["distance"], h["entity"]["seq"])
                 )
-                scores[row, : len(ranked)] = [h["distance"] for h in ranked]
+                scores[row, : len(ranked)] = [
+                    h["distance"] + offsets[row] for h in ranked
+                ]
                 ids[row, : len(ranked)] = [h["id"] for h in ranked]
         return scores, ids
 
