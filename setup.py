@@ -53,6 +53,7 @@ setup(
             "ai-edge-litert>=1.0",
             "pymilvus>=2.5",
             "milvus-lite>=2.4",
+            "nbconvert>=7",  # tutorials/README.md's command, run by the tests
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6",

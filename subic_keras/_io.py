@@ -99,9 +99,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
         suffix: a suffix for the temporary name; some writers (Keras's
             `model.save`) choose the format from the extension.
     """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, "a directory, not a file", path)
+    path = output_target(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temporaries(path)
@@ -219,17 +217,45 @@ def load_keras_file(path: str | os.PathLike, compile: bool = True):
         ) from error
 
 
+def output_target(path: str | os.PathLike) -> str:
+    """The file a save to `path` replaces: `path`, or the file a symbolic
+    link there leads to (the link is kept and its target replaced).
+
+    Only a regular file is ever replaced; anything else at the path is
+    refused before a byte is written.
+
+    Raises:
+        IsADirectoryError: a directory is there.
+        ValueError: a device, FIFO or socket is there, or a link loop.
+    """
+    path = os.fspath(path)
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ValueError(f"a loop of symbolic links ({path})") from None
+        path = os.path.realpath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "a directory, not an output file", path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(
+            f"not a regular file (a device, FIFO or socket), refused as an output "
+            f"({path})"
+        )
+    return path
+
+
 def check_output_path(path: str | os.PathLike) -> str:
     """`path` if a file can be written there: its folder exists and it is
     not a directory (checked before any long work that would end in a save).
 
     Raises:
         IsADirectoryError: `path` is a directory.
+        ValueError: `path` is a device, FIFO or socket (`output_target`).
         FileNotFoundError: the folder that would hold it does not exist.
     """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, "a directory, not an output file", path)
+    path = output_target(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(

@@ -23,6 +23,8 @@ from subic_keras import images, streams
 from subic_keras._validation import check_int
 from subic_keras.protocols import train_validation_split
 
+_DECODE_BATCH = 64  # pictures per decoding call
+
 
 @dataclasses.dataclass
 class LabelledFolder:
@@ -194,18 +196,25 @@ def _stream(root, kept, summary, shape, shuffle: bool, seed: int, skipped):
     if shuffle:
         dataset = dataset.shuffle(len(kept), seed=seed, reshuffle_each_iteration=True)
 
-    def load(position, label):
-        pixels = tf.numpy_function(decoder, [position], tf.uint8, stateful=False)
-        return tf.ensure_shape(pixels, shape), label
+    def load(positions, labels):
+        pixels = tf.numpy_function(decoder, [positions], tf.uint8, stateful=False)
+        return tf.ensure_shape(pixels, (None, *shape)), labels
 
-    # A map keeps the stream's length known, so Keras counts its steps.
-    dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Decoded a batch per call (one Python call per _DECODE_BATCH pictures),
+    # then single pictures again; every picture is decoded, or replaced, so
+    # the stream keeps its length, which Keras needs to count its steps.
+    dataset = (
+        dataset.batch(_DECODE_BATCH)
+        .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .unbatch()
+        .apply(tf.data.experimental.assert_cardinality(len(kept)))
+    )
     streams.remember(dataset, summary)
     return dataset
 
 
 class _Decoder:
-    """Decodes a split's picture by position; a file that broke after the
+    """Decodes a split's pictures by position; a file that broke after the
     check is replaced by the next readable picture of its class (reported
     in `skipped` and by a warning), so an epoch never dies halfway."""
 
@@ -215,8 +224,17 @@ class _Decoder:
         self.labels = np.asarray(labels)
         self.broken: set[int] = set()
 
-    def __call__(self, position) -> np.ndarray:
-        position = int(position)
+    def __call__(self, positions) -> np.ndarray:
+        return np.stack([self.picture(int(p)) for p in positions]).reshape(
+            -1, *self.shape
+        )
+
+    def picture(self, position: int) -> np.ndarray:
+        if position not in self.broken:
+            try:
+                return images.read_image(self.files[position], self.shape)
+            except (images.ImageDecodeError, OSError) as error:
+                self._broke(position, error)
         same_class = np.flatnonzero(self.labels == self.labels[position])
         start = int(np.searchsorted(same_class, position))
         for candidate in np.roll(same_class, -start):

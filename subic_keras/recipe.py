@@ -470,7 +470,8 @@ def pretrain_backbone(
         input_shape: the input shape, if the backbone does not define one.
         cache_dir: where cached weights and resumable snapshots live.
         callbacks: more Keras callbacks for this stage's `fit`.
-        verbose: `fit`'s verbosity.
+        verbose: `fit`'s verbosity; the default 0 prints nothing, `"auto"`
+            shows Keras's progress bar as `model.fit` does.
 
     Returns:
         A JSON-ready record: `key`, `best_epoch` (1-based),
@@ -697,7 +698,8 @@ def train_subic(
         cache_dir: cache of the pre-training (`pretrain_backbone`).
         pretrain_callbacks, callbacks: more Keras callbacks for the two
             stages' `fit`.
-        verbose: `fit`'s verbosity.
+        verbose: `fit`'s verbosity; the default 0 prints nothing, `"auto"`
+            shows Keras's progress bar as `model.fit` does.
 
     Returns:
         `(subic, summary)`: the trained `Subic` (best validation epoch,

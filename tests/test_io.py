@@ -148,3 +148,36 @@ def test_saves_killed_at_random_points_leave_a_complete_file(tmp_path):
         (open(os.path.join(tmp, "part0"), "w")).close()
     assert sorted(os.listdir(tmp_path)) == ["db.subic", "export"]
     assert litter > 0  # the kills did interrupt saves
+
+
+def test_outputs_are_regular_files_only(tmp_path):
+    from subic_keras._io import check_output_path
+
+    # A symbolic link is followed: the link stays, its target is replaced.
+    target = tmp_path / "real.subic"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.subic"
+    link.symlink_to(target)
+    with atomic_path(link) as tmp:
+        with open(tmp, "wb") as handle:
+            handle.write(b"new")
+    assert link.is_symlink() and target.read_bytes() == b"new"
+    # Devices, FIFOs and link loops are refused before anything is written.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for path, message in (
+        (fifo, "not a regular file"),
+        ("/dev/null", "not a regular file"),
+        (loop, "a loop of symbolic links"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            check_output_path(path)
+        with pytest.raises(ValueError, match=message):
+            with atomic_path(path):
+                pass
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    with pytest.raises(IsADirectoryError):
+        check_output_path(tmp_path)

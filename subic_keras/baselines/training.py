@@ -56,7 +56,8 @@ def train_hashing(
             `Recipe()`, the validated defaults.
         seed: seed of the data order and augmentation.
         callbacks: more Keras callbacks for `fit`.
-        verbose: `fit`'s verbosity.
+        verbose: `fit`'s verbosity; the default 0 prints nothing, `"auto"`
+            shows Keras's progress bar as `model.fit` does.
 
     Returns:
         A JSON-ready summary: `best_epoch` (1-based; `None` if no epoch had

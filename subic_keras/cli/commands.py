@@ -18,6 +18,7 @@ import numpy as np
 from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, check_file
+from subic_keras.cli.console import debug_requested, quiet_imports
 from subic_keras.cli.parser import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
@@ -75,6 +76,8 @@ def _announce(config) -> None:
         f"{config.gamma:g} and mu = {config.mu:g} ramped in from 0 over the first "
         f"{recipe.warmup_epochs:.3g} epochs (--warmup-epochs); the best epoch is kept."
     )
+    created = "" if os.path.isdir(config.output_dir) else " (a new folder)"
+    print(f"Writing the model and its logs to {config.output_dir}{created}.")
 
 
 def _training_source(config) -> str:
@@ -311,7 +314,20 @@ def _read_npy(path: str, shape) -> np.ndarray:
             f"query images must have shape (n, {', '.join(map(str, shape))}), "
             f"received {array.shape} ({path})"
         )
-    return array.astype(np.float32) if array.dtype.kind == "f" else array
+    if array.dtype.kind == "f":
+        finite = np.isfinite(array)
+        if not finite.all() or (array.size and (array.min() < 0 or array.max() > 1)):
+            low, high = (
+                (array[finite].min(), array[finite].max()) if finite.any() else (0, 0)
+            )
+            raise ValueError(
+                "float query images must hold pixels in [0, 1] (or save uint8 "
+                f"pixels in [0, 255]), received values in [{low:g}, {high:g}]"
+                + ("" if finite.all() else " and NaN or infinity")
+                + f" ({path})"
+            )
+        return array.astype(np.float32)
+    return array
 
 
 def _read_image(path: str, shape) -> np.ndarray:
@@ -532,7 +548,12 @@ def run_export(args) -> int:
                 args.representative_data, args.data_dir, limit=count
             )
             images = images[:count]
-        export_litert(subic, litert_path, quantization, representative_images=images)
+        # The converter prints its settings natively on stderr; the user
+        # asked for a file, not for them (`--verbose` shows them).
+        with quiet_imports(not debug_requested(args.verbose)):
+            export_litert(
+                subic, litert_path, quantization, representative_images=images
+            )
         size = os.path.getsize(litert_path)
         print(f"LiteRT encoder ({quantization}): {litert_path} ({size} bytes)")
     return 0

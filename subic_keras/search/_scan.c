@@ -31,6 +31,7 @@
 #include <Python.h>
 
 #include <math.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -448,6 +449,27 @@ static int run(const Database *db, const float *z, int64_t nq, int simd,
 
 /* Python binding ----------------------------------------------------------- */
 
+/* `*out = a * b` for a, b >= 0; 0 if the product overflows a long long. */
+static int product(long long a, long long b, long long *out) {
+    if (a < 0 || b < 0 || (a > 0 && b > LLONG_MAX / a)) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* The byte sizes the buffers must have, each checked against overflow, so
+   that no size wraps around and passes the checks below. */
+static int expected_sizes(long long n, long long tile, long long columns, int bits,
+                          long long nq, int num_blocks, int block_size, long long k,
+                          long long *tiles, long long *queries, long long *outputs) {
+    long long count, row;
+    if (n > LLONG_MAX - tile) return 0;
+    return product((n + tile - 1) / tile, tile, &count) &&
+           product(count, columns, &count) && product(count, bits == 16 ? 2 : 1, tiles) &&
+           product(nq, num_blocks, &row) && product(row, block_size, &row) &&
+           product(row, (long long)sizeof(float), queries) && product(nq, k, &row) &&
+           product(row, 8, outputs);
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer tiles, queries, scores, positions;
     Database db;
@@ -474,15 +496,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         problem = "bits and table size do not match";
     else if ((bits == 4 && columns != (groups + 1) / 2) || (bits != 4 && columns != groups))
         problem = "columns and groups do not match";
-    else if (tiles.len != ((n + tile - 1) / tile) * tile * columns * (bits == 16 ? 2 : 1))
-        problem = "tiles buffer has the wrong size";
-    else if (queries.len != nq * num_blocks * block_size * (long long)sizeof(float))
+    long long tiles_size = 0, queries_size = 0, outputs_size = 0;
+    if (!problem && !expected_sizes(n, tile, columns, bits, nq, num_blocks, block_size, k,
+                                    &tiles_size, &queries_size, &outputs_size))
+        problem = "sizes overflow";
+    if (!problem && tiles.len != tiles_size) problem = "tiles buffer has the wrong size";
+    if (!problem && queries.len != queries_size)
         problem = "queries buffer has the wrong size";
-    else if (scores.len != nq * k * (long long)sizeof(double) ||
-             positions.len != nq * k * (long long)sizeof(int64_t))
+    if (!problem && (scores.len != outputs_size || positions.len != outputs_size))
         problem = "output buffers have the wrong size";
     int status = 0;
-    if (!problem) {
+    if (!problem && nq > 0) {
         db.tiles = tiles.buf;
         db.n = n;
         db.tile = tile;

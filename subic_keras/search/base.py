@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -135,22 +136,56 @@ class SearchBackend(Searcher):
 
         Columns follow the ids in increasing order; the scores are those of
         `search` with `k = len(self)`, so they are exactly the backend's.
+        The ids and the scores come from one state of the index: a backend
+        with a lock holds it throughout (`_snapshot`); on one without, an add
+        or remove that lands in between is detected and raised, never
+        returned as other items' scores.
+
+        Raises:
+            RuntimeError: the index changed while it was scored (a backend
+                without a lock only).
         """
-        ids = np.sort(self.get_ids())
-        scores = np.empty((len(queries), len(ids)), np.float32)
-        if not len(ids):
-            return scores, ids
-        for start in range(0, len(queries), chunk):
-            part, found = self.search(queries[start : start + chunk], k=len(ids))
-            columns = np.searchsorted(ids, found)
-            np.put_along_axis(scores[start : start + len(part)], columns, part, axis=1)
+        with self._snapshot():
+            ids = np.sort(self._snapshot_ids())
+            scores = np.empty((len(queries), len(ids)), np.float32)
+            if not len(ids):
+                return scores, ids
+            for start in range(0, len(queries), chunk):
+                part, found = self._snapshot_search(
+                    queries[start : start + chunk], len(ids)
+                )
+                columns = np.minimum(np.searchsorted(ids, found), len(ids) - 1)
+                if part.shape[1] != len(ids) or not np.array_equal(ids[columns], found):
+                    raise RuntimeError(
+                        "the index changed while it was scored (an add or remove "
+                        "ran at the same time); score it again"
+                    )
+                rows = scores[start : start + len(part)]
+                np.put_along_axis(rows, columns, part, axis=1)
         return scores, ids
+
+    def _snapshot(self) -> contextlib.AbstractContextManager:
+        """Holds the index still for `score_all`; none by default."""
+        return contextlib.nullcontext()
+
+    def _snapshot_ids(self) -> np.ndarray:
+        """The ids, inside `_snapshot`."""
+        return self.get_ids()
+
+    def _snapshot_search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`search`, inside `_snapshot`."""
+        return self.search(queries, k)
 
 
 class ReadWriteLock:
     """Many concurrent readers or one writer; waiting writers go first."""
 
+    _ranks = itertools.count()
+
     def __init__(self):
+        # A total order over every lock, in which code that takes several
+        # (`ShardedSubicIndex`) takes them, so that no two can deadlock.
+        self.rank = next(ReadWriteLock._ranks)
         self._cond = threading.Condition()
         self._readers = 0
         self._writing = False
@@ -275,6 +310,16 @@ def check_queries(name: str, queries, num_blocks: int, block_size: int) -> np.nd
             f"{name} must have width num_blocks * block_size = {num_blocks} * "
             f"{block_size} = {width}, received shape {queries.shape}"
         )
+    if queries.dtype.kind == "f" and queries.dtype.itemsize > 4:
+        # Finite, but beyond float32 (the precision every scan sums in):
+        # say so, rather than calling them infinite after the cast.
+        check_finite(name, queries)
+        largest = float(np.abs(queries).max()) if queries.size else 0.0
+        if largest > np.finfo(np.float32).max:
+            raise ValueError(
+                f"{name} must lie within float32's range (|x| <= 3.4e38), "
+                f"received a value of magnitude {largest:.3g}"
+            )
     with np.errstate(over="ignore"):  # overflow to inf is reported just below
         queries = np.ascontiguousarray(queries, dtype=np.float32)
     check_finite(name, queries)

@@ -114,10 +114,12 @@ class ShardedSubicIndex(Searcher):
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
-        # A writer holds one shard's lock only, so taking every read lock in
-        # order cannot deadlock with it.
+        # Every view takes its shards' read locks in one global order (the
+        # locks' creation order), whatever the order of its shards: waiting
+        # writers go first, so two views taking [a, b] and [b, a] could each
+        # hold one lock and wait for the other's.
         with contextlib.ExitStack() as stack:
-            for shard in self._shards:
+            for shard in sorted(self._shards, key=lambda s: s._lock.rank):
                 stack.enter_context(shard._lock.read())
             yield
 
@@ -173,9 +175,10 @@ def merge_results(
         k: results to keep per query, >= 1.
 
     Returns:
-        `(scores, ids)`: float32 and int64 `(nq, min(k, w))`, where `w` is
-        the total width of the lists, padded with score -inf and id -1 where
-        they hold fewer items.
+        `(scores, ids)`: float32 (float64 if any input is) and int64
+        `(nq, min(k, w))`, where `w` is the total width of the lists, padded
+        with score -inf and id -1 where they hold fewer items. A slot is
+        missing by its id (-1), never by its score.
 
     Raises:
         ValueError: for an empty list, mismatched shapes or NaN scores.
@@ -203,12 +206,18 @@ def merge_results(
             raise ValueError(f"results[{i}] ids must be integers, received {ids.dtype}")
         if np.isnan(scores).any():
             raise ValueError(f"results[{i}] scores must not be NaN")
-        all_scores.append(np.where(ids >= 0, scores, -np.inf).astype(np.float64))
+        all_scores.append(scores.astype(np.float64))
         all_ids.append(ids.astype(np.int64))
     scores = np.concatenate(all_scores, axis=1)
     ids = np.concatenate(all_ids, axis=1)
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    out_scores = np.take_along_axis(scores, order, axis=1).astype(np.float32)
+    # A missing slot is told by its id, never by its score: a real item may
+    # score -inf (a query beyond float32's range), and it still ranks before
+    # every missing slot.
+    missing = ids < 0
+    key = np.where(missing, np.inf, -scores)
+    order = np.lexsort((key, missing), axis=1)[:, :k]
+    dtype = np.result_type(*[np.asarray(pair[0]).dtype for pair in results], np.float32)
+    out_scores = np.take_along_axis(scores, order, axis=1).astype(dtype)
     out_ids = np.take_along_axis(ids, order, axis=1)
-    out_ids[~np.isfinite(out_scores)] = -1
+    out_scores[out_ids < 0] = -np.inf
     return out_scores, out_ids

@@ -344,6 +344,17 @@ class SubicIndex(SearchBackend):
             self._engine, self._ids[: self._size], queries, k, self._search_chunk
         )
 
+    # `score_all` reads the ids and searches under one read lock.
+    def _snapshot(self):
+        return self._lock.read()
+
+    def _snapshot_ids(self) -> np.ndarray:
+        return self._ids[: self._size].copy()
+
+    def _snapshot_search(self, queries, k: int):
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        return self._search(queries, k)
+
     def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Symmetric search: ranks stored codes by the number of equal blocks.
 

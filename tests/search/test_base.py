@@ -38,8 +38,10 @@ def test_check_queries_and_ids():
     assert queries.dtype == np.float32 and queries.flags.c_contiguous
     with pytest.raises(ValueError, match="2 \\* 4 = 8, received shape \\(2, 7\\)"):
         base.check_queries("queries", np.ones((2, 7)), 2, 4)
+    with pytest.raises(ValueError, match="within float32's range"):
+        base.check_queries("queries", np.full((1, 8), 1e39), 2, 4)  # finite, huge
     with pytest.raises(ValueError, match="NaN or infinite"):
-        base.check_queries("queries", np.full((1, 8), 1e39), 2, 4)  # float32 inf
+        base.check_queries("queries", np.full((1, 8), np.inf), 2, 4)
     assert base.check_ids("ids", 7).tolist() == [7]
     with pytest.raises(ValueError, match="ids"):
         base.check_ids("ids", [-1])

@@ -168,3 +168,29 @@ def test_rejects_inconsistent_buffers():
     tiles = np.zeros(native.TILE * 4 - 1, np.uint8)
     with pytest.raises(ValueError, match="tiles buffer has the wrong size"):
         native.search(layout, tiles, 10, np.zeros((1, 1024), np.float32), 5, 1)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "n, nq, k",
+    [
+        (2**62, 1, 1),  # tiles: n·columns wraps to 0 bytes
+        (2**63 - 1, 1, 1),  # n + tile overflows
+        (0, 2**61, 1),  # queries: nq·M·K·4 wraps
+        (0, 1, 2**61),  # outputs: nq·k·8 wraps
+        (0, 0, 2**62),  # no query: nothing to scan, whatever k
+    ],
+)
+def test_the_binding_checks_its_sizes_against_overflow(n, nq, k):
+    layout = native.Layout.for_block_size(4, 256)
+    empty = np.zeros(0, np.uint8)
+    arguments = (
+        empty, n, native.TILE, layout.columns, layout.bits, layout.table,
+        layout.groups, layout.num_blocks, layout.block_size, layout.per_group, k,
+        np.zeros(0, np.float32), nq, np.zeros(0), np.zeros(0, np.int64), True,
+    )  # fmt: skip
+    if nq == 0 and n == 0:
+        assert native._scan.scan(*arguments) is None
+        return
+    with pytest.raises(ValueError, match="sizes overflow"):
+        native._scan.scan(*arguments)

@@ -103,7 +103,9 @@ def test_merge_results():
     scores, ids = merge_results([first, second], 3)
     np.testing.assert_array_equal(ids, [[10, 20, 21]])  # tie: list order
     np.testing.assert_array_equal(scores, [[5.0, 5.0, 3.0]])
-    assert scores.dtype == np.float32 and ids.dtype == np.int64
+    # float64 scores stay float64 (float32 ones, as SubicIndex gives, stay
+    # float32): the merge loses no precision.
+    assert scores.dtype == np.float64 and ids.dtype == np.int64
     scores, ids = merge_results([first, second], 6)  # 5 slots, 4 items
     np.testing.assert_array_equal(ids, [[10, 20, 21, 11, -1]])
     assert scores[0, 4] == -np.inf

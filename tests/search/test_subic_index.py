@@ -144,7 +144,7 @@ def test_storage_sizes():
         (np.zeros((2, 64)), 2.5, TypeError, "k must be an integer"),
         (np.full((2, 64), np.nan), 3, ValueError, "finite"),
         (np.full((2, 64), -np.inf), 3, ValueError, "finite"),
-        (np.full((2, 64), 1e39), 3, ValueError, "finite"),  # float32 overflow
+        (np.full((2, 64), 1e39), 3, ValueError, "float32's range"),  # too large
         (np.zeros((2, 63)), 3, ValueError, "width"),
         (np.zeros(64), 3, ValueError, "2-D"),
         (np.zeros((2, 64), dtype=complex), 3, ValueError, "real numbers"),
