@@ -26,7 +26,7 @@ def _run_for(seconds, *loops):
         try:
             while not stop.is_set():
                 loop()
-        except Exception as error:  # noqa: BLE001 (reported by the test)
+        except Exception as error:  # reported by the test
             errors.append(error)
 
     threads = [threading.Thread(target=forever, args=(loop,)) for loop in loops]
