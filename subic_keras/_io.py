@@ -163,10 +163,24 @@ def check_file(path: str | os.PathLike, kind: str) -> str:
     """`path` if it names a file; otherwise the `OSError` that says which
     `kind` of file was expected (`"model file not found (m.keras)"`)."""
     path = os.fspath(path)
+    try:
+        os.stat(path)
+    except OSError as error:
+        # Name the real cause: a loop of links, a folder without permission
+        # to enter, a file where a folder belongs on the way.
+        causes = {
+            errno.ELOOP: (OSError, "a loop of symbolic links"),
+            errno.EACCES: (PermissionError, "permission denied"),
+            errno.ENOTDIR: (NotADirectoryError, "a file where a folder belongs"),
+        }
+        kind_of_error, what = causes.get(error.errno, (FileNotFoundError, ""))
+        if not what:
+            raise FileNotFoundError(errno.ENOENT, f"{kind} not found", path) from None
+        raise kind_of_error(error.errno, f"{kind}: {what}", path) from None
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, f"a directory, not a {kind}", path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, f"{kind} not found", path)
+    if not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, f"{kind}: permission denied", path)
     if not os.path.isfile(path):
         # A FIFO or a device would block or never end when read.
         raise OSError(errno.EINVAL, f"{kind}: not a regular file", path)

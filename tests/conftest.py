@@ -36,7 +36,22 @@ DATA_SKIP = (
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Says how many tests were skipped for want of the data directory."""
+    """Says how many tests were skipped for want of the data directory, and
+    how the fuzz cases (tests/test_fuzz.py) ended, by expected outcome."""
+    outcomes: dict[tuple[str, str], int] = {}
+    for status in ("passed", "failed"):
+        for report in terminalreporter.stats.get(status, []):
+            kind = dict(getattr(report, "user_properties", ())).get("fuzz_outcome")
+            if kind and report.when == "call":
+                outcomes[(kind, status)] = outcomes.get((kind, status), 0) + 1
+    if outcomes:
+        counts = ", ".join(
+            f"{count} {kind} ({status})"
+            for (kind, status), count in sorted(outcomes.items())
+        )
+        terminalreporter.write_line(
+            f"fuzz cases: {counts}; 0 hangs and 0 tracebacks unless listed as failed"
+        )
     skipped = terminalreporter.stats.get("skipped", [])
     wanting = [r for r in skipped if DATA_SKIP in str(getattr(r, "longrepr", ""))]
     if wanting:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -5,6 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Benchmark smoke test -----------------------------------------------------

@@ -2,6 +2,11 @@
 
 import json
 
+import pytest
+
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 
 def test_serve_load_reports_every_level_without_errors(load_benchmark, tmp_path):
     serve_load = load_benchmark("serve_load")

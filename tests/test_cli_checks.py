@@ -12,6 +12,8 @@ MISTAKES = [
     (["search", "{text}", "index.subic", "q.png"], "not a Keras model file"),
     (["search", "{folder}", "index.subic", "q.png"], "a directory, not a model file"),
     (["search", "{text}", "index.subic", "q.png", "-k", "0"], "-k must be >= 1"),
+    (["search", "{loop}", "index.subic", "q.png"], "a loop of symbolic links"),
+    (["search", "{text}/m.keras", "i.subic", "q.png"], "a file where a folder belongs"),
     (["train", "--bits", "10"], "--bits must be a multiple of log2(--block-size)"),
     (["train", "--images", "{missing}"], "not found"),
     (["train", "--dataset", "cifar10", "--data-dir", "{missing}"], "data directory"),
@@ -55,6 +57,7 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
 
     (tmp_path / "notes.txt").write_text("not a model")
     (tmp_path / "folder").mkdir()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     model = tmp_path / "model.keras"
     with zipfile.ZipFile(model, "w") as archive:
         archive.writestr("config.json", "{}")
@@ -63,6 +66,7 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
         "text": str(tmp_path / "notes.txt"),
         "folder": str(tmp_path / "folder"),
         "model": str(model),
+        "loop": str(tmp_path / "loop"),
     }
     argvs = [[arg.format(**names) for arg in argv] for argv, _ in MISTAKES]
     done = subprocess.run(

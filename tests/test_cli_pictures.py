@@ -13,6 +13,9 @@ from subic_keras.cli import main
 from subic_keras.search import SubicIndex
 from subic_keras.search.image_index import ImageIndex
 
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):

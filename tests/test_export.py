@@ -29,6 +29,9 @@ from subic_keras.export import (
 )
 from subic_keras.training import standardization
 
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 M, K = 4, 16
 

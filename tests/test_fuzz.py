@@ -599,7 +599,9 @@ def test_there_are_enough_cases():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case(case: Case, world, capsys):
+def test_case(case: Case, world, capsys, record_property):
+    # Counted by outcome in pytest's summary (tests/conftest.py).
+    record_property("fuzz_outcome", "correct" if case.error is None else "clear error")
     if case.error is None:
         result = case.run(world)
         if case.check is not None:

@@ -123,6 +123,7 @@ def _check_complete(path, folder) -> None:
         assert len(contents) == 1 and contents.pop() in ("0" * 20_000, "1" * 20_000)
 
 
+@pytest.mark.slow
 def test_saves_killed_at_random_points_leave_a_complete_file(tmp_path):
     path, folder = tmp_path / "db.subic", tmp_path / "export"
     rng = np.random.default_rng(0)

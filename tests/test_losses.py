@@ -188,6 +188,7 @@ def test_config_round_trip(loss):
     assert clone.get_config() == loss.get_config()
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_one_device():
     """Batch entropy on the global batch: same loss and gradients on 2 replicas."""
     script = os.path.join(os.path.dirname(__file__), "distribute_check.py")

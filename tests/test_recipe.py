@@ -217,6 +217,7 @@ def test_bad_inputs(data, tmp_path):
         recipe.train_subic(_mlp(), 2, 4, bad, y, validation, recipe=FAST)
 
 
+@pytest.mark.slow
 def test_train_subic_under_mirrored_strategy():
     script = os.path.join(os.path.dirname(__file__), "recipe_distribute_check.py")
     done = subprocess.run(

@@ -22,6 +22,9 @@ from subic_keras.export import load_subic
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.server import MAX_K, SearchService
 
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 UPLOAD_LIMIT = 50_000
 
 

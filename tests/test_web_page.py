@@ -17,6 +17,9 @@ from subic_keras.datasets import load_cifar10
 from subic_keras.export import load_subic
 from subic_keras.images import write_image_folder
 
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Flags for a root user on a machine without network or GPU.
 _BROWSER_ARGS = [

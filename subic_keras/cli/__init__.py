@@ -42,6 +42,18 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         parser.exit(2, f"subic {args.command_name}: error: {describe(error)}\n")
+    except Exception as error:
+        # TensorFlow's out-of-memory error (e.g. `-M 100000 -K 1024`), told
+        # by name so that this module never imports TensorFlow.
+        if debug or type(error).__name__ != "ResourceExhaustedError":
+            raise
+        message = " ".join(str(error).split())[:300]
+        parser.exit(
+            2,
+            f"subic {args.command_name}: error: out of memory building or "
+            f"running the model ({message}); use fewer or smaller blocks "
+            "(-M, -K) or a smaller --batch-size\n",
+        )
     except KeyboardInterrupt:
         if debug:
             raise

@@ -64,6 +64,8 @@ def _data_dir(args) -> None:
         path = os.path.expanduser(args.data_dir)
         if not os.path.isdir(path):
             raise FileNotFoundError(2, "data directory not found", path)
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PermissionError(13, "data directory: permission denied", path)
 
 
 def _train(args) -> None:

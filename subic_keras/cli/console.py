@@ -20,7 +20,7 @@ from collections.abc import Iterator
 # failure to read or write a file or reach the network (OSError covers
 # FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
 # PermissionError, ConnectionError), and a missing optional dependency.
-USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+USER_ERRORS = (ValueError, TypeError, OSError, ImportError, MemoryError)
 
 
 def debug_requested(verbose: bool = False) -> bool:
@@ -79,4 +79,6 @@ def describe(error: BaseException) -> str:
     if isinstance(error, OSError) and error.filename is not None:
         what = error.strerror or str(error)
         return f"{what} ({error.filename})"
+    if isinstance(error, MemoryError) and not str(error):
+        return "out of memory"
     return " ".join(str(error).split()) or type(error).__name__

@@ -315,7 +315,7 @@ def check_queries(name: str, queries, num_blocks: int, block_size: int) -> np.nd
         # say so, rather than calling them infinite after the cast.
         check_finite(name, queries)
         largest = float(np.abs(queries).max()) if queries.size else 0.0
-        if largest > np.finfo(np.float32).max:
+        if largest > float(np.finfo(np.float32).max):
             raise ValueError(
                 f"{name} must lie within float32's range (|x| <= 3.4e38), "
                 f"received a value of magnitude {largest:.3g}"

@@ -58,6 +58,7 @@ VERSION = 1
 VERSION_WITH_ITEMS = 2
 # magic, version, M, K, flags, n, code_size, shortlist
 _HEADER = struct.Struct("<8sIIIIQII")
+_CHUNK = 1 << 20  # bytes read at a time to verify a file
 _DIGEST_SIZE = 32
 _FLAG_EXACT = 1
 _LENGTH = struct.Struct("<Q")
@@ -140,6 +141,20 @@ def write(
         f.write(digest.digest())
 
 
+def _checksum(f, raw_header: bytes, expected: int) -> bytes:
+    """SHA-256 of the header and the body up to the stored digest, read from
+    `f` (placed after the header) a chunk at a time."""
+    digest = hashlib.sha256(raw_header)
+    remaining = expected - _HEADER.size - _DIGEST_SIZE
+    while remaining:
+        chunk = f.read(min(_CHUNK, remaining))
+        if not chunk:
+            break  # shorter than announced: the digest cannot match
+        digest.update(chunk)
+        remaining -= len(chunk)
+    return digest.digest()
+
+
 def read(
     path: str | os.PathLike,
 ) -> tuple[Header, np.ndarray, np.ndarray, ItemTable | None]:
@@ -195,15 +210,27 @@ def read(
                 f"size is {size} bytes, the header announces {expected} "
                 f"({n} items); the file is truncated or has trailing data"
             )
-        body = f.read(expected - _HEADER.size)
-    if len(body) != expected - _HEADER.size:
-        raise fail("the file changed while it was read")
+        # Verified in chunks before anything is allocated for it: a file
+        # that only claims to be large (sparse, or corrupted) costs no memory.
+        if _checksum(f, raw_header, expected) != f.read(_DIGEST_SIZE):
+            raise fail("checksum mismatch (the file is corrupted)")
+        f.seek(_HEADER.size)
+        try:
+            body = bytearray(expected - _HEADER.size)
+        except MemoryError:
+            raise MemoryError(
+                f"not enough memory to load {path!r}: its {n} items take "
+                f"{expected / 1e9:.2f} GB"
+            ) from None
+        if f.readinto(body) != len(body):
+            raise fail("the file changed while it was read")
     digest = hashlib.sha256(raw_header)
     digest.update(memoryview(body)[:-_DIGEST_SIZE])
     if digest.digest() != body[-_DIGEST_SIZE:]:
-        raise fail("checksum mismatch (the file is corrupted)")
+        raise fail("the file changed while it was read")
     packed = np.frombuffer(body, dtype=np.uint8, count=n * code_size)
     packed = packed.reshape(n, code_size)
+    packed.flags.writeable = False
     used = (m * header.nbits) % 8
     if n and used and np.any(packed[:, -1] >> used):
         # `write` stores zeros there; other bits would decode to other codes

@@ -27,18 +27,26 @@ opened, with the next default id and insertion counter. Differences from
 - Returned rows are sorted by score, equal scores by insertion order, but
   which of several items tied at the k-th score are returned is Milvus's
   choice.
-- Writes are not transactions across clients: `add` checks that its ids are
-  new, then inserts; a failed insert deletes what it inserted. Two clients
-  adding the same ids at once can both succeed (Milvus does not enforce
-  unique primary keys).
+- Writes: `add` checks that its ids are new, then inserts, then records
+  its counters; a failed insert deletes what it inserted, and rows that a
+  killed process inserted without recording them are found and counted on
+  the next read or write (`_counters`), so ids are never reused. Writers in
+  one process take turns (a lock per collection, shared by every
+  `MilvusIndex` object). Writers in several processes are not serialised
+  (Milvus does not enforce unique primary keys): give each its own ids, or
+  write from one process.
+- Milvus's errors are raised as `MilvusError` (an `OSError`) naming the URI
+  and the collection.
 
 pymilvus is an optional dependency: `pip install "subic-keras[milvus]"`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -59,6 +67,22 @@ FORMAT_VERSION = 1
 MAX_K = 16_384  # Milvus's topk limit
 _BATCH = 10_000  # rows per insert, delete or lookup request
 _PROPERTIES = ("subic.format", "subic.num_blocks", "subic.block_size")
+
+
+class MilvusError(OSError):
+    """A Milvus request that failed, named with its URI and collection."""
+
+
+# One lock per collection of this process: writers through any number of
+# `MilvusIndex` objects take turns, so two never draw the same ids.
+_WRITE_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock(uri: str, collection: str) -> threading.Lock:
+    key = (os.path.abspath(uri) if _is_local(uri) else uri, collection)
+    with _WRITE_LOCKS_GUARD:
+        return _WRITE_LOCKS.setdefault(key, threading.Lock())
 
 
 def _pymilvus():
@@ -146,6 +170,7 @@ class MilvusIndex(Searcher):
         if block_size is not None:
             block_size = check_block_size(block_size)
         self._uri, self._name = uri, collection
+        self._write = _write_lock(uri, collection)
         if _is_local(uri):
             # Milvus Lite serves in-process and lacks AllocTimestamp, which
             # pymilvus calls and tolerates; grpc would log every such call
@@ -187,8 +212,16 @@ class MilvusIndex(Searcher):
                 f"collection {self._name!r} has SuBiC format version {version}; "
                 f"this version of subic_keras reads version {FORMAT_VERSION}"
             )
-        self._num_blocks = int(properties["subic.num_blocks"])
-        self._block_size = int(properties["subic.block_size"])
+        try:
+            self._num_blocks = check_int(
+                "num_blocks", int(properties["subic.num_blocks"]), minimum=1
+            )
+            self._block_size = check_block_size(int(properties["subic.block_size"]))
+        except ValueError as error:
+            raise ValueError(
+                f"collection {self._name!r} at {self._uri!r} records an invalid "
+                f"shape: {error}"
+            ) from None
         for name, given, stored in (
             ("num_blocks", num_blocks, self._num_blocks),
             ("block_size", block_size, self._block_size),
@@ -260,7 +293,8 @@ class MilvusIndex(Searcher):
         return self._name
 
     def __len__(self) -> int:
-        rows = self._client.query(self._name, filter="", output_fields=["count(*)"])
+        with self._errors():
+            rows = self._client.query(self._name, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
 
     def __repr__(self) -> str:
@@ -279,11 +313,42 @@ class MilvusIndex(Searcher):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def _errors(self):
+        """Milvus's errors as `MilvusError`s that name the URI and collection."""
+        pymilvus = _pymilvus()
+        try:
+            yield
+        except pymilvus.exceptions.MilvusException as error:
+            message = getattr(error, "message", None) or str(error)
+            raise MilvusError(
+                f"Milvus at {self._uri!r}, collection {self._name!r}: {message}"
+            ) from error
+
     # Writing --------------------------------------------------------------
 
-    def _counter(self, name: str, properties: dict | None = None) -> int:
-        properties = self._properties() if properties is None else properties
-        return int(properties.get(f"subic.{name}", "0"))
+    def _counters(self) -> tuple[int, int]:
+        """`(next_id, next_seq)`, from the properties and from the rows.
+
+        An `add` writes its rows, then the counters: a process killed in
+        between leaves rows at or beyond the recorded `next_seq`. They are
+        found here (one query for the rows past the counter), so a reopened
+        collection counts them, lists them and never reuses their ids.
+        """
+        properties = self._properties()
+        next_id = int(properties.get("subic.next_id", "0"))
+        next_seq = int(properties.get("subic.next_seq", "0"))
+        while True:
+            orphans = self._client.query(
+                self._name,
+                filter=f"seq >= {next_seq}",
+                output_fields=["id", "seq"],
+                limit=_BATCH,
+            )
+            if not orphans:
+                return next_id, next_seq
+            next_seq = max(int(row["seq"]) for row in orphans) + 1
+            next_id = max(next_id, max(int(row["id"]) for row in orphans) + 1)
 
     def _present(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` the collection holds."""
@@ -310,8 +375,11 @@ class MilvusIndex(Searcher):
                 (nothing is added).
         """
         codes = check_codes("codes", codes, self._num_blocks, self._block_size)
-        properties = self._properties()  # one request for both counters
-        next_id = self._counter("next_id", properties)
+        with self._write, self._errors():
+            return self._add(codes, ids)
+
+    def _add(self, codes: np.ndarray, ids) -> np.ndarray:
+        next_id, seq = self._counters()
         if ids is None:
             ids = np.arange(next_id, next_id + len(codes), dtype=np.int64)
         else:
@@ -326,7 +394,6 @@ class MilvusIndex(Searcher):
                 )
         if not len(codes):
             return ids
-        seq = self._counter("next_seq", properties)
         columns = (
             codes.astype(np.int64) + np.arange(self._num_blocks) * self._block_size
         )
@@ -364,12 +431,17 @@ class MilvusIndex(Searcher):
             KeyError: if any id is not present (none is removed).
         """
         ids = np.unique(check_ids("ids", ids))
-        present = self._present(ids)
-        missing = np.setdiff1d(ids, present)
-        if len(missing):
-            raise KeyError(f"ids not in collection {self._name!r}: {preview(missing)}")
-        for start in range(0, len(ids), _BATCH):
-            self._client.delete(self._name, ids=ids[start : start + _BATCH].tolist())
+        with self._write, self._errors():
+            present = self._present(ids)
+            missing = np.setdiff1d(ids, present)
+            if len(missing):
+                raise KeyError(
+                    f"ids not in collection {self._name!r}: {preview(missing)}"
+                )
+            for start in range(0, len(ids), _BATCH):
+                self._client.delete(
+                    self._name, ids=ids[start : start + _BATCH].tolist()
+                )
         return len(ids)
 
     # Reading --------------------------------------------------------------
@@ -377,12 +449,13 @@ class MilvusIndex(Searcher):
     def _rows(self, output_fields: list[str]) -> list[dict[str, Any]]:
         """Every row, in insertion order, read in ranges of the counter."""
         rows: list[dict[str, Any]] = []
-        for start in range(0, self._counter("next_seq"), _BATCH):
-            rows += self._client.query(
-                self._name,
-                filter=f"seq >= {start} and seq < {start + _BATCH}",
-                output_fields=["seq", *output_fields],
-            )
+        with self._errors():
+            for start in range(0, self._counters()[1], _BATCH):
+                rows += self._client.query(
+                    self._name,
+                    filter=f"seq >= {start} and seq < {start + _BATCH}",
+                    output_fields=["seq", *output_fields],
+                )
         return sorted(rows, key=lambda row: row["seq"])
 
     def get_ids(self) -> np.ndarray:
@@ -456,14 +529,15 @@ class MilvusIndex(Searcher):
         asked = [i for i, entries in enumerate(sparse) if entries]
         for start in range(0, len(asked), 256):
             rows = asked[start : start + 256]
-            found = self._client.search(
-                self._name,
-                data=[sparse[i] for i in rows],
-                anns_field="code",
-                limit=width,
-                search_params={"metric_type": "IP"},
-                output_fields=["seq"],
-            )
+            with self._errors():
+                found = self._client.search(
+                    self._name,
+                    data=[sparse[i] for i in rows],
+                    anns_field="code",
+                    limit=width,
+                    search_params={"metric_type": "IP"},
+                    output_fields=["seq"],
+                )
             for row, hits in zip(rows, found):
                 ranked = sorted(
                     hits, key=lambda h: (-h["distance"], h["entity"]["seq"])

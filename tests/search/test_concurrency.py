@@ -8,6 +8,9 @@ import pytest
 
 from subic_keras.search import ShardedSubicIndex, SubicIndex, merge_results
 
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+pytestmark = pytest.mark.slow
+
 M, K = 4, 16
 
 

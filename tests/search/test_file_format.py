@@ -145,3 +145,40 @@ def test_failed_save_keeps_previous_file(saved, monkeypatch):
         index.save(path)
     assert path.read_bytes() == data
     assert os.listdir(path.parent) == ["good.subic"]
+
+
+@pytest.mark.slow
+def test_a_sparse_file_claiming_gigabytes_costs_no_memory(tmp_path):
+    """A file whose header and size announce 2.5 GB of codes, all zeros (a
+    sparse file): refused by its checksum under a 4 GB address-space limit,
+    without allocating its body; the command line says so in one line."""
+    import subprocess
+    import sys
+
+    from subic_keras.search import file_format
+
+    n = 2_500_000_000 // (1 + 8)  # M = 4, K = 4: one byte of code and an id
+    path = tmp_path / "sparse.subic"
+    with open(path, "wb") as handle:
+        handle.write(file_format._HEADER.pack(b"SUBICIDX", 1, 4, 4, 0, n, 1, 0))
+        handle.truncate(file_format._HEADER.size + n * 9 + 32)
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "from subic_keras.search import file_format\n"
+        "try:\n"
+        f"    file_format.read({str(path)!r})\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+        # VmHWM: this process's own peak (ru_maxrss would count the parent's,
+        # shared until exec when Python spawns with vfork).
+        "print(next(line.split()[1] for line in open('/proc/self/status') "
+        "if line.startswith('VmHWM')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    message, peak_kb = done.stdout.strip().splitlines()
+    assert "checksum mismatch" in message
+    assert int(peak_kb) < 500_000  # the 2.5 GB body was never allocated

@@ -141,3 +141,91 @@ def test_failed_insert_leaves_the_collection_as_it_was(rng, uri, monkeypatch):
     assert calls == [7, 7, 7] and len(remote) == 10
     np.testing.assert_array_equal(remote.get_ids(), np.arange(10))
     remote.close()
+
+
+@pytest.mark.slow
+def test_a_kill_between_insert_and_counters_loses_nothing(rng, uri):
+    """A process killed (SIGKILL) after its rows are in and before it records
+    its counters: a reopened collection counts, lists and keeps their ids.
+    (Milvus Lite locks its data for one process at a time, so the writers
+    are child processes.)"""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import numpy as np
+        from subic_keras.search.milvus import MilvusIndex
+
+        index = MilvusIndex({uri!r}, "killed", 4, 16)
+        index.add(np.random.default_rng(0).integers(0, 16, (1000, 4)))
+        def die(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        index._client.alter_collection_properties = die
+        index.add(np.random.default_rng(1).integers(0, 16, (10_000, 4)))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=300)
+    assert done.returncode == -9
+    reopened = MilvusIndex(uri, "killed")
+    assert len(reopened) == len(reopened.get_ids()) == 11_000
+    new = reopened.add(rng.integers(0, 16, (5, 4)))
+    assert new.tolist() == list(range(11_000, 11_005))  # no id reused
+    assert len(set(reopened.get_ids().tolist())) == len(reopened) == 11_005
+    reopened.close()
+
+
+def test_two_writers_in_one_process_take_turns(rng, uri):
+    import threading
+
+    one = MilvusIndex(uri, "shared", 4, 16)
+    two = MilvusIndex(uri, "shared")
+    added = []
+
+    def write(index):
+        for _ in range(3):
+            added.append(index.add(rng.integers(0, 16, (500, 4))))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in (one, two)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = np.concatenate(added)
+    assert len(np.unique(ids)) == len(ids) == 3000
+    assert len(one) == 3000 and sorted(one.get_ids().tolist()) == sorted(ids.tolist())
+    one.close()
+    two.close()
+
+
+def test_forged_collections_and_milvus_errors_are_named(uri):
+    client = pymilvus.MilvusClient(uri=uri)
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("id", pymilvus.DataType.INT64, is_primary=True)
+    schema.add_field("seq", pymilvus.DataType.INT64)
+    schema.add_field("code", pymilvus.DataType.SPARSE_FLOAT_VECTOR)
+    index = client.prepare_index_params()
+    index.add_index(
+        field_name="code", index_type="SPARSE_INVERTED_INDEX", metric_type="IP"
+    )
+    for name, m, k in (("zero_blocks", "0", "16"), ("odd_size", "4", "3")):
+        client.create_collection(
+            name,
+            schema=schema,
+            index_params=index,
+            properties={
+                "subic.format": "1",
+                "subic.num_blocks": m,
+                "subic.block_size": k,
+            },
+        )
+        with pytest.raises(ValueError, match=f"collection '{name}' .* invalid shape"):
+            MilvusIndex(uri, name)
+    client.close()
+    good = MilvusIndex(uri, "good", 4, 16)
+    good._client.drop_collection("good")  # gone behind its back
+    with pytest.raises(milvus.MilvusError, match="collection 'good'"):
+        good.search(np.ones((1, 64), np.float32), 3)
+    good.close()
