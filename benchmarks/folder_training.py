@@ -29,7 +29,7 @@ import numpy as np
 
 from benchmarks.common import add_data_dir, log, run_metadata, write_json
 from benchmarks.stream_training import write_folders
-from benchmarks.train_recipe import subic
+from benchmarks.train_recipe import evaluate_paper, subic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "folder_training.json")
@@ -49,19 +49,7 @@ def run(kind: str, seed: int, args, folder: str) -> dict:
         subic("train", *source, *budget, "--output-dir", run_dir, env=env)
     evaluation = os.path.join(run_dir, "eval.json")
     if not os.path.isfile(evaluation):
-        subic(
-            "evaluate",
-            os.path.join(run_dir, "best.keras"),
-            "--dataset",
-            "cifar10",
-            "--data-dir",
-            args.data_dir,
-            "--protocol",
-            "paper",
-            "--output",
-            evaluation,
-            env=env,
-        )
+        evaluate_paper(run_dir, args.data_dir, evaluation, env)
     with open(os.path.join(run_dir, "summary.json")) as handle:
         summary = json.load(handle)
     with open(evaluation) as handle:

@@ -631,77 +631,78 @@ def _cpu(data: dict) -> str:
     return cpu
 
 
+def _summary_cifar10(data: dict) -> tuple[str, str]:
+    entries = data["comparison"]["bits"]
+    ours = " / ".join(f"{e['subic']['map']:.3f}" for e in entries)
+    paper = " / ".join(f"{e['paper_subic']:.3f}" for e in entries)
+    bits = "/".join(str(e["bits"]) for e in entries)
+    return (
+        f"CIFAR-10 retrieval (Table 2), strict mAP at {bits} bits",
+        f"{ours} (paper {paper})",
+    )
+
+
+def _summary_train_recipe(data: dict) -> tuple[str, str]:
+    return (
+        f"`subic train` defaults, {data['bits']} bits, {len(data['runs'])} seeds",
+        f"mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f}, "
+        f"{data['max_train_wall_seconds'] / 60:.0f} min per training",
+    )
+
+
+def _summary_search_speed(data: dict) -> tuple[str, str]:
+    ratios = "; ".join(
+        f"{t['target'].split(':')[0]}: {t['ratio']:.1f}x"
+        for t in data.get("targets", [])
+    )
+    return "exact search against faiss Hamming at equal bits", ratios
+
+
+def _summary_serve_load(data: dict) -> tuple[str, str]:
+    goals = data["goals"]
+    return (
+        f"`subic serve`, {data['items']:,} codes",
+        f"a query request {goals['query_p50_over_in_process_p50']}x in-process "
+        f"search; {goals['image_requests_per_second']} picture requests/s",
+    )
+
+
+def _summary_stream_training(data: dict) -> tuple[str, str]:
+    ratios = data["ratios"]
+    return (
+        "training from 50,000 PNG files",
+        f"peak memory {ratios['rss_50000_over_5000']}x that of 5,000; "
+        f"{ratios['speed_folder_over_arrays']}x the speed of arrays",
+    )
+
+
+def _summary_folder_training(data: dict) -> tuple[str, str]:
+    means = data["mean_test_map"]
+    return (
+        "`--images` folder against `--dataset cifar10`, same budget",
+        f"strict mAP {means['folder']:.4f} against {means['arrays']:.4f} "
+        f"(seeds range up to {data['largest_seed_range']:.4f})",
+    )
+
+
+# The README's headline results, in order: file, and what to say of it.
+_SUMMARIES = {
+    "cifar10_retrieval.json": _summary_cifar10,
+    "train_recipe.json": _summary_train_recipe,
+    "search_speed.json": _summary_search_speed,
+    "serve_load.json": _summary_serve_load,
+    "stream_training.json": _summary_stream_training,
+    "folder_training.json": _summary_folder_training,
+}
+
+
 def _summary_rows(results: dict) -> list[list]:
-    """One row per headline result: what, the figure, the CPU, the section."""
-    rows = []
-    if "cifar10_retrieval.json" in results:
-        data = results["cifar10_retrieval.json"]
-        entries = data["comparison"]["bits"]
-        ours = " / ".join(f"{e['subic']['map']:.3f}" for e in entries)
-        paper = " / ".join(f"{e['paper_subic']:.3f}" for e in entries)
-        bits = "/".join(str(e["bits"]) for e in entries)
-        rows.append(
-            [
-                f"CIFAR-10 retrieval (Table 2), strict mAP at {bits} bits",
-                f"{ours} (paper {paper})",
-                _cpu(data),
-            ]
-        )
-    if "train_recipe.json" in results:
-        data = results["train_recipe.json"]
-        rows.append(
-            [
-                f"`subic train` defaults, {data['bits']} bits, "
-                f"{len(data['runs'])} seeds",
-                f"mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f}, "
-                f"{data['max_train_wall_seconds'] / 60:.0f} min per training",
-                _cpu(data),
-            ]
-        )
-    if "search_speed.json" in results:
-        data = results["search_speed.json"]
-        ratios = "; ".join(
-            f"{t['target'].split(':')[0]}: {t['ratio']:.1f}x"
-            for t in data.get("targets", [])
-        )
-        rows.append(
-            ["exact search against faiss Hamming at equal bits", ratios, _cpu(data)]
-        )
-    if "serve_load.json" in results:
-        data = results["serve_load.json"]
-        goals = data["goals"]
-        rows.append(
-            [
-                f"`subic serve`, {data['items']:,} codes",
-                f"a query request {goals['query_p50_over_in_process_p50']}x "
-                f"in-process search; {goals['image_requests_per_second']} "
-                "picture requests/s",
-                _cpu(data),
-            ]
-        )
-    if "stream_training.json" in results:
-        data = results["stream_training.json"]
-        ratios = data["ratios"]
-        rows.append(
-            [
-                "training from 50,000 PNG files",
-                f"peak memory {ratios['rss_50000_over_5000']}x that of 5,000; "
-                f"{ratios['speed_folder_over_arrays']}x the speed of arrays",
-                _cpu(data),
-            ]
-        )
-    if "folder_training.json" in results:
-        data = results["folder_training.json"]
-        means = data["mean_test_map"]
-        rows.append(
-            [
-                "`--images` folder against `--dataset cifar10`, same budget",
-                f"strict mAP {means['folder']:.4f} against {means['arrays']:.4f} "
-                f"(seeds range up to {data['largest_seed_range']:.4f})",
-                _cpu(data),
-            ]
-        )
-    return rows
+    """One row per headline result: what, the figure, the CPU."""
+    return [
+        [*summary(results[name]), _cpu(results[name])]
+        for name, summary in _SUMMARIES.items()
+        if name in results
+    ]
 
 
 def render_summary(results: dict) -> str:

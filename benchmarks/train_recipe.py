@@ -41,6 +41,24 @@ def subic(*args: str, env: dict) -> None:
     subprocess.run(command, check=True, env=env)
 
 
+def evaluate_paper(run_dir: str, data_dir: str, output: str, env: dict, *extra):
+    """`subic evaluate RUN/best.keras` on CIFAR-10's test split, paper protocol."""
+    subic(
+        "evaluate",
+        os.path.join(run_dir, "best.keras"),
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        data_dir,
+        "--protocol",
+        "paper",
+        "--output",
+        output,
+        *extra,
+        env=env,
+    )
+
+
 def run_seed(seed: int, args) -> dict:
     run_dir = os.path.join(args.runs_dir, f"cifar10-{args.bits}b-s{seed}")
     summary_path = os.path.join(run_dir, "summary.json")
@@ -88,20 +106,7 @@ def run_seed(seed: int, args) -> dict:
         path = os.path.join(run_dir, f"eval-{query}.json")
         if not os.path.isfile(path):
             extra = [] if query == "saved" else ["--query", query]
-            subic(
-                "evaluate",
-                os.path.join(run_dir, "best.keras"),
-                "--dataset",
-                "cifar10",
-                "--data-dir",
-                args.data_dir,
-                "--protocol",
-                "paper",
-                "--output",
-                path,
-                *extra,
-                env=env,
-            )
+            evaluate_paper(run_dir, args.data_dir, path, env, *extra)
         with open(path) as handle:
             result = json.load(handle)
         record["test_map"][query] = {

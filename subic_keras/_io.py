@@ -173,7 +173,7 @@ def check_file(path: str | os.PathLike, kind: str) -> str:
             errno.EACCES: (PermissionError, "permission denied"),
             errno.ENOTDIR: (NotADirectoryError, "a file where a folder belongs"),
         }
-        kind_of_error, what = causes.get(error.errno, (FileNotFoundError, ""))
+        kind_of_error, what = causes.get(error.errno or 0, (FileNotFoundError, ""))
         if not what:
             raise FileNotFoundError(errno.ENOENT, f"{kind} not found", path) from None
         raise kind_of_error(error.errno, f"{kind}: {what}", path) from None
@@ -187,21 +187,16 @@ def check_file(path: str | os.PathLike, kind: str) -> str:
     return path
 
 
-def load_keras_file(path: str | os.PathLike, compile: bool = True):
-    """`keras.saving.load_model(path)`, with errors that say what the file is.
-
-    Keras reports a truncated or non-zip file as "File not found"; this
-    checks the archive first, so that a user learns what is wrong with it.
-    Keras's safe mode stays on: a file cannot run code (no `Lambda` layers).
+def check_keras_file(path: str | os.PathLike) -> str:
+    """`path` if it is a readable `.keras` archive (a zip holding
+    `config.json`, every member intact); checked without TensorFlow.
 
     Raises:
-        FileNotFoundError, IsADirectoryError: `path` is no file.
-        ValueError: `path` is not a readable `.keras` archive, or Keras
-            cannot rebuild the model it holds.
+        FileNotFoundError, IsADirectoryError, PermissionError: `path` is no
+            readable file (`check_file`).
+        ValueError: not a zip archive, no `config.json`, or a corrupt member.
     """
     import zipfile
-
-    import keras
 
     path = check_file(path, "model file")
     try:
@@ -221,6 +216,24 @@ def load_keras_file(path: str | os.PathLike, compile: bool = True):
         raise ValueError(
             f"not a Keras model file: corrupt archive member {corrupt} ({path})"
         )
+    return path
+
+
+def load_keras_file(path: str | os.PathLike, compile: bool = True):
+    """`keras.saving.load_model(path)`, with errors that say what the file is.
+
+    Keras reports a truncated or non-zip file as "File not found"; this
+    checks the archive first, so that a user learns what is wrong with it.
+    Keras's safe mode stays on: a file cannot run code (no `Lambda` layers).
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: `path` is no file.
+        ValueError: `path` is not a readable `.keras` archive, or Keras
+            cannot rebuild the model it holds.
+    """
+    import keras
+
+    path = check_keras_file(path)
     try:
         return keras.saving.load_model(path, compile=compile)
     except Exception as error:

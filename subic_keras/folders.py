@@ -171,7 +171,15 @@ def _validation_indices(labels: np.ndarray, validation_split, seed: int):
     return train_validation_split(labels, validation_split, seed=seed)
 
 
-def _check_files(root, paths, class_names, shape, name, skipped, workers):
+def _check_files(
+    root: str,
+    paths: list[str],
+    class_names: list[str],
+    shape: tuple[int, ...],
+    name: str,
+    skipped: list,
+    workers: int | None,
+) -> tuple[list[str], streams.StreamSummary]:
     """Decodes every file once: the readable ones, and the split's summary."""
     summarizer = streams.Summarizer(name)
     kept: list[str] = []
@@ -218,7 +226,14 @@ class _Decoder:
     check is replaced by the next readable picture of its class (reported
     in `skipped` and by a warning), so an epoch never dies halfway."""
 
-    def __init__(self, root, kept, labels, shape, skipped):
+    def __init__(
+        self,
+        root: str,
+        kept: list[str],
+        labels: np.ndarray,
+        shape: tuple[int, ...],
+        skipped: list,
+    ):
         self.root, self.shape, self.skipped = root, shape, skipped
         self.files = [os.path.join(root, path) for path in kept]
         self.labels = np.asarray(labels)

@@ -10,9 +10,8 @@ standard library only.
 from __future__ import annotations
 
 import os
-import zipfile
 
-from subic_keras._io import check_file, check_output_path
+from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.images import check_folder
 
@@ -22,29 +21,6 @@ def check(args) -> None:
     checker = _CHECKS.get(args.run)
     if checker is not None:
         checker(args)
-
-
-def check_model_file(path: str) -> str:
-    """A `.keras` model file: a zip archive holding `config.json`.
-
-    Raises:
-        FileNotFoundError, IsADirectoryError, PermissionError, ValueError:
-            what is wrong with `path`, named.
-    """
-    path = check_file(path, "model file")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-    except (zipfile.BadZipFile, EOFError) as error:
-        raise ValueError(
-            f"not a Keras model file: not a zip archive, or truncated ({error}) "
-            f"({path})"
-        ) from None
-    if "config.json" not in names:
-        raise ValueError(
-            f"not a Keras model file: no config.json in the archive ({path})"
-        )
-    return path
 
 
 def refuse_given(args, names: tuple[str, ...], why: str) -> None:
@@ -88,7 +64,7 @@ def _index_build(args) -> None:
     if args.output is not None:
         check_output_path(args.output)
     check_int("--batch-size", args.batch_size, minimum=1)
-    check_model_file(args.model)
+    check_keras_file(args.model)
     if args.folder is not None:
         refuse_given(
             args,
@@ -103,7 +79,7 @@ def _index_build(args) -> None:
 def _index_add(args) -> None:
     check_int("--batch-size", args.batch_size, minimum=1)
     check_file(args.index, "index file")
-    check_model_file(args.model)
+    check_keras_file(args.model)
     if args.folder is not None:
         check_folder(args.folder)
 
@@ -116,7 +92,7 @@ def _index_remove(args) -> None:
 
 def _search(args) -> None:
     check_int("-k", args.k, minimum=1)
-    check_model_file(args.model)
+    check_keras_file(args.model)
     queries = list(args.images)
     if args.milvus is None:
         if not queries:
@@ -134,7 +110,7 @@ def _serve(args) -> None:
         raise ValueError(f"--port must be <= 65535, received {port}")
     if not args.max_upload_mb > 0:
         raise ValueError(f"--max-upload-mb must be > 0, received {args.max_upload_mb}")
-    check_model_file(args.model)
+    check_keras_file(args.model)
     check_file(args.index, "index file")
 
 
@@ -161,7 +137,7 @@ def _evaluate(args) -> None:
             "select a dataset split or its codes; --images takes none of them",
         )
         check_folder(args.images)
-    check_model_file(args.model)
+    check_keras_file(args.model)
     if args.index is not None:
         check_file(args.index, "index file")
     _data_dir(args)
@@ -173,7 +149,7 @@ def _export(args) -> None:
             "--int8 needs --representative-data (calibration images), received none"
         )
     check_int("--num-representative", args.num_representative, minimum=1)
-    check_model_file(args.model)
+    check_keras_file(args.model)
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise NotADirectoryError(20, "--output-dir is not a directory", args.output_dir)
     if args.version is not None:

@@ -250,10 +250,10 @@ def read(
     return header, packed, ids, items
 
 
-def _read_items(body: bytes, start: int, end: int, n: int) -> ItemTable:
+def _read_items(body: bytes | bytearray, start: int, end: int, n: int) -> ItemTable:
     """The item table in `body[start:end]`, every length checked first."""
 
-    def section(offset: int) -> tuple[bytes, int]:
+    def section(offset: int) -> tuple[bytes | bytearray, int]:
         (length,) = _LENGTH.unpack_from(body, offset)
         offset += _LENGTH.size
         if length > end - offset:
