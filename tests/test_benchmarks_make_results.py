@@ -300,3 +300,43 @@ def test_a_cached_report_gives_its_compute_time_not_its_last_run(
         "Reproduce the report with `python c.py` from the cached models, whose "
         "training and evaluation took 1,409.0 s in all." in text
     )
+
+
+def test_readme_summary_reads_its_figures_from_the_jsons(make_results, tmp_path):
+    stream = {
+        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
+        "cases": {
+            "folder_5000": {
+                "num_train": 9,
+                "images_per_second": 1.5,
+                "peak_rss_kb": 2048,
+                "prepare_seconds": 0.1,
+            },
+        },
+        "ratios": {"rss_50000_over_5000": 1.234, "speed_folder_over_arrays": 0.876},
+    }
+    folder = {
+        "machine": {
+            "cpu": "Other CPU",
+            "simd_flags": ["avx2", "avx512f", "avx512vbmi"],
+        },
+        "budget": {"pretrain_epochs": 5, "epochs": 2, "bits": 48},
+        "runs": {
+            "folder": [{"seed": 0, "test_map": 0.5, "query": "fc0", "train_seconds": 1}]
+        },
+        "mean_test_map": {"folder": 0.5123, "arrays": 0.4987},
+        "difference": 0.0136,
+        "largest_seed_range": 0.0211,
+    }
+    (tmp_path / "stream_training.json").write_text(json.dumps(stream))
+    (tmp_path / "folder_training.json").write_text(json.dumps(folder))
+    results = make_results._read_results(str(tmp_path))[0]
+    summary = make_results.render_summary(results)
+    for figure in ("1.234x", "0.876x", "0.5123", "0.4987", "0.0211"):
+        assert figure in summary
+    assert "Some CPU, AVX2, no AVX-512" in summary
+    assert "Other CPU, AVX-512 VBMI" in summary
+    full = make_results.make_results(str(tmp_path))
+    assert "### Training from a folder" in full
+    assert "| folder 5000 | DSH CNN at 32x32 | 9 | 1.5000 | 2 | 0.1000 |" in full
+    assert "Folder against arrays" in full

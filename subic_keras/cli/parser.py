@@ -306,7 +306,7 @@ def _add_milvus_arguments(parser: argparse.ArgumentParser, role: str) -> None:
         "--milvus",
         metavar="URI",
         default=None,
-        help=f"{role} a Milvus collection instead: a Milvus Lite file ending in "
+        help=f"{role} a Milvus collection instead: a Milvus Lite path ending in "
         ".db, or a server such as http://localhost:19530 (needs the [milvus] "
         "extra; default: none)",
     )

@@ -1,4 +1,4 @@
-"""SuBiC search on Milvus: Milvus Lite in a local file, or a Milvus cluster.
+"""SuBiC search on Milvus: Milvus Lite at a local path, or a Milvus cluster.
 
 Each item is stored as its code's sparse one-hot vector (`M` non-zeros, a 1
 at `m*K + c_m`) in a `SPARSE_INVERTED_INDEX` with inner-product metric. The
@@ -115,7 +115,8 @@ class MilvusIndex(Searcher):
     8
 
     Args:
-        uri: a local file path ending in `.db` (Milvus Lite, embedded), or
+        uri: a local path ending in `.db` (Milvus Lite, embedded; it makes
+            a folder there), or
             `http://host:19530` (a Milvus server or cluster).
         collection: the collection's name.
         num_blocks, block_size: `M` and `K`, needed to create the collection;
@@ -156,7 +157,7 @@ class MilvusIndex(Searcher):
             )
         if _is_local(uri) and not uri.endswith(".db"):
             raise ValueError(
-                "uri must be a Milvus Lite file ending in .db or a server URL "
+                "uri must be a Milvus Lite path ending in .db or a server URL "
                 f"such as http://localhost:19530, received {uri!r}"
             )
         self._shards = (
