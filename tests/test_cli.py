@@ -470,3 +470,36 @@ def test_quickstart_prints_what_the_readme_says(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.95 <= result["map"] <= 0.985, result
     assert 0.94 <= result["precision_at_10"] <= 0.98, result
+
+
+@pytest.mark.slow
+def test_a_model_too_large_for_memory_is_one_line(tmp_path):
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    budget = ["--pretrain-epochs", "0", "--epochs", "1"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "subic_keras.cli",
+            "train",
+            "-M",
+            "100000",
+            "-K",
+            "1024",
+            *budget,
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0].startswith("subic train: error: out of memory")
