@@ -713,7 +713,8 @@ def train_subic(
     if len(held_out) < 20:
         raise ValueError(
             "validation must hold at least 20 images for model selection, "
-            f"received {len(held_out)}"
+            f"received {len(held_out)} (hold out more: subic train's "
+            "--validation-size, or more pictures)"
         )
     pretraining = None
     if recipe.pretrain_epochs:

@@ -24,8 +24,12 @@ from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
+from subic_keras.images import labelled_files as read_labelled_files
 from subic_keras.models import Subic, build_subic, float32_copy
 from subic_keras.recipe import train_subic
+
+# Pictures that validation needs for model selection (`train_subic`).
+_MIN_VALIDATION = 20
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:
@@ -193,7 +197,7 @@ def _folder_data(config: TrainConfig) -> _TrainingData:
     folder = datasets.image_folder(
         config.images,
         config.image_size,
-        validation_split=None if separate else config.validation_size,
+        validation_split=None if separate else _folder_validation_size(config),
         max_images=config.max_train_images,
     )
     skipped = list(folder.skipped)
@@ -218,6 +222,18 @@ def _folder_data(config: TrainConfig) -> _TrainingData:
         folder.class_names,
         skipped,
     )
+
+
+def _folder_validation_size(config: TrainConfig) -> float | int:
+    """`config.validation_size`, but at least the 20 pictures that model
+    selection needs when a fraction of a small folder would hold fewer."""
+    size = config.validation_size
+    if isinstance(size, float):
+        assert config.images is not None
+        listed = len(read_labelled_files(config.images)[0])
+        if size * listed < _MIN_VALIDATION:
+            return min(_MIN_VALIDATION, listed // 2)
+    return size
 
 
 def evaluate_classification(subic: Subic, data, labels: np.ndarray) -> dict:

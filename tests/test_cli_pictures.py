@@ -241,6 +241,13 @@ def test_train_on_a_folder_records_its_classes(tmp_path, capsys):
     assert answer["class_name"] in ("a", "b", "c")
     assert answer["results"][0]["path"] == "a/a_00000.png"
     assert service.stats()["class_names"] == ["a", "b", "c"]
+    # The model records its folder: no data options needed afterwards.
+    own = str(tmp_path / "own.subic")
+    capsys.readouterr()
+    assert main(["index", "build", str(out / "best.keras"), "--output", own]) == 0
+    assert f"indexed 200 pictures of {root}" in capsys.readouterr().out
+    assert main(["evaluate", str(out / "best.keras")]) == 0
+    assert capsys.readouterr().out.startswith(f"pictures of {root} (3 classes)")
 
 
 def test_train_folder_mistakes_are_one_line(tmp_path, capsys):

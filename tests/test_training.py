@@ -83,3 +83,19 @@ def test_mixed_precision_trains_and_saves_a_float32_model(tmp_path):
     }
     assert policies == {"float32"}
     assert subic.query_encoder.output.dtype == "float32"
+
+
+def test_a_small_folder_holds_out_the_20_pictures_selection_needs(tmp_path):
+    from subic_keras.images import write_image_folder
+    from subic_keras.training import _folder_validation_size
+
+    write_image_folder(np.zeros((120, 8, 8, 3), np.uint8), np.arange(120) % 3, tmp_path)
+    assert _folder_validation_size(TrainConfig(images=str(tmp_path))) == 20
+    assert (
+        _folder_validation_size(TrainConfig(images=str(tmp_path), validation_size=30))
+        == 30
+    )
+    write_image_folder(
+        np.zeros((300, 8, 8, 3), np.uint8), np.arange(300) % 3, tmp_path / "big"
+    )
+    assert _folder_validation_size(TrainConfig(images=str(tmp_path / "big"))) == 0.1

@@ -163,7 +163,7 @@ def _follow_model(args, subic) -> dict:
         args.dataset = args.dataset or source.get("dataset") or "cifar10"
         if args.data_dir is None:
             args.data_dir = source.get("data_dir")
-    args.split = args.split or "test"
+        args.split = args.split or "test"
     return source
 
 
