@@ -190,6 +190,7 @@ class Split:
                 )
             self.images, self._labels = images, None
             self._batches = streams.labelled_batches(images, 1, name)
+            streams.check_pixel_range(images, name)
         else:
             self.images, self._labels = _check_split(name, images, labels)
 

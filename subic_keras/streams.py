@@ -6,12 +6,14 @@ arrays (`train_subic`, `pretrain_backbone`, `baselines.train_hashing`,
 of `(image, label)` pairs in place of the two arrays, batched or not:
 
     pairs = keras.utils.image_dataset_from_directory("photos", image_size=(224, 224))
+    pairs = pairs.map(lambda x, y: (tf.cast(x, tf.uint8), y))  # its floats are 0..255
     subic, summary = sk.train_subic(backbone, 8, 64, pairs, None, validation_pairs)
 
-Images are uint8 pixels (scaled to `[0, 1]` inside the models) or floats;
-labels are integer class ids. Nothing is held in memory beyond a batch at a
-time, except what the arrays path also keeps per item: the labels, and the
-codes of an evaluation's database.
+Images are uint8 pixels (scaled to `[0, 1]` inside the models) or floats
+in `[0, 1]` (float pictures on another scale are refused:
+`check_pixel_range`); labels are integer class ids. Nothing is held in
+memory beyond a batch at a time, except what the arrays path also keeps per
+item: the labels, and the codes of an evaluation's database.
 
 A stream is read in its own order: shuffle a training stream yourself
 (`dataset.shuffle(n, reshuffle_each_iteration=True)`, or
@@ -123,6 +125,32 @@ def labelled_batches(data, batch_size: int, name: str = "data") -> tf.data.Datas
     if labels.shape.rank == 0:
         dataset = dataset.batch(batch_size)
     return dataset
+
+
+def check_pixel_range(data, name: str = "data") -> None:
+    """Refuses a stream of float pictures that are not in `[0, 1]`.
+
+    Float pictures `(H, W, C)` must be in `[0, 1]` (uint8 ones are scaled
+    inside the models). `keras.utils.image_dataset_from_directory` gives
+    floats in `[0, 255]`, which would train silently on the wrong scale:
+    its first batch is read to tell. uint8 pictures and feature vectors are
+    not read.
+
+    Raises:
+        ValueError: float pictures beyond `[0, 1]`, with the fix.
+    """
+    dataset = labelled_batches(data, _SUMMARY_BATCH, name)
+    images = dataset.element_spec[0]
+    if not images.dtype.is_floating or images.shape.rank != 4:
+        return
+    for batch, _ in dataset.take(1).as_numpy_iterator():
+        low, high = float(np.min(batch)), float(np.max(batch))
+        if low < 0 or high > 1:
+            raise ValueError(
+                f"{name}'s float pictures must be in [0, 1], received values in "
+                f"[{low:g}, {high:g}]; for keras.utils.image_dataset_from_directory "
+                "(0..255), map it with `lambda x, y: (tf.cast(x, tf.uint8), y)`"
+            )
 
 
 @dataclasses.dataclass

@@ -251,3 +251,18 @@ def test_augmenting_a_float_stream_is_refused(pictures):
         datasets.make_stream_dataset(floats, 8, augment=True)
     batch, labels = next(iter(datasets.make_stream_dataset(floats, 8)))
     assert batch.dtype == tf.float32 and tuple(labels.shape) == (8,)
+
+
+def test_float_pictures_on_the_0_255_scale_are_refused(pictures):
+    (x, y), (xv, yv) = pictures
+    # keras.utils.image_dataset_from_directory's scale: floats in 0..255.
+    wrong = tf.data.Dataset.from_tensor_slices((x.astype("float32"), y)).batch(32)
+    with pytest.raises(
+        ValueError, match=r"must be in \[0, 1\].*tf.cast\(x, tf.uint8\)"
+    ):
+        _train(wrong, None, (xv, yv), num_classes=4)
+    streams.check_pixel_range(wrong.map(lambda a, b: (a / 255, b)))  # accepted
+    features = tf.data.Dataset.from_tensor_slices(
+        (np.full((8, 5), 300.0), np.zeros(8, int))
+    )
+    streams.check_pixel_range(features)  # feature vectors: any range
