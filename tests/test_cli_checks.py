@@ -3,6 +3,7 @@ start-up: every one below is one line on stderr, exit status 2, before
 TensorFlow is imported."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,8 @@ MISTAKES = [
     (["search", "{folder}", "index.subic", "q.png"], "a directory, not a model file"),
     (["search", "{text}", "index.subic", "q.png", "-k", "0"], "-k must be >= 1"),
     (["search", "{loop}", "index.subic", "q.png"], "a loop of symbolic links"),
+    (["search", "/dev/zero", "index.subic", "q.png"], "not a regular file"),
+    (["search", "{fifo}", "index.subic", "q.png"], "not a regular file"),
     (["search", "{text}/m.keras", "i.subic", "q.png"], "a file where a folder belongs"),
     (["train", "--bits", "10"], "--bits must be a multiple of log2(--block-size)"),
     (["train", "--images", "{missing}"], "not found"),
@@ -58,6 +61,7 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
     (tmp_path / "notes.txt").write_text("not a model")
     (tmp_path / "folder").mkdir()
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    os.mkfifo(tmp_path / "fifo")
     model = tmp_path / "model.keras"
     with zipfile.ZipFile(model, "w") as archive:
         archive.writestr("config.json", "{}")
@@ -67,6 +71,7 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
         "folder": str(tmp_path / "folder"),
         "model": str(model),
         "loop": str(tmp_path / "loop"),
+        "fifo": str(tmp_path / "fifo"),
     }
     argvs = [[arg.format(**names) for arg in argv] for argv, _ in MISTAKES]
     done = subprocess.run(
