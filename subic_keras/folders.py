@@ -137,7 +137,8 @@ def image_folder(
         kept, summary = _check_files(
             root, [paths[i] for i in index], class_names, shape, name, skipped, workers
         )
-        images.check_classes(summary.labels, class_names, os.path.join(root, name))
+        if name == "training":  # a small class may lend validation nothing
+            images.check_classes(summary.labels, class_names, root)
         stream = _stream(root, kept, summary, shape, reshuffled, seed, skipped)
         splits.append((stream, kept))
     (training, training_paths), (validation, validation_paths) = splits
