@@ -172,6 +172,9 @@ class MilvusIndex(Searcher):
             block_size = check_block_size(block_size)
         self._uri, self._name = uri, collection
         self._write = _write_lock(uri, collection)
+        # Whether rows past the recorded counters were looked for, and the
+        # counters they imply (`_counters`).
+        self._counted, self._floor = False, (0, 0)
         if _is_local(uri):
             # Milvus Lite serves in-process and lacks AllocTimestamp, which
             # pymilvus calls and tolerates; grpc would log every such call
@@ -333,12 +336,16 @@ class MilvusIndex(Searcher):
 
         An `add` writes its rows, then the counters: a process killed in
         between leaves rows at or beyond the recorded `next_seq`. They are
-        found here (one query for the rows past the counter), so a reopened
-        collection counts them, lists them and never reuses their ids.
+        found here, once per opened index (a query for the rows past the
+        counter, which scans the collection), so a reopened collection counts
+        them, lists them and never reuses their ids; this process's own adds
+        keep the counters current afterwards.
         """
         properties = self._properties()
-        next_id = int(properties.get("subic.next_id", "0"))
-        next_seq = int(properties.get("subic.next_seq", "0"))
+        next_id = max(int(properties.get("subic.next_id", "0")), self._floor[0])
+        next_seq = max(int(properties.get("subic.next_seq", "0")), self._floor[1])
+        if self._counted:
+            return next_id, next_seq
         while True:
             orphans = self._client.query(
                 self._name,
@@ -347,9 +354,12 @@ class MilvusIndex(Searcher):
                 limit=_BATCH,
             )
             if not orphans:
-                return next_id, next_seq
+                break
             next_seq = max(int(row["seq"]) for row in orphans) + 1
             next_id = max(next_id, max(int(row["id"]) for row in orphans) + 1)
+        # Kept, as the recorded counters may stay behind until the next add.
+        self._floor, self._counted = (next_id, next_seq), True
+        return next_id, next_seq
 
     def _present(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` the collection holds."""

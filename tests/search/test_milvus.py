@@ -173,7 +173,9 @@ def test_a_kill_between_insert_and_counters_loses_nothing(rng, uri):
     assert len(reopened) == len(reopened.get_ids()) == 11_000
     new = reopened.add(rng.integers(0, 16, (5, 4)))
     assert new.tolist() == list(range(11_000, 11_005))  # no id reused
-    assert len(set(reopened.get_ids().tolist())) == len(reopened) == 11_005
+    again = reopened.add(rng.integers(0, 16, (5, 4)))
+    assert again.tolist() == list(range(11_005, 11_010))
+    assert len(set(reopened.get_ids().tolist())) == len(reopened) == 11_010
     reopened.close()
 
 
