@@ -187,9 +187,11 @@ def check_file(path: str | os.PathLike, kind: str) -> str:
     return path
 
 
-def check_keras_file(path: str | os.PathLike) -> str:
+def check_keras_file(path: str | os.PathLike, members: bool = True) -> str:
     """`path` if it is a readable `.keras` archive (a zip holding
-    `config.json`, every member intact); checked without TensorFlow.
+    `config.json`, and with `members` every member intact: a read of the
+    whole file, which the loader does, so a quick early check skips it);
+    checked without TensorFlow.
 
     Raises:
         FileNotFoundError, IsADirectoryError, PermissionError: `path` is no
@@ -202,7 +204,7 @@ def check_keras_file(path: str | os.PathLike) -> str:
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
-            corrupt = archive.testzip()
+            corrupt = archive.testzip() if members else None
     except (zipfile.BadZipFile, EOFError) as error:
         raise ValueError(
             f"not a Keras model file: not a zip archive, or truncated ({error}) "

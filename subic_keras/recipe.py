@@ -62,6 +62,8 @@ from subic_keras.config import QUERY_KINDS
 from subic_keras.config import Recipe as Recipe
 from subic_keras.models import Subic, build_subic, leaf_layers
 
+# The validation pictures that model selection needs (`train_subic`).
+MIN_VALIDATION = 20
 _CACHE_FORMAT = 1
 _PRETRAIN_HEAD = "classes"
 
@@ -85,18 +87,6 @@ def stage_optimizer(
         steps_per_epoch = math.ceil(num_images / recipe.batch_size)
     steps = steps_per_epoch * epochs
     return keras.optimizers.Adam(learning_rate_schedule(recipe.learning_rate, steps))
-
-
-def training_data(images, labels, recipe: Recipe, seed: int):
-    """A stage's training batches: shuffled, augmented if `recipe.augment`."""
-    return fit_dataset(
-        images,
-        labels,
-        recipe.batch_size,
-        shuffle=True,
-        augment=recipe.augment,
-        seed=seed,
-    )
 
 
 def fit_dataset(
@@ -180,7 +170,6 @@ class Split:
 
     def __init__(self, name: str, images, labels):
         self.name = name
-        self._summary: streams.StreamSummary | None = None
         self.is_stream = streams.is_stream(images)
         if self.is_stream:
             if labels is not None:
@@ -189,16 +178,14 @@ class Split:
                     f"(image, label) pairs, received {type(labels).__name__}"
                 )
             self.images, self._labels = images, None
-            self._batches = streams.labelled_batches(images, 1, name)
-            streams.check_pixel_range(images, name)
+            streams.check_pixel_range(images, name)  # checks the elements too
         else:
             self.images, self._labels = _check_split(name, images, labels)
 
     @property
     def summary(self) -> streams.StreamSummary:
-        if self._summary is None:
-            self._summary = streams.summarize(self.images, self.name)
-        return self._summary
+        """The stream's one-pass summary (made once: `streams.summarize`)."""
+        return streams.summarize(self.images, self.name)
 
     @property
     def labels(self) -> np.ndarray:
@@ -230,7 +217,8 @@ class Split:
     @property
     def input_shape(self) -> tuple:
         if self.is_stream:
-            return tuple(self._batches.element_spec[0].shape[1:])
+            spec = streams.labelled_batches(self.images, 1, self.name).element_spec
+            return tuple(spec[0].shape[1:])
         return tuple(np.shape(self.images)[1:])
 
     def steps(self, batch_size: int) -> int:
@@ -245,14 +233,21 @@ class Split:
             return self.summary.digest
         return _digest(self.images, self.labels)
 
-    def batches(self, batch_size: int, *, shuffle: bool, augment: bool, seed: int):
+    def training_batches(self, recipe: Recipe, seed: int):
+        """A stage's training batches: shuffled, augmented if `recipe.augment`."""
         return fit_dataset(
             self.images,
             self.fit_labels,
-            batch_size,
-            shuffle=shuffle,
-            augment=augment,
+            recipe.batch_size,
+            shuffle=True,
+            augment=recipe.augment,
             seed=seed,
+        )
+
+    def validation_batches(self, seed: int):
+        """Keras's validation batches, in order, as they are."""
+        return fit_dataset(
+            self.images, self.fit_labels, 256, shuffle=False, augment=False, seed=seed
         )
 
 
@@ -319,6 +314,15 @@ def pretraining_key(
     depend on the order of their examples (`streams.StreamSummary`).
     """
     training, held_out, _, _ = check_data(images, labels, validation, num_classes)
+    return _pretraining_key(
+        backbone, preprocessing, training, held_out, num_classes, recipe, seed
+    )
+
+
+def _pretraining_key(
+    backbone, preprocessing, training: Split, held_out: Split, num_classes, recipe, seed
+) -> str:
+    """`pretraining_key` of data `check_data` has checked already."""
     parts = [backbone] + ([preprocessing] if preprocessing is not None else [])
     settings = {
         "format": _CACHE_FORMAT,
@@ -491,15 +495,8 @@ def pretrain_backbone(
     key = None
     if cache_dir is not None or not (training.is_stream or held_out.is_stream):
         # A stream's digest costs a pass over it: only for the cache.
-        key = pretraining_key(
-            backbone,
-            preprocessing,
-            images,
-            labels,
-            validation,
-            num_classes,
-            recipe,
-            seed,
+        key = _pretraining_key(
+            backbone, preprocessing, training, held_out, num_classes, recipe, seed
         )
     paths = None if key is None or cache_dir is None else _cache_paths(cache_dir, key)
     if paths is not None:
@@ -539,12 +536,8 @@ def pretrain_backbone(
             start_at = max(first, resumed)
             phase_callbacks.insert(1, _Progress(partial, selector))
         classifier.fit(
-            training.batches(
-                recipe.batch_size, shuffle=True, augment=recipe.augment, seed=seed
-            ),
-            validation_data=held_out.batches(
-                256, shuffle=False, augment=False, seed=seed
-            ),
+            training.training_batches(recipe, seed),
+            validation_data=held_out.validation_batches(seed),
             epochs=last,
             initial_epoch=start_at,
             callbacks=phase_callbacks,
@@ -711,11 +704,11 @@ def train_subic(
     training, held_out, num_classes, input_shape = check_data(
         images, labels, validation, num_classes, input_shape
     )
-    if len(held_out) < 20:
+    if len(held_out) < MIN_VALIDATION:
         raise ValueError(
-            "validation must hold at least 20 images for model selection, "
-            f"received {len(held_out)} (hold out more: subic train's "
-            "--validation-size, or more pictures)"
+            f"validation must hold at least {MIN_VALIDATION} images for model "
+            f"selection, received {len(held_out)} (hold out more: subic "
+            "train's --validation-size, or more pictures)"
         )
     pretraining = None
     if recipe.pretrain_epochs:
@@ -755,10 +748,8 @@ def train_subic(
     )
     selector = BestWeights(f"val_map_{QUERY_KINDS[0]}", mode="max")
     history = subic.train_model.fit(
-        training.batches(
-            recipe.batch_size, shuffle=True, augment=recipe.augment, seed=seed
-        ),
-        validation_data=held_out.batches(256, shuffle=False, augment=False, seed=seed),
+        training.training_batches(recipe, seed),
+        validation_data=held_out.validation_batches(seed),
         epochs=recipe.epochs,
         callbacks=[
             EntropyWarmup(recipe.warmup_epochs),

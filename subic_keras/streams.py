@@ -285,22 +285,17 @@ def summarize(data, name: str = "data") -> StreamSummary:
     cached = known_summary(data)
     if cached is not None:
         return cached
-    dataset = as_dataset(data, name)
-    batched = dataset.element_spec[1].shape.rank == 1 if _pairs(dataset) else False
     summarizer = Summarizer(name)
-    for images, labels in _numpy_batches(data, name):
+    for images, labels in _numpy_batches(data, name):  # checks the elements
         summarizer.add(images, labels)
+    # A stream of batches gives label vectors; one of examples, scalars.
+    batched = as_dataset(data, name).element_spec[1].shape.rank == 1
     summary = summarizer.result(batched)
     try:
         remember(data, summary)
     except TypeError:
         pass
     return summary
-
-
-def _pairs(dataset: tf.data.Dataset) -> bool:
-    spec = dataset.element_spec
-    return isinstance(spec, tuple) and len(spec) >= 2
 
 
 def add_histogram(histogram: np.ndarray | None, images: np.ndarray) -> np.ndarray:

@@ -26,10 +26,7 @@ from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
 from subic_keras.images import labelled_files as read_labelled_files
 from subic_keras.models import Subic, build_subic, float32_copy
-from subic_keras.recipe import train_subic
-
-# Pictures that validation needs for model selection (`train_subic`).
-_MIN_VALIDATION = 20
+from subic_keras.recipe import MIN_VALIDATION, train_subic
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:
@@ -231,8 +228,8 @@ def _folder_validation_size(config: TrainConfig) -> float | int:
     if isinstance(size, float):
         assert config.images is not None
         listed = len(read_labelled_files(config.images)[0])
-        if size * listed < _MIN_VALIDATION:
-            return min(_MIN_VALIDATION, listed // 2)
+        if size * listed < MIN_VALIDATION:
+            return min(MIN_VALIDATION, listed // 2)
     return size
 
 

@@ -81,9 +81,7 @@ def train_hashing(
     selector = BestWeights("val_map", mode="max")
     network.compile(training.optimizer(recipe, recipe.epochs))
     history = network.train_model.fit(
-        training.batches(
-            recipe.batch_size, shuffle=True, augment=recipe.augment, seed=seed
-        ),
+        training.training_batches(recipe, seed),
         epochs=recipe.epochs,
         callbacks=[validator, selector, keras.callbacks.TerminateOnNaN(), *callbacks],
         verbose=verbose,

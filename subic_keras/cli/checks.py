@@ -64,7 +64,7 @@ def _index_build(args) -> None:
     if args.output is not None:
         check_output_path(args.output)
     check_int("--batch-size", args.batch_size, minimum=1)
-    check_keras_file(args.model)
+    check_keras_file(args.model, members=False)
     if args.folder is not None:
         refuse_given(
             args,
@@ -79,7 +79,7 @@ def _index_build(args) -> None:
 def _index_add(args) -> None:
     check_int("--batch-size", args.batch_size, minimum=1)
     check_file(args.index, "index file")
-    check_keras_file(args.model)
+    check_keras_file(args.model, members=False)
     if args.folder is not None:
         check_folder(args.folder)
 
@@ -92,7 +92,7 @@ def _index_remove(args) -> None:
 
 def _search(args) -> None:
     check_int("-k", args.k, minimum=1)
-    check_keras_file(args.model)
+    check_keras_file(args.model, members=False)
     queries = list(args.images)
     if args.milvus is None:
         if not queries:
@@ -110,7 +110,7 @@ def _serve(args) -> None:
         raise ValueError(f"--port must be <= 65535, received {port}")
     if not args.max_upload_mb > 0:
         raise ValueError(f"--max-upload-mb must be > 0, received {args.max_upload_mb}")
-    check_keras_file(args.model)
+    check_keras_file(args.model, members=False)
     check_file(args.index, "index file")
 
 
@@ -137,7 +137,7 @@ def _evaluate(args) -> None:
             "select a dataset split or its codes; --images takes none of them",
         )
         check_folder(args.images)
-    check_keras_file(args.model)
+    check_keras_file(args.model, members=False)
     if args.index is not None:
         check_file(args.index, "index file")
     _data_dir(args)
@@ -149,7 +149,7 @@ def _export(args) -> None:
             "--int8 needs --representative-data (calibration images), received none"
         )
     check_int("--num-representative", args.num_representative, minimum=1)
-    check_keras_file(args.model)
+    check_keras_file(args.model, members=False)
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise NotADirectoryError(20, "--output-dir is not a directory", args.output_dir)
     if args.version is not None:

@@ -29,8 +29,9 @@ opened, with the next default id and insertion counter. Differences from
   choice.
 - Writes: `add` checks that its ids are new, then inserts, then records
   its counters; a failed insert deletes what it inserted, and rows that a
-  killed process inserted without recording them are found and counted on
-  the next read or write (`_counters`), so ids are never reused. Writers in
+  killed process inserted without recording them are found and counted
+  when an opened index first reads or writes (`_counters`), so ids are
+  never reused. Writers in
   one process take turns (a lock per collection, shared by every
   `MilvusIndex` object). Writers in several processes are not serialised
   (Milvus does not enforce unique primary keys): give each its own ids, or
@@ -172,9 +173,9 @@ class MilvusIndex(Searcher):
             block_size = check_block_size(block_size)
         self._uri, self._name = uri, collection
         self._write = _write_lock(uri, collection)
-        # Whether rows past the recorded counters were looked for, and the
-        # counters they imply (`_counters`).
-        self._counted, self._floor = False, (0, 0)
+        # The counters implied by rows past the recorded ones, once they
+        # were looked for (`_counters`).
+        self._floor: tuple[int, int] | None = None
         if _is_local(uri):
             # Milvus Lite serves in-process and lacks AllocTimestamp, which
             # pymilvus calls and tolerates; grpc would log every such call
@@ -342,9 +343,10 @@ class MilvusIndex(Searcher):
         keep the counters current afterwards.
         """
         properties = self._properties()
-        next_id = max(int(properties.get("subic.next_id", "0")), self._floor[0])
-        next_seq = max(int(properties.get("subic.next_seq", "0")), self._floor[1])
-        if self._counted:
+        floor_id, floor_seq = self._floor or (0, 0)
+        next_id = max(int(properties.get("subic.next_id", "0")), floor_id)
+        next_seq = max(int(properties.get("subic.next_seq", "0")), floor_seq)
+        if self._floor is not None:
             return next_id, next_seq
         while True:
             orphans = self._client.query(
@@ -358,7 +360,7 @@ class MilvusIndex(Searcher):
             next_seq = max(int(row["seq"]) for row in orphans) + 1
             next_id = max(next_id, max(int(row["id"]) for row in orphans) + 1)
         # Kept, as the recorded counters may stay behind until the next add.
-        self._floor, self._counted = (next_id, next_seq), True
+        self._floor = next_id, next_seq
         return next_id, next_seq
 
     def _present(self, ids: np.ndarray) -> np.ndarray:
