@@ -40,13 +40,16 @@ def log(message: str) -> None:
 
 
 def simd_flags() -> list[str]:
-    """The CPU's AVX2 / AVX-512 flags: which kernels it can run."""
+    """The CPU's AVX2 / AVX-512 (x86) or Advanced SIMD (ARM) flags: which
+    kernels it can run."""
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):
                     return sorted(
-                        f for f in line.split()[2:] if f.startswith(("avx2", "avx512"))
+                        f
+                        for f in line.split()[2:]
+                        if f.startswith(("avx2", "avx512", "asimd"))
                     )
     except OSError:
         pass

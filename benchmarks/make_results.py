@@ -503,7 +503,9 @@ def render_serve_load(data: dict) -> list[str]:
         f"{data.get('machine', {}).get('cpu_count', '?')} cores shared by "
         "server and clients; "
         + (
-            f"native kernel {data['native_kernel']}). "
+            f"scanner {data['scanner']}). "
+            if data.get("scanner")
+            else f"native kernel {data['native_kernel']}). "
             if data.get("native_kernel")
             else "faiss's scan, the native one off or not built). "
         )
@@ -609,7 +611,7 @@ KNOWN = {
         render_folder_training,
     ),
     "serve_load_faiss.json": (
-        "Serving under load without the native scan (`SUBIC_NATIVE=0`)",
+        "Serving under load with faiss's scan (`--scanner faiss`)",
         render_serve_load,
     ),
 }

@@ -16,15 +16,15 @@ connections, at 1, 4 and 16 concurrent clients, each level for
 Beside them, in the same run: in-process `SubicIndex.search` of one query at
 a time on the same codes (what the server's search costs without HTTP).
 Clients and server share the machine's cores, so throughput is the whole
-machine's. Everything is recorded with the CPU model and the native scan's
-kernel (`None` with `SUBIC_NATIVE=0`, where faiss's scan searches: a
-machine without a C compiler).
+machine's. Everything is recorded with the CPU model and the scanner
+(`--scanner`, as `subic serve` takes it; `faiss` is what a machine without
+a C compiler gets).
 
 Example:
 
     python -m benchmarks.serve_load                  # 1,000,000 codes
     python -m benchmarks.serve_load --items 20000 --requests 40 --quick
-    SUBIC_NATIVE=0 python -m benchmarks.serve_load \
+    python -m benchmarks.serve_load --scanner faiss \
         --output benchmarks/results/serve_load_faiss.json
 """
 
@@ -70,6 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--output",
         default=os.path.join("benchmarks", "results", "serve_load.json"),
         help="the JSON report",
+    )
+    parser.add_argument(
+        "--scanner",
+        default="auto",
+        help="what scans the codes, in the server and in process (default: auto)",
     )
     return parser.parse_args(argv)
 
@@ -125,10 +130,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(model: str, index: str, port: int) -> subprocess.Popen:
+def start_server(model: str, index: str, port: int, scanner: str) -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, "-m", "subic_keras.cli", "serve", model, index,
-         "--port", str(port)],
+         "--port", str(port), "--scanner", scanner],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -203,11 +208,11 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[max(rank, 0)]
 
 
-def in_process_latency(index_path: str, queries: np.ndarray) -> dict:
+def in_process_latency(index_path: str, queries: np.ndarray, scanner: str) -> dict:
     """One query at a time through `SubicIndex.search`, in this process."""
     from subic_keras.search import SubicIndex
 
-    index = SubicIndex.load(index_path)
+    index = SubicIndex.load(index_path, scanner=scanner)
     index.search(queries[:1], K_RESULTS)  # builds the scan's tiles
     times = []
     for query in queries:
@@ -228,7 +233,7 @@ def in_process_latency(index_path: str, queries: np.ndarray) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.time()
-    from subic_keras.search import native
+    from subic_keras.search import SubicIndex
 
     levels = CONCURRENCY[:2] if args.quick else CONCURRENCY
     queries = relu_queries(max(args.requests, 200))
@@ -238,10 +243,10 @@ def main(argv=None) -> dict:
         index_path = build_index(directory, args.items)
         model_path = build_model(directory)
         log("in-process SubicIndex.search, one query at a time")
-        in_process = in_process_latency(index_path, queries[:200])
+        in_process = in_process_latency(index_path, queries[:200], args.scanner)
         port = free_port()
         log(f"starting subic serve on 127.0.0.1:{port}")
-        server = start_server(model_path, index_path, port)
+        server = start_server(model_path, index_path, port, args.scanner)
         try:
 
             def query_request(serial: int):
@@ -284,8 +289,7 @@ def main(argv=None) -> dict:
         "benchmark": "serve_load",
         **run_metadata("serve_load", "numpy", "tensorflow", "keras", "fastapi"),
         "cpu_flags": simd_flags(),
-        "native_kernel": native.kernel(K) if native.available() else None,
-        "environment": {"SUBIC_NATIVE": os.environ.get("SUBIC_NATIVE")},
+        "scanner": SubicIndex(M, K, args.scanner).scanner,
         "items": args.items,
         "num_blocks": M,
         "block_size": K,
@@ -303,11 +307,6 @@ def main(argv=None) -> dict:
         },
         "wall_seconds": round(time.time() - started, 1),
     }
-    if os.environ.get("SUBIC_NATIVE") is not None:
-        # The variable chooses the scan: the command must carry it.
-        report["command"] = f"SUBIC_NATIVE={os.environ['SUBIC_NATIVE']} " + str(
-            report["command"]
-        )
     print(json.dumps(report["goals"]))
     write_json(args.output, report)
     log(f"wrote {args.output}")

@@ -95,6 +95,7 @@ class SearchService:
         index_path: an index file built from a folder (`ImageIndex`).
         query: the query kind (`None`: the one saved with the model).
         max_upload_bytes: the largest picture a request may upload.
+        scanner: what scans the index's codes (`SubicIndex`'s argument).
 
     Raises:
         ValueError: for a model or index file that cannot be read, or an
@@ -107,6 +108,7 @@ class SearchService:
         index_path: str,
         query: str | None = None,
         max_upload_bytes: int = 20_000_000,
+        scanner: str = "auto",
     ):
         import tensorflow as tf
 
@@ -114,6 +116,7 @@ class SearchService:
 
         self.model_path = model_path
         self.index_path = index_path
+        self.scanner = scanner
         self.max_upload_bytes = int(max_upload_bytes)
         self.subic = load_subic(model_path)
         self.query_kind = query or self.subic.default_query
@@ -129,7 +132,7 @@ class SearchService:
     # The index ------------------------------------------------------------
 
     def _load(self) -> _Loaded:
-        index = ImageIndex.load(self.index_path)
+        index = ImageIndex.load(self.index_path, scanner=self.scanner)
         retrieval.check_model_fits(index, self.subic, f"index {self.index_path}")
         return _Loaded(index, time.time())
 

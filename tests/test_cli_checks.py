@@ -30,7 +30,7 @@ MISTAKES = [
         ["index", "build", "{model}", "--output", "{missing}/x.subic"],
         "the folder of the output file does not exist",
     ),
-    (["index", "build", "{model}"], "give one of --output FILE and --milvus URI"),
+    (["index", "build", "{model}"], "give --output INDEX"),
     (["serve", "{model}", "{text}", "--port", "70000"], "--port must be <= 65535"),
     (["export", "{model}", "--output-dir", "{text}"], "is not a directory"),
     (["export", "{model}", "--output-dir", "out", "--int8"], "--int8 needs"),

@@ -154,8 +154,8 @@ def test_folder_mistakes_are_one_line(model, folder, tmp_path, capsys):
     assert "--dataset select a dataset split; a folder of pictures" in err
     err, _ = _error(capsys, *build, "--output", out, "--protocol", "paper")
     assert "--protocol" in err
-    err, _ = _error(capsys, *build, "--milvus", "x.db")
-    assert "--milvus" in err
+    err, _ = _error(capsys, *build, "--output", "x.db")
+    assert "paths, which a Milvus collection does not hold" in err
     err, _ = _error(capsys, "index", "build", model, tmp_path / "nope", "--output", out)
     assert "image folder not found" in err
     err, _ = _error(

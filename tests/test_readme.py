@@ -122,8 +122,8 @@ def small_cifar10(shared_data_dir, monkeypatch):
 
 def test_every_block_is_run_by_a_test():
     languages = [language for language, _ in blocks()]
-    # setup, CLI, own pictures, Milvus CLI; Keras x2, folder, Milvus.
-    assert languages.count("bash") == 4 and languages.count("python") == 4
+    # setup, CLI, own pictures, Milvus CLI; Keras x2, folder, scanners, Milvus.
+    assert languages.count("bash") == 4 and languages.count("python") == 5
     assert set(languages) == {"bash", "python"}
 
 
@@ -168,12 +168,21 @@ def test_keras_snippets_run_as_written(tmp_path, small_cifar10, monkeypatch):
     history = namespace["subic"].train_model.history.history
     assert len(history["val_map_fc0"]) == 5
 
-    milvus = [code for language, code in blocks() if language == "python"][3]
+    milvus = [code for language, code in blocks() if language == "python"][4]
     pytest.importorskip("pymilvus", reason="the [milvus] extra")
     exec(milvus, namespace)
     assert namespace["ids"].shape == (10, 100)  # 100 codes in the small test split
     assert set(namespace["ids"].ravel()) <= set(range(1000, 1100)) | {-1}
     namespace["index"].close()
+
+
+def test_scanner_snippet_runs_as_written(capsys):
+    snippet = [code for language, code in blocks() if language == "python"][3]
+    assert "scanners.available" in snippet
+    exec(snippet, {})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sk.search.scanners.available(8, 64)
+    assert len({line.split(" ", 1)[1] for line in lines}) == 1  # the same ids
 
 
 def test_folder_snippet_runs_as_written(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import os
 from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.images import check_folder
+from subic_keras.search.uri import is_database
 
 
 def check(args) -> None:
@@ -58,17 +59,30 @@ def _train(args) -> None:
         )
 
 
+def _index(uri: str) -> None:
+    """A `.subic` file must exist; a Milvus database answers when opened."""
+    if not is_database(uri):
+        check_file(uri, "index file")
+
+
 def _index_build(args) -> None:
-    if (args.output is None) == (args.milvus is None):
-        raise ValueError("give one of --output FILE and --milvus URI")
-    if args.output is not None:
+    if args.output is None:
+        raise ValueError(
+            "give --output INDEX: a .subic file, or a Milvus .db path or server URL"
+        )
+    if args.folder is not None and is_database(args.output):
+        raise ValueError(
+            "a folder's index records its pictures' paths, which a Milvus "
+            f"collection does not hold; write a .subic file, received {args.output}"
+        )
+    if not is_database(args.output):
         check_output_path(args.output)
     check_int("--batch-size", args.batch_size, minimum=1)
     check_keras_file(args.model, members=False)
     if args.folder is not None:
         refuse_given(
             args,
-            ("dataset", "data_dir", "split", "protocol", "seed", "milvus"),
+            ("dataset", "data_dir", "split", "protocol", "seed"),
             f"select a dataset split; a folder of pictures ({args.folder}) takes "
             "none of them",
         )
@@ -93,14 +107,10 @@ def _index_remove(args) -> None:
 def _search(args) -> None:
     check_int("-k", args.k, minimum=1)
     check_keras_file(args.model, members=False)
-    queries = list(args.images)
-    if args.milvus is None:
-        if not queries:
-            raise ValueError("give at least one query image after the index file")
-        check_file(args.index, "index file")
-    else:
-        queries.insert(0, args.index)  # no index file: its place holds a query
-    for path in queries:
+    if not args.images:
+        raise ValueError("give at least one query image after the index")
+    _index(args.index)
+    for path in args.images:
         check_file(path, "query image file")
 
 
@@ -117,8 +127,6 @@ def _serve(args) -> None:
 def _evaluate(args) -> None:
     if args.output is not None:
         check_output_path(args.output)
-    if args.index and args.milvus:
-        raise ValueError("give at most one of --index FILE and --milvus URI")
     for name in ("queries_per_class", "num_queries"):
         value = getattr(args, name)
         if value is not None:
@@ -133,13 +141,13 @@ def _evaluate(args) -> None:
     if args.images is not None:
         refuse_given(
             args,
-            ("dataset", "data_dir", "split", "index", "milvus"),
+            ("dataset", "data_dir", "split", "index"),
             "select a dataset split or its codes; --images takes none of them",
         )
         check_folder(args.images)
     check_keras_file(args.model, members=False)
     if args.index is not None:
-        check_file(args.index, "index file")
+        _index(args.index)
     _data_dir(args)
 
 

@@ -22,8 +22,8 @@ from subic_keras.cli.console import debug_requested, quiet_imports
 from subic_keras.cli.parser import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
-from subic_keras.search import SubicIndex
-from subic_keras.search.image_index import ImageIndex, load_index
+from subic_keras.search import uri as search_uri
+from subic_keras.search.image_index import ImageIndex
 from subic_keras.training import train
 
 
@@ -193,10 +193,14 @@ def _write_json(path: str | None, result: dict) -> None:
             json.dump(result, handle, indent=2)
 
 
-def _milvus(args, num_blocks=None, block_size=None):
-    from subic_keras.search.milvus import MilvusIndex
-
-    return MilvusIndex(args.milvus, args.collection, num_blocks, block_size)
+def _open_index(args, uri: str):
+    """The index at `uri`, and how messages name it."""
+    index = search_uri.open(
+        uri, collection=args.collection, scanner=getattr(args, "scanner", "auto")
+    )
+    if search_uri.is_database(uri):
+        return index, f"collection {args.collection!r} at {uri}"
+    return index, f"index {uri}"
 
 
 def run_index_build(args) -> int:
@@ -211,20 +215,22 @@ def run_index_build(args) -> int:
     ids = np.arange(len(images))
     if args.protocol is not None:
         _, ids = protocols.protocol_split(args.protocol, labels, seed=args.seed or 0)
-    if args.milvus is not None:
-        with _milvus(args, subic.num_blocks, subic.block_size) as collection:
-            collection.add(subic.encode(images[ids]), ids=ids)
-            print(
-                f"added {len(ids)} {args.dataset} {args.split} images to "
-                f"collection {args.collection!r} at {args.milvus} "
-                f"({len(collection)} items)"
-            )
-        return 0
-    index = retrieval.build_index(subic, images[ids], ids=ids)
-    index.save(args.output)
+    added, total = search_uri.add_codes(
+        args.output,
+        subic.encode(images[ids], batch_size=args.batch_size),
+        ids,
+        num_blocks=subic.num_blocks,
+        block_size=subic.block_size,
+        collection=args.collection,
+    )
+    where = (
+        f"collection {args.collection!r} at {args.output}"
+        if search_uri.is_database(args.output)
+        else args.output
+    )
     print(
-        f"indexed {len(index)} {args.dataset} {args.split} images "
-        f"({index.bytes_per_item} bytes each) into {args.output}"
+        f"indexed {len(added)} {args.dataset} {args.split} images into {where} "
+        f"({total} items)"
     )
     return 0
 
@@ -372,13 +378,7 @@ def _read_query_images(
 def run_search(args) -> int:
     paths = args.images
     subic = _load_subic(args.model)
-    if args.milvus is not None:
-        index = _milvus(args)  # no index file: its place holds a query
-        where = f"collection {args.collection!r} at {args.milvus}"
-        paths = [args.index, *paths]
-    else:
-        index = load_index(args.index)
-        where = f"index {args.index}"
+    index, where = _open_index(args, args.index)
     retrieval.check_model_fits(index, subic, where)
     names, images, fingerprints = _read_query_images(
         paths, retrieval.input_shape(subic)
@@ -439,6 +439,7 @@ def run_serve(args) -> int:
         args.index,
         query=args.query,
         max_upload_bytes=int(args.max_upload_mb * 1e6),
+        scanner=args.scanner,
     )
     server.run(service, host=args.host, port=args.port)
     return 0
@@ -481,9 +482,7 @@ def run_evaluate(args) -> int:
         queries = options.get("num_queries", per_class * len(np.unique(labels)))
         database = max(1, len(labels) - queries)
         ks = tuple(k for k in ks if k <= database) or (database,)
-    index = SubicIndex.load(args.index) if args.index else None
-    if args.milvus is not None:
-        index = _milvus(args)
+    index = _open_index(args, args.index)[0] if args.index else None
     start = time.time()
     result = retrieval.evaluate(
         subic,

@@ -301,19 +301,28 @@ def _add_batch_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_milvus_arguments(parser: argparse.ArgumentParser, role: str) -> None:
-    parser.add_argument(
-        "--milvus",
-        metavar="URI",
-        default=None,
-        help=f"{role} a Milvus collection instead: a Milvus Lite path ending in "
-        ".db, or a server such as http://localhost:19530 (needs the [milvus] "
-        "extra; default: none)",
-    )
+# An index is named by one URI (subic_keras.search.uri).
+INDEX_URI = (
+    "a .subic file, a Milvus Lite database (a path ending in .db) or a Milvus "
+    "server such as http://localhost:19530 (Milvus needs the [milvus] extra)"
+)
+
+
+def _add_collection_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--collection",
         default="subic",
-        help="the Milvus collection, with --milvus (default: %(default)s)",
+        help="the collection, where the index is a Milvus one (default: %(default)s)",
+    )
+
+
+def _add_scanner_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scanner",
+        default="auto",
+        help="what scans a .subic file's codes: auto, native-vbmi, native-avx2, "
+        "native-neon, native-portable, faiss or faiss-fastscan, as far as this "
+        "machine runs them (default: %(default)s, the fastest)",
     )
 
 
@@ -429,11 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--output",
+        metavar="INDEX",
         default=None,
-        help="the index file to write (required unless --milvus)",
+        help=f"where the codes go: {INDEX_URI}. A file is written anew, a Milvus "
+        "collection added to (required)",
     )
     _add_batch_argument(build)
-    _add_milvus_arguments(build, "add the codes to")
+    _add_collection_argument(build)
     build.set_defaults(run="run_index_build", command_name="index build")
 
     add = index_commands.add_parser(
@@ -475,11 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
         "search", parents=[common], help="search an index with query images"
     )
     search.add_argument("model", help="a SuBiC .keras model")
-    search.add_argument(
-        "index",
-        help="a SubicIndex file (with --milvus there is none: the first "
-        "argument after the model is a query)",
-    )
+    search.add_argument("index", help=f"the index: {INDEX_URI}")
     search.add_argument(
         "images",
         nargs="*",
@@ -500,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print one JSON object per match (query, rank, score, id, path) "
         "instead of a table (default: off)",
     )
-    _add_milvus_arguments(search, "search")
+    _add_collection_argument(search)
+    _add_scanner_argument(search)
     search.set_defaults(run="run_search", command_name="search")
 
     serve = commands.add_parser(
@@ -511,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from a folder, serves them at GET /items/ID, and a web page at /.",
     )
     _add_model_and_index(serve)
+    _add_scanner_argument(serve)
     serve.add_argument(
         "--host",
         default="127.0.0.1",
@@ -570,10 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--index",
         default=None,
-        help="a prebuilt database index, ids the positions in the split "
-        "(default: encode the database)",
+        help=f"a prebuilt database index, ids the positions in the split: "
+        f"{INDEX_URI} (default: encode the database)",
     )
-    _add_milvus_arguments(evaluate, "read the database codes from")
+    _add_collection_argument(evaluate)
+    _add_scanner_argument(evaluate)
     evaluate.add_argument(
         "--ties",
         choices=("pessimistic", "expected", "optimistic", "index"),

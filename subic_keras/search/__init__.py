@@ -8,35 +8,45 @@ look-up-table scan with `M` additions (paper Sec. 3.3):
 
 One module per concept:
 
-- `base`: the backend interface (`Searcher`, `SearchBackend`), the tie and
-  missing-result conventions every backend follows, and the input checks
-  backends share.
-- `subic_index`: `SubicIndex`, the in-memory backend over faiss.
-- `image_index`: `ImageIndex`, a `SubicIndex` of a folder's pictures with
-  each one's path, in one file (`subic index build FOLDER`).
-- `engines`: the scans behind it: the native exact scan where it was built,
-  else faiss's (exact scan for any `K`; 4-bit SIMD fast scan with exact
-  re-scoring for `K = 16`).
+- `base`: the backend interface (`Searcher`, `SearchBackend`): public
+  methods check their arguments once and call the backend's private ones;
+  the tie and missing-result conventions; the input checks backends share.
+- `store`: `CodeStore`, the packed codes and ids of an index (what a
+  `.subic` file holds).
+- `scanners`: what ranks a store: the native exact scan with each SIMD
+  kernel (`native-vbmi`, `native-avx2`, `native-neon`, `native-portable`),
+  faiss's exact scan and faiss's 4-bit fast scan; `available(M, K)` lists
+  those this machine runs, `SubicIndex(..., scanner=...)` picks one.
 - `native`: the native exact scan (`_scan.c`): SIMD bounds from quantised
   look-up tables, exact float64 refinement, the same top-k as a brute force.
+- `subic_index`: `SubicIndex`, a store and a scanner, in memory.
+- `image_index`: `ImageIndex`, a `SubicIndex` of a folder's pictures with
+  each one's path, in one file (`subic index build FOLDER`).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
+- `milvus`: `MilvusIndex`, codes in a Milvus collection (Milvus Lite or a
+  server).
+- `uri`: `open(uri)`, one address for every backend (a `.subic` file, a
+  Milvus Lite `.db`, a Milvus server URL).
 - `file_format`: the byte-level specification of `.subic` files.
 - `packing`: the bit packing of codes (`M * log2 K` bits per item).
 
-faiss implements neither `IndexPQ` nor the fast-scan indexes on GPU, so
-searches run on CPU cores, with or without faiss-gpu. The fast-scan path
-holds fewer than 2**31 items per index (a faiss limit).
+faiss is needed for its own scanners and the quantizer baselines only: where
+the native scan was built, search runs without it. faiss implements neither
+`IndexPQ` nor its fast scan on GPU, so every scan runs on CPU cores.
 
 Storage. `M * log2(K)` bits per item (`code_size` bytes, padded to whole
-bytes) plus an int64 id; `bytes_per_item` reports the in-memory cost. The
-fast-scan layout rounds `M` up to an even number of blocks.
+bytes) plus an int64 id; `bytes_per_item` reports it. Scanners keep their
+own layouts beside it (the native kernels' tiles: about `code_size` bytes
+per item again).
 """
 
+from subic_keras.search import scanners
 from subic_keras.search.base import SearchBackend, Searcher
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.sharding import ShardedSubicIndex, merge_results
 from subic_keras.search.subic_index import SubicIndex
+from subic_keras.search.uri import open
 
 __all__ = [
     "ImageIndex",
@@ -45,4 +55,6 @@ __all__ = [
     "ShardedSubicIndex",
     "SubicIndex",
     "merge_results",
+    "open",
+    "scanners",
 ]

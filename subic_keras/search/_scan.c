@@ -11,15 +11,19 @@
  * For every query the tables are quantised to integers with one step
  * `delta` and a per-table offset, rounding down: q = floor((v - min_g) /
  * delta), so v - min_g lies in [q delta, (q + 1) delta). The quantised sum
- * Q of an item (16-bit, added with SIMD shuffles: pshufb for 4-bit
- * sub-codes, vpermb for sub-codes of up to 8 bits; in portable C for
- * 16-bit sub-codes, blocks of 512 or 1024 values) bounds its score:
+ * Q of an item (16-bit, added with SIMD table look-ups: AVX2 pshufb, on
+ * 16-entry tables or, for 5- to 8-bit sub-codes, on 16-entry sub-tables
+ * chosen by a blend tree on the high bits; AVX-512 VBMI vpermb; NEON tbl;
+ * portable C everywhere, and for 16-bit sub-codes) bounds its score:
  *
  *     base + delta Q  <=  score  <  base + delta (Q + G)
  *
- * with `base = sum_g min_g` and G sub-codes. Candidates gather in a buffer
- * of 2k; when it is full it is cut back to the k best by quickselect, and
- * S_k, the k-th best exact score, sets the bar. An item with Q < t, where
+ * with `base = sum_g min_g` and G sub-codes. The k best items so far are
+ * kept in a heap whose root, the k-th best exact score S_k, sets the bar
+ * from the k-th item on (the bar rises with every item it takes: 20% fewer
+ * items scored exactly than with a buffer of 2k cut back by quickselect;
+ * as fast on random codes, and on clustered ones). Items of equal codes
+ * are scanned once (`Database.members`). An item with Q < t, where
  * t = ceil((S_k - base) / delta) - G - 1, scores below S_k and is skipped;
  * every other item is scored exactly (in float64) and kept if it beats
  * S_k. The extra -1 absorbs floating-point rounding. Results are therefore
@@ -27,8 +31,10 @@
  * (earlier first).
  */
 
+#ifndef SUBIC_NO_PYTHON /* the emulator test builds the kernels alone */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#endif
 
 #include <math.h>
 #include <limits.h>
@@ -42,6 +48,17 @@
 #else
 #define SUBIC_X86 0
 #endif
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define SUBIC_NEON 1
+#else
+#define SUBIC_NEON 0
+#endif
+
+/* The kernels, by the number the binding takes. */
+enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VBMI = 2, KERNEL_NEON = 3 };
+static const char *const KERNEL_NAMES[] = {"portable", "avx2", "vbmi", "neon"};
 
 #define QUERY_GROUP 8        /* queries sharing each pass over a tile */
 #define LARGE_K (1 << 16)    /* beyond it, one query at a time (buffer memory) */
@@ -57,18 +74,28 @@ typedef struct {
     int bits, table, groups;
     int num_blocks, block_size, nbits, per_group, entries; /* sub-code layout */
     int64_t k;
+    /* Items with equal codes are scanned once: row r of the tiles is the
+       code of items members[starts[r]], ..., members[starts[r + 1] - 1]
+       (increasing positions). NULL: row r is the item at position r. */
+    const int64_t *starts, *members;
+    int qmax;     /* the largest quantised table entry */
+    int per_byte; /* look-ups the SIMD kernels sum in bytes: 255 / qmax */
 } Database;
 
 typedef struct {
     double *lut;       /* groups x table, exact */
     uint8_t *qlut;     /* groups x table, quantised */
+    uint8_t *packed;   /* groups x table / 2: two 4-bit entries a byte (AVX2) */
     double base, delta;
     int32_t threshold; /* items with Q below it are skipped */
-    Item *kept;        /* candidates, room for 2k; the k best are kept */
-    int64_t size;
-    int has_kth;       /* once 2k candidates came: */
-    Item kth;          /* the k-th best of them, the bar for later items */
+    Item *kept;        /* the k best so far: a heap, the worst at its root */
+    int64_t size;      /* once it is k, the root is the bar for later items */
 } Query;
+
+/* Scans `valid` items of a tile (from item `start`) for one query,
+   offering each item whose bound reaches its bar. */
+typedef void (*TileKernel)(Query *q, const Database *db, const uint8_t *cols, int64_t valid,
+                           int64_t start);
 
 /* `a` ranks after `b`: a lower score, or an equal score at a later position. */
 static inline int ranks_after(const Item *a, const Item *b) {
@@ -81,30 +108,28 @@ static inline void swap_items(Item *a, Item *b) {
     *b = t;
 }
 
-/* Reorders `items` so that the first `k` are the best, the k-th best at
-   `k - 1` (quickselect; positions are unique, so the order is total). */
-static void select_best(Item *items, int64_t n, int64_t k) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        /* The median of three as pivot. */
-        if (ranks_after(&items[lo], &items[mid])) swap_items(&items[lo], &items[mid]);
-        if (ranks_after(&items[lo], &items[hi])) swap_items(&items[lo], &items[hi]);
-        if (ranks_after(&items[mid], &items[hi])) swap_items(&items[mid], &items[hi]);
-        Item pivot = items[mid];
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (ranks_after(&pivot, &items[i])) i++;
-            while (ranks_after(&items[j], &pivot)) j--;
-            if (i <= j) swap_items(&items[i++], &items[j--]);
-        }
-        if (k - 1 <= j)
-            hi = j;
-        else if (k - 1 >= i)
-            lo = i;
-        else
-            break;
+/* Moves `item` down from `at` in a heap of the k best (the worst at the
+   root) to its place. */
+static void sift_down(Item *heap, int64_t size, int64_t at, Item item) {
+    for (;;) {
+        int64_t child = 2 * at + 1;
+        if (child >= size) break;
+        if (child + 1 < size && ranks_after(&heap[child + 1], &heap[child])) child++;
+        if (!ranks_after(&heap[child], &item)) break;
+        heap[at] = heap[child];
+        at = child;
     }
+    heap[at] = item;
+}
+
+static void sift_up(Item *heap, int64_t at, Item item) {
+    while (at > 0) {
+        int64_t parent = (at - 1) / 2;
+        if (!ranks_after(&item, &heap[parent])) break;
+        heap[at] = heap[parent];
+        at = parent;
+    }
+    heap[at] = item;
 }
 
 static int best_first(const void *a, const void *b) {
@@ -131,23 +156,17 @@ static void build_tables(const float *z, const Database *db, double *lut) {
     }
 }
 
-/* Keeps the k best candidates; the k-th becomes the bar, and the bound
-   threshold follows from its score. */
-static void compact(Query *q, const Database *db) {
-    select_best(q->kept, q->size, db->k);
-    q->size = db->k;
-    q->kth = q->kept[db->k - 1];
-    q->has_kth = 1;
-    double t = ceil((q->kth.score - q->base) / q->delta) - db->groups - 1;
+/* The bound threshold that the k-th best exact score so far (the heap's
+   root) sets. */
+static void raise_bar(Query *q, const Database *db) {
+    double t = ceil((q->kept[0].score - q->base) / q->delta) - db->groups - 1;
     q->threshold = t < 0 ? 0 : (t > 65536 ? 65536 : (int32_t)t);
 }
 
 static void quantise(Query *q, const Database *db) {
     const int groups = db->groups, table = db->table;
     const int entries = db->bits == 4 ? 16 : table;
-    /* 16-bit sums: the largest quantised sum must stay below 2^16. */
-    int qmax = 65535 / groups;
-    if (qmax > 255) qmax = 255;
+    const int qmax = db->qmax;
     double range = 0.0, magnitude = 0.0;
     q->base = 0.0;
     for (int g = 0; g < groups; g++) {
@@ -183,6 +202,17 @@ static void quantise(Query *q, const Database *db) {
     }
 }
 
+/* Two 4-bit entries a byte: byte b of group g's packed table holds entry
+   b (low nibble) and entry b + table / 2 (high nibble). */
+static void pack_nibbles(Query *q, const Database *db) {
+    const int half = db->table / 2;
+    for (int g = 0; g < db->groups; g++) {
+        const uint8_t *t = q->qlut + (int64_t)g * db->table;
+        uint8_t *out = q->packed + (int64_t)g * half;
+        for (int b = 0; b < half; b++) out[b] = (uint8_t)(t[b] | (t[b + half] << 4));
+    }
+}
+
 /* Sub-code g of the item at `lane` of a tile. */
 static inline int sub_code(const Database *db, const uint8_t *cols, int g, int64_t lane) {
     if (db->bits == 16) return ((const uint16_t *)cols)[(int64_t)g * db->tile + lane];
@@ -193,15 +223,60 @@ static inline int sub_code(const Database *db, const uint8_t *cols, int g, int64
     return cols[(int64_t)g * db->tile + lane];
 }
 
+/* The exact score of the item at `lane` of a tile: even and odd sub-codes
+   summed apart (half the latency), then added. */
+static inline double exact_score(const Query *q, const Database *db, const uint8_t *cols,
+                                 int64_t lane) {
+    const double *lut = q->lut;
+    const int64_t table = db->table, tile = db->tile;
+    const int groups = db->groups;
+    double sums[2] = {0.0, 0.0};
+    if (db->bits == 8) {
+        const uint8_t *c = cols + lane;
+        for (int g = 0; g < groups; g++) sums[g & 1] += lut[g * table + c[g * tile]];
+    } else if (db->bits == 4) { /* table == 16: sub-codes 2c and 2c + 1 in byte c */
+        const uint8_t *c = cols + lane;
+        for (int g = 0; g + 1 < groups; g += 2) {
+            uint8_t byte = c[(g >> 1) * tile];
+            sums[0] += lut[g * 16 + (byte & 15)];
+            sums[1] += lut[g * 16 + 16 + (byte >> 4)];
+        }
+        if (groups & 1) sums[0] += lut[(groups - 1) * 16 + (c[(groups >> 1) * tile] & 15)];
+    } else {
+        for (int g = 0; g < groups; g++)
+            sums[g & 1] += lut[g * table + sub_code(db, cols, g, lane)];
+    }
+    return sums[0] + sums[1];
+}
+
+/* Keeps `item` if it is among the k best so far; 0 if it is not. */
+static inline int keep(Query *q, const Database *db, Item item) {
+    if (q->size < db->k) {
+        sift_up(q->kept, q->size++, item);
+        if (q->size == db->k) raise_bar(q, db);
+    } else if (ranks_after(&q->kept[0], &item)) {
+        sift_down(q->kept, q->size, 0, item);
+        raise_bar(q, db);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Scores the code at `lane` of a tile (row `row` of the tiles) exactly, and
+   keeps its items that are among the k best: in increasing positions, so
+   once one is not, none after it is (an equal score, a later position). */
 static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lane,
-                  int64_t position) {
-    double score = 0.0;
-    for (int g = 0; g < db->groups; g++)
-        score += q->lut[(int64_t)g * db->table + sub_code(db, cols, g, lane)];
-    Item item = {score, position};
-    if (q->has_kth && !ranks_after(&q->kth, &item)) return;
-    q->kept[q->size++] = item;
-    if (q->size == 2 * db->k) compact(q, db);
+                  int64_t row) {
+    Item item = {exact_score(q, db, cols, lane), row};
+    if (!db->members) {
+        keep(q, db, item);
+        return;
+    }
+    for (int64_t m = db->starts[row]; m < db->starts[row + 1]; m++) {
+        item.position = db->members[m];
+        if (!keep(q, db, item)) break;
+    }
 }
 
 /* Quantised sums of a tile ------------------------------------------------- */
@@ -227,72 +302,173 @@ static void sums_scalar(const Database *db, const uint8_t *cols, const uint8_t *
     }
 }
 
-#if SUBIC_X86
-/* Offers the lanes of 16-bit sums whose bit is set in `mask`; `item` maps a
-   lane to its offset in the tile (the sums are kept in even/odd halves). */
+/* Offers the items whose 16-bit sum passes: `sums[lane]` is the sum of
+   item `base_lane + 2 * lane + odd` (even and odd items apart), and bit
+   `lane << shift` of `mask` is set where it passed. */
 static inline void offer_hits(Query *q, const Database *db, const uint8_t *cols,
-                              uint64_t mask, const uint16_t *sums, int64_t base_lane,
-                              int odd, int64_t valid, int64_t start) {
+                              uint64_t mask, int shift, const uint16_t *sums,
+                              int64_t base_lane, int odd, int64_t valid, int64_t start) {
     while (mask) {
-        int lane = __builtin_ctzll(mask);
+        int lane = __builtin_ctzll(mask) >> shift;
         mask &= mask - 1;
-        int64_t at = base_lane + 16 * (lane >> 3) + 2 * (lane & 7) + odd;
+        int64_t at = base_lane + 2 * lane + odd;
         if (at < valid && sums[lane] >= q->threshold) offer(q, db, cols, at, start + at);
     }
 }
 
-/* Adds 32 byte values to 16-bit sums, kept as even and odd lanes. */
-__attribute__((target("avx2"))) static inline void add_bytes_avx2(__m256i *even,
-                                                                  __m256i *odd,
-                                                                  __m256i r) {
-    *even = _mm256_add_epi16(*even, _mm256_and_si256(r, _mm256_set1_epi16(255)));
-    *odd = _mm256_add_epi16(*odd, _mm256_srli_epi16(r, 8));
+#if SUBIC_X86
+/* Adds 32 byte values to 16-bit sums as faiss's fast scan does: `lo`
+   collects every byte at weight 1 and 256 (its even bytes are the even
+   items' sums plus 256 times the odd ones'), `hi` the odd bytes alone;
+   `finish_avx2` takes them apart, modulo 2^16, where no sum overflows. */
+#define SUBIC_AVX2 __attribute__((target("avx2")))
+/* Kernels specialised by constant arguments (table size, query count). */
+#define ALWAYS_INLINE __attribute__((always_inline))
+SUBIC_AVX2 static inline void widen_avx2(__m256i *lo, __m256i *hi, __m256i r) {
+    *lo = _mm256_add_epi16(*lo, r);
+    *hi = _mm256_add_epi16(*hi, _mm256_srli_epi16(r, 8));
 }
 
-__attribute__((target("avx2,bmi2"))) static void tile_nibbles_avx2(Query *q,
-                                                             const Database *db,
-                                                             const uint8_t *cols,
-                                                             int64_t valid,
-                                                             int64_t start) {
-    const int64_t tile = db->tile;
-    const int groups = db->groups;
-    const __m256i low4 = _mm256_set1_epi8(15);
-    uint16_t sums[2][16];
-    for (int64_t i = 0; i < valid; i += 32) {
-        __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-        for (int g = 0; g < groups; g += 2) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(cols + (g >> 1) * tile + i));
-            __m256i t0 = _mm256_broadcastsi128_si256(
-                _mm_loadu_si128((const __m128i *)(q->qlut + (int64_t)g * db->table)));
-            __m256i r = _mm256_shuffle_epi8(t0, _mm256_and_si256(v, low4));
-            if (g + 1 < groups) {
-                __m256i t1 = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                    (const __m128i *)(q->qlut + (int64_t)(g + 1) * db->table)));
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                add_bytes_avx2(&even, &odd, _mm256_shuffle_epi8(t1, hi));
-            }
-            add_bytes_avx2(&even, &odd, r);
-        }
-        if (q->threshold > 65535) return;
-        __m256i t = _mm256_set1_epi16((short)(uint16_t)q->threshold);
-        __m256i pass_even = _mm256_cmpeq_epi16(_mm256_max_epu16(even, t), even);
-        __m256i pass_odd = _mm256_cmpeq_epi16(_mm256_max_epu16(odd, t), odd);
-        uint32_t me = (uint32_t)_mm256_movemask_epi8(pass_even);
-        uint32_t mo = (uint32_t)_mm256_movemask_epi8(pass_odd);
-        if (me | mo) {
-            _mm256_storeu_si256((__m256i *)sums[0], even);
-            _mm256_storeu_si256((__m256i *)sums[1], odd);
-            /* movemask gives two bits per 16-bit lane: keep one. */
-            me = (uint32_t)_pext_u32(me, 0x55555555u);
-            mo = (uint32_t)_pext_u32(mo, 0x55555555u);
-            offer_hits(q, db, cols, me, sums[0], i, 0, valid, start);
-            offer_hits(q, db, cols, mo, sums[1], i, 1, valid, start);
-        }
+/* Sums look-ups in bytes, `db->per_byte` at a time, then widens them. */
+typedef struct {
+    __m256i lo, hi, bytes;
+    int count;
+} SumsAvx2;
+
+SUBIC_AVX2 static inline void add_avx2(SumsAvx2 *s, __m256i r, int per_byte) {
+    s->bytes = _mm256_add_epi8(s->bytes, r);
+    if (++s->count == per_byte) {
+        widen_avx2(&s->lo, &s->hi, s->bytes);
+        s->bytes = _mm256_setzero_si256();
+        s->count = 0;
     }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline __m512i lookup_vbmi(
-    __m512i v, const uint8_t *t, int table) {
+/* Offers the items of a 32-item block whose sum reaches the threshold. */
+SUBIC_AVX2 static inline void finish_avx2(Query *q, const Database *db,
+                                          const uint8_t *cols, SumsAvx2 *s, int64_t i,
+                                          int64_t valid, int64_t start) {
+    if (s->count) widen_avx2(&s->lo, &s->hi, s->bytes);
+    __m256i even = _mm256_sub_epi16(s->lo, _mm256_slli_epi16(s->hi, 8)), odd = s->hi;
+    __m256i t = _mm256_set1_epi16((short)(uint16_t)q->threshold);
+    /* Two mask bits per 16-bit lane: the even ones name the lanes. */
+    uint32_t me = (uint32_t)_mm256_movemask_epi8(
+                      _mm256_cmpeq_epi16(_mm256_max_epu16(even, t), even)) &
+                  0x55555555u;
+    uint32_t mo = (uint32_t)_mm256_movemask_epi8(
+                      _mm256_cmpeq_epi16(_mm256_max_epu16(odd, t), odd)) &
+                  0x55555555u;
+    if (me | mo) {
+        uint16_t sums[2][16];
+        _mm256_storeu_si256((__m256i *)sums[0], even);
+        _mm256_storeu_si256((__m256i *)sums[1], odd);
+        offer_hits(q, db, cols, me, 1, sums[0], i, 0, valid, start);
+        offer_hits(q, db, cols, mo, 1, sums[1], i, 1, valid, start);
+    }
+}
+
+SUBIC_AVX2 static inline __m256i table16_avx2(const uint8_t *t) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+}
+
+/* 4-bit sub-codes, two per byte: one pshufb per sub-code, 64 items at a
+   time (each table load serves two code loads: 1.05x faster than 32 at a
+   time for two queries, M = 16 over 1M codes on a Zen 4). */
+SUBIC_AVX2 static void tile_nibbles_avx2(Query *q, const Database *db, const uint8_t *cols,
+                                    int64_t valid, int64_t start) {
+    const int64_t tile = db->tile;
+    const int groups = db->groups, table = db->table, per_byte = db->per_byte;
+    const __m256i low4 = _mm256_set1_epi8(15);
+    for (int64_t i = 0; i < valid; i += 64) {
+        SumsAvx2 s[2];
+        for (int h = 0; h < 2; h++)
+            s[h].lo = s[h].hi = s[h].bytes = _mm256_setzero_si256(), s[h].count = 0;
+        for (int g = 0; g < groups; g += 2) {
+            const uint8_t *t = q->qlut + (int64_t)g * table;
+            __m256i t0 = table16_avx2(t), t1 = table16_avx2(t + table);
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256(
+                    (const __m256i *)(cols + (g >> 1) * tile + i + 32 * h));
+                add_avx2(&s[h], _mm256_shuffle_epi8(t0, _mm256_and_si256(v, low4)),
+                         per_byte);
+                if (g + 1 < groups) {
+                    __m256i up = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                    add_avx2(&s[h], _mm256_shuffle_epi8(t1, up), per_byte);
+                }
+            }
+        }
+        if (q->threshold > 65535) return;
+        finish_avx2(q, db, cols, &s[0], i, valid, start);
+        finish_avx2(q, db, cols, &s[1], i + 32, valid, start);
+    }
+}
+
+/* Entry `v` of 16-entry sub-tables `t` (`count` of them, 16 bytes apart)
+   for 32 indices `v`: pshufb looks every sub-table up by the low four bits
+   (`low`), and a blend tree keeps the one bits 4, 5, ... name. blendv
+   selects on a byte's top bit, so bit b is shifted there. */
+SUBIC_AVX2 ALWAYS_INLINE static inline __m256i split_lookup_avx2(__m256i v, __m256i low, const uint8_t *t,
+                                                   int count) {
+    __m256i r[16];
+    for (int s = 0; s < count; s++) r[s] = _mm256_shuffle_epi8(table16_avx2(t + 16 * s), low);
+    for (int bit = 4, width = count; width > 1; bit++, width /= 2) {
+        __m256i select = _mm256_slli_epi16(v, 7 - bit);
+        for (int s = 0; s < width / 2; s++)
+            r[s] = _mm256_blendv_epi8(r[2 * s], r[2 * s + 1], select);
+    }
+    return r[0];
+}
+
+/* Sub-codes of 5 to 8 bits, one per byte, in tables of `table` = 64, 128
+   or 256 entries. With 4-bit entries (qmax <= 15) each byte of the packed
+   table holds entry j (low nibble) and entry j + table / 2 (high nibble):
+   half the look-ups, and the top index bit picks the nibble. 32 items at
+   a time: sharing table loads between two code loads (as the nibble
+   kernel does) or code loads between two queries outgrows the 16
+   registers (measured 1.04x to 1.4x slower on a Zen 4). */
+SUBIC_AVX2 ALWAYS_INLINE static inline void split_avx2(Query *q, const Database *db,
+                                                       const uint8_t *cols, int64_t valid,
+                                                       int64_t start, int table) {
+    const int64_t tile = db->tile;
+    const int per_byte = db->per_byte, nibbles = db->qmax <= 15;
+    const int top_bit = table == 64 ? 5 : (table == 128 ? 6 : 7);
+    const __m256i low4 = _mm256_set1_epi8(15);
+    for (int64_t i = 0; i < valid; i += 32) {
+        SumsAvx2 s = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256(), 0};
+        for (int g = 0; g < db->groups; g++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(cols + (int64_t)g * tile + i));
+            /* An index with its top bit set would look up 0. */
+            __m256i low = table == 256 ? _mm256_and_si256(v, low4) : v;
+            __m256i r;
+            if (nibbles) {
+                r = split_lookup_avx2(v, low, q->packed + (int64_t)g * (table / 2), table / 32);
+                __m256i upper = _mm256_slli_epi16(v, 7 - top_bit);
+                r = _mm256_and_si256(_mm256_blendv_epi8(r, _mm256_srli_epi16(r, 4), upper),
+                                     low4);
+            } else {
+                r = split_lookup_avx2(v, low, q->qlut + (int64_t)g * table, table / 16);
+            }
+            add_avx2(&s, r, per_byte);
+        }
+        if (q->threshold > 65535) return;
+        finish_avx2(q, db, cols, &s, i, valid, start);
+    }
+}
+
+/* One copy per table size, so that the blend trees are unrolled. */
+#define SPLIT_AVX2(table)                                                                 \
+    SUBIC_AVX2 static void tile_split##table##_avx2(Query *q, const Database *db,          \
+                                                    const uint8_t *cols, int64_t valid,    \
+                                                    int64_t start) {                       \
+        split_avx2(q, db, cols, valid, start, table);                                     \
+    }
+SPLIT_AVX2(64)
+SPLIT_AVX2(128)
+SPLIT_AVX2(256)
+
+#define SUBIC_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+SUBIC_VBMI static inline __m512i lookup_vbmi(__m512i v, const uint8_t *t, int table) {
     if (table <= 64) return _mm512_permutexvar_epi8(v, _mm512_loadu_si512((const void *)t));
     __m512i r0 = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)t), v,
                                           _mm512_loadu_si512((const void *)(t + 64)));
@@ -302,42 +478,142 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline __m512i loo
     return _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), r0, r1);
 }
 
-/* Adds 64 byte values to 16-bit sums, kept as even and odd lanes. */
-__attribute__((target("avx512f,avx512bw"))) static inline void add_bytes_avx512(
-    __m512i *even, __m512i *odd, __m512i r) {
-    *even = _mm512_add_epi16(*even, _mm512_and_si512(r, _mm512_set1_epi16(255)));
-    *odd = _mm512_add_epi16(*odd, _mm512_srli_epi16(r, 8));
+/* As `SumsAvx2`, 64 bytes at a time. */
+typedef struct {
+    __m512i lo, hi, bytes;
+} SumsVbmi;
+
+SUBIC_VBMI static inline void widen_vbmi(SumsVbmi *s) {
+    s->lo = _mm512_add_epi16(s->lo, s->bytes);
+    s->hi = _mm512_add_epi16(s->hi, _mm512_srli_epi16(s->bytes, 8));
+    s->bytes = _mm512_setzero_si512();
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void tile_bytes_vbmi(
-    Query *q, const Database *db, const uint8_t *cols, int64_t valid, int64_t start) {
+SUBIC_VBMI static void tile_bytes_vbmi(Query *q, const Database *db, const uint8_t *cols,
+                                       int64_t valid, int64_t start) {
     const int64_t tile = db->tile;
-    const int table = db->table;
-    uint16_t sums[4][32];
+    const int table = db->table, per_byte = db->per_byte;
     for (int64_t i = 0; i < valid; i += 128) {
-        __m512i e0 = _mm512_setzero_si512(), o0 = _mm512_setzero_si512();
-        __m512i e1 = _mm512_setzero_si512(), o1 = _mm512_setzero_si512();
+        SumsVbmi s[2];
+        for (int h = 0; h < 2; h++)
+            s[h].lo = s[h].hi = s[h].bytes = _mm512_setzero_si512();
+        int count = 0;
         for (int g = 0; g < db->groups; g++) {
             const uint8_t *t = q->qlut + (int64_t)g * table;
             const uint8_t *c = cols + (int64_t)g * tile + i;
-            add_bytes_avx512(&e0, &o0,
-                             lookup_vbmi(_mm512_loadu_si512((const void *)c), t, table));
-            add_bytes_avx512(&e1, &o1,
-                             lookup_vbmi(_mm512_loadu_si512((const void *)(c + 64)), t, table));
+            for (int h = 0; h < 2; h++)
+                s[h].bytes = _mm512_add_epi8(
+                    s[h].bytes,
+                    lookup_vbmi(_mm512_loadu_si512((const void *)(c + 64 * h)), t, table));
+            if (++count == per_byte) {
+                widen_vbmi(&s[0]);
+                widen_vbmi(&s[1]);
+                count = 0;
+            }
         }
         if (q->threshold > 65535) return;
-        __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
-        uint32_t m[4] = {_mm512_cmpge_epu16_mask(e0, t), _mm512_cmpge_epu16_mask(o0, t),
-                         _mm512_cmpge_epu16_mask(e1, t), _mm512_cmpge_epu16_mask(o1, t)};
-        if (m[0] | m[1] | m[2] | m[3]) {
-            _mm512_storeu_si512((void *)sums[0], e0);
-            _mm512_storeu_si512((void *)sums[1], o0);
-            _mm512_storeu_si512((void *)sums[2], e1);
-            _mm512_storeu_si512((void *)sums[3], o1);
-            for (int h = 0; h < 4; h++)
-                offer_hits(q, db, cols, m[h], sums[h], i + 64 * (h >> 1), h & 1, valid,
-                           start);
+        if (count) {
+            widen_vbmi(&s[0]);
+            widen_vbmi(&s[1]);
         }
+        __m512i sums[4] = {_mm512_sub_epi16(s[0].lo, _mm512_slli_epi16(s[0].hi, 8)), s[0].hi,
+                           _mm512_sub_epi16(s[1].lo, _mm512_slli_epi16(s[1].hi, 8)), s[1].hi};
+        __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
+        uint32_t m[4];
+        for (int h = 0; h < 4; h++) m[h] = _mm512_cmpge_epu16_mask(sums[h], t);
+        if (m[0] | m[1] | m[2] | m[3]) {
+            for (int h = 0; h < 4; h++) {
+                uint16_t lanes[32];
+                _mm512_storeu_si512((void *)lanes, sums[h]);
+                offer_hits(q, db, cols, m[h], 0, lanes, i + 64 * (h >> 1), h & 1, valid,
+                           start);
+            }
+        }
+    }
+}
+#endif
+
+#if SUBIC_NEON
+/* Sums look-ups in bytes, `db->per_byte` at a time, then widens them:
+   `lo` holds items 0..7, `hi` items 8..15. */
+typedef struct {
+    uint16x8_t lo, hi;
+    uint8x16_t bytes;
+    int count;
+} SumsNeon;
+
+static inline void widen_neon(SumsNeon *s) {
+    s->lo = vaddw_u8(s->lo, vget_low_u8(s->bytes));
+    s->hi = vaddw_high_u8(s->hi, s->bytes);
+    s->bytes = vdupq_n_u8(0);
+    s->count = 0;
+}
+
+static inline void add_neon(SumsNeon *s, uint8x16_t r, int per_byte) {
+    s->bytes = vaddq_u8(s->bytes, r);
+    if (++s->count == per_byte) widen_neon(s);
+}
+
+/* Offers the items of a 16-item block whose sum reaches the threshold. */
+static inline void finish_neon(Query *q, const Database *db, const uint8_t *cols,
+                               SumsNeon *s, int64_t i, int64_t valid, int64_t start) {
+    if (s->count) widen_neon(s);
+    uint16x8_t t = vdupq_n_u16((uint16_t)q->threshold);
+    if (vmaxvq_u16(vorrq_u16(vcgeq_u16(s->lo, t), vcgeq_u16(s->hi, t))) == 0) return;
+    uint16_t sums[16];
+    vst1q_u16(sums, s->lo);
+    vst1q_u16(sums + 8, s->hi);
+    for (int lane = 0; lane < 16; lane++)
+        if (i + lane < valid && sums[lane] >= q->threshold)
+            offer(q, db, cols, i + lane, start + i + lane);
+}
+
+static inline SumsNeon zero_neon(void) {
+    SumsNeon s = {vdupq_n_u16(0), vdupq_n_u16(0), vdupq_n_u8(0), 0};
+    return s;
+}
+
+/* 4-bit sub-codes, two per byte: one tbl per sub-code. */
+static void tile_nibbles_neon(Query *q, const Database *db, const uint8_t *cols,
+                              int64_t valid, int64_t start) {
+    const int64_t tile = db->tile;
+    const int groups = db->groups, table = db->table, per_byte = db->per_byte;
+    const uint8x16_t low4 = vdupq_n_u8(15);
+    for (int64_t i = 0; i < valid; i += 16) {
+        SumsNeon s = zero_neon();
+        for (int g = 0; g < groups; g += 2) {
+            uint8x16_t v = vld1q_u8(cols + (g >> 1) * tile + i);
+            const uint8_t *t = q->qlut + (int64_t)g * table;
+            add_neon(&s, vqtbl1q_u8(vld1q_u8(t), vandq_u8(v, low4)), per_byte);
+            if (g + 1 < groups)
+                add_neon(&s, vqtbl1q_u8(vld1q_u8(t + table), vshrq_n_u8(v, 4)), per_byte);
+        }
+        if (q->threshold > 65535) return;
+        finish_neon(q, db, cols, &s, i, valid, start);
+    }
+}
+
+/* Sub-codes of 5 to 8 bits, one per byte: tbl on four 16-byte registers
+   covers 64 entries, and gives 0 for an index beyond them, so the 64-entry
+   quarters of a larger table are looked up at v, v - 64, ... and or-ed. */
+static void tile_bytes_neon(Query *q, const Database *db, const uint8_t *cols,
+                            int64_t valid, int64_t start) {
+    const int64_t tile = db->tile;
+    const int table = db->table, per_byte = db->per_byte;
+    for (int64_t i = 0; i < valid; i += 16) {
+        SumsNeon s = zero_neon();
+        for (int g = 0; g < db->groups; g++) {
+            const uint8_t *t = q->qlut + (int64_t)g * table;
+            uint8x16_t v = vld1q_u8(cols + (int64_t)g * tile + i);
+            uint8x16_t r = vqtbl4q_u8(vld1q_u8_x4(t), v);
+            for (int quarter = 1; quarter < table / 64; quarter++) {
+                uint8x16_t at = vsubq_u8(v, vdupq_n_u8((uint8_t)(64 * quarter)));
+                r = vorrq_u8(r, vqtbl4q_u8(vld1q_u8_x4(t + 64 * quarter), at));
+            }
+            add_neon(&s, r, per_byte);
+        }
+        if (q->threshold > 65535) return;
+        finish_neon(q, db, cols, &s, i, valid, start);
     }
 }
 #endif
@@ -353,52 +629,83 @@ static void tile_scalar(Query *q, const Database *db, const uint8_t *cols,
     }
 }
 
-typedef void (*TileKernel)(Query *, const Database *, const uint8_t *, int64_t, int64_t);
 
-static int cpu_has(const char *feature) {
+/* Whether this CPU runs `kernel`. */
+static int cpu_runs(int kernel) {
+    if (kernel == KERNEL_PORTABLE) return 1;
 #if SUBIC_X86
     __builtin_cpu_init();
-    if (!strcmp(feature, "avx2")) return __builtin_cpu_supports("avx2");
-    if (!strcmp(feature, "bmi2")) return __builtin_cpu_supports("bmi2");
-    if (!strcmp(feature, "avx512vbmi"))
+    if (kernel == KERNEL_AVX2) return __builtin_cpu_supports("avx2");
+    if (kernel == KERNEL_VBMI)
         return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi");
 #endif
-    (void)feature;
+#if SUBIC_NEON
+    if (kernel == KERNEL_NEON) return 1;
+#endif
     return 0;
 }
 
-/* The kernel this CPU runs for `db`; `simd` 0 forces the portable one. */
-static const char *choose(const Database *db, int simd, TileKernel *kernel) {
-    *kernel = tile_scalar;
+/* The tile function of `kernel` for `db`'s sub-codes (16-bit ones, and any
+   the kernel has no SIMD path for, are bounded in portable C), and its
+   largest quantised entry `*qmax`.
+
+   Items whose bound reaches the bar are scored exactly, and the bound's
+   slack is G steps of range / qmax, so a smaller qmax lets more through:
+   over 1M random codes with ReLU queries and 8 or 16 sub-codes, about
+   1,500 a query for qmax = 255, 1,700 for 127, 1,900 for 63 and 5,000 to
+   9,000 for 15. It buys speed elsewhere: SIMD kernels sum 255 / qmax
+   look-ups in bytes before widening them, and the AVX2 split tables of
+   128 or 256 entries hold two 4-bit entries a byte for qmax = 15. The
+   values below are the fastest measured per kernel (Zen 4, 1M codes):
+   AVX2 nibbles 127, split tables 63 (64 entries) and 15 (128, 256: 1.4x
+   the speed of 63); VBMI 255 (its look-ups are cheap, refining is not).
+   Sums are 16-bit: G * qmax must stay below 2^16. */
+static TileKernel choose(const Database *db, int kernel, int *qmax) {
+    TileKernel chosen = tile_scalar;
+    int wanted = 255;
 #if SUBIC_X86
-    if (simd && db->bits == 4 && db->tile % 32 == 0 && cpu_has("avx2") &&
-        cpu_has("bmi2")) {
-        *kernel = tile_nibbles_avx2;
-        return "avx2";
+    if (kernel == KERNEL_AVX2 && db->tile % 64 == 0) {
+        if (db->bits == 4) chosen = tile_nibbles_avx2, wanted = 127;
+        if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx2, wanted = 63;
+        if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx2, wanted = 15;
+        if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx2, wanted = 15;
+        /* Many sub-codes widen the slack: byte entries then. */
+        if (db->bits == 8 && db->groups > 16) wanted = 63;
     }
-    if (simd && db->bits == 8 && db->tile % 128 == 0 && cpu_has("avx512vbmi")) {
-        *kernel = tile_bytes_vbmi;
-        return "avx512vbmi";
+    if (kernel == KERNEL_VBMI && db->bits == 8 && db->tile % 128 == 0)
+        chosen = tile_bytes_vbmi;
+#endif
+#if SUBIC_NEON
+    if (kernel == KERNEL_NEON && db->tile % 16 == 0) {
+        if (db->bits == 4) chosen = tile_nibbles_neon, wanted = 63;
+        if (db->bits == 8) chosen = tile_bytes_neon, wanted = 63;
     }
 #endif
-    return "scalar";
+    (void)kernel;
+    int limit = 65535 / db->groups;
+    *qmax = limit < wanted ? limit : wanted;
+    return chosen;
 }
 
 /* Scans queries [0, nq) and writes their top k, best first. */
-static int run(const Database *db, const float *z, int64_t nq, int simd,
+static int run(const Database *database, const float *z, int64_t nq, int kernel_id,
                double *scores_out, int64_t *positions_out) {
-    TileKernel kernel;
-    choose(db, simd, &kernel);
+    Database layout = *database;
+    const Database *db = &layout;
+    const TileKernel kernel = choose(db, kernel_id, &layout.qmax);
+    layout.per_byte = 255 / layout.qmax;
     const int64_t lut_size = (int64_t)db->groups * db->table;
     const int64_t num_tiles = (db->n + db->tile - 1) / db->tile;
     const int64_t entry_bytes = db->bits == 16 ? 2 : 1; /* per sub-code column entry */
     Query queries[QUERY_GROUP];
     uint8_t *qluts = aligned_alloc(64, ((QUERY_GROUP * lut_size + 63) / 64) * 64 + 64);
-    Item *kept = malloc(sizeof(Item) * (db->k > LARGE_K ? 1 : QUERY_GROUP) * 2 * (size_t)db->k);
+    uint8_t *packed = malloc(QUERY_GROUP * lut_size / 2 + 1);
+    Item *kept = malloc(sizeof(Item) * (db->k > LARGE_K ? 1 : QUERY_GROUP) * (size_t)db->k);
     double *luts = malloc(sizeof(double) * QUERY_GROUP * lut_size);
     const int64_t width = (int64_t)db->num_blocks * db->block_size;
-    if (!qluts || !kept || !luts) {
+    if (!qluts || !packed || !kept || !luts) {
         free(qluts);
+        free(packed);
         free(kept);
         free(luts);
         return -1;
@@ -411,23 +718,22 @@ static int run(const Database *db, const float *z, int64_t nq, int simd,
             q->lut = luts + j * lut_size;
             build_tables(z + (q0 + j) * width, db, q->lut);
             q->qlut = qluts + j * lut_size;
-            q->kept = kept + j * 2 * db->k;
+            q->kept = kept + j * db->k;
             q->size = 0;
-            q->has_kth = 0;
             q->threshold = 0;
             quantise(q, db);
+            q->packed = packed + j * lut_size / 2;
+            if (db->bits == 8 && db->qmax <= 15) pack_nibbles(q, db);
         }
         for (int64_t t = 0; t < num_tiles; t++) {
             const uint8_t *cols = db->tiles + t * db->columns * db->tile * entry_bytes;
             int64_t start = t * db->tile;
             int64_t valid = db->n - start < db->tile ? db->n - start : db->tile;
-            for (int j = 0; j < count; j++) {
+            for (int j = 0; j < count; j++)
                 if (queries[j].threshold <= 65535) kernel(&queries[j], db, cols, valid, start);
-            }
         }
         for (int j = 0; j < count; j++) {
             Query *q = &queries[j];
-            if (q->size > db->k) compact(q, db);
             qsort(q->kept, q->size, sizeof(Item), best_first);
             for (int64_t r = 0; r < db->k; r++) {
                 int64_t at = (q0 + j) * db->k + r;
@@ -442,12 +748,15 @@ static int run(const Database *db, const float *z, int64_t nq, int simd,
         }
     }
     free(qluts);
+    free(packed);
     free(kept);
     free(luts);
     return 0;
 }
 
 /* Python binding ----------------------------------------------------------- */
+
+#ifndef SUBIC_NO_PYTHON
 
 /* `*out = a * b` for a, b >= 0; 0 if the product overflows a long long. */
 static int product(long long a, long long b, long long *out) {
@@ -470,21 +779,39 @@ static int expected_sizes(long long n, long long tile, long long columns, int bi
            product(row, 8, outputs);
 }
 
+/* NULL if `starts` and `members` group n rows' items as `Database` says
+   (int64 buffers, starts from 0 to every member, never decreasing), so
+   that no index falls outside them; else what is wrong. */
+static const char *check_groups(const Py_buffer *starts, const Py_buffer *members,
+                                long long n) {
+    if (starts->len % 8 || members->len % 8 || starts->len / 8 != n + 1)
+        return "starts must hold n + 1 int64 values, members int64 values";
+    const int64_t *s = starts->buf;
+    if (s[0] != 0 || s[n] != members->len / 8) return "starts must run from 0 to every member";
+    for (long long r = 0; r < n; r++)
+        if (s[r + 1] < s[r]) return "starts must not decrease";
+    return NULL;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
-    Py_buffer tiles, queries, scores, positions;
+    Py_buffer tiles, queries, scores, positions, starts, members;
     Database db;
     long long n, tile, columns, k, nq;
-    int bits, table, groups, num_blocks, block_size, per_group, simd;
+    int bits, table, groups, num_blocks, block_size, per_group, kernel;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*p", &tiles, &n, &tile, &columns, &bits,
-                          &table, &groups, &num_blocks, &block_size, &per_group, &k,
-                          &queries, &nq, &scores, &positions, &simd))
+    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*iy*y*", &tiles, &n, &tile, &columns,
+                          &bits, &table, &groups, &num_blocks, &block_size, &per_group, &k,
+                          &queries, &nq, &scores, &positions, &kernel, &starts, &members))
         return NULL;
     int nbits = 0;
     while (nbits < 16 && (1 << nbits) < block_size) nbits++;
     const char *problem = NULL;
-    if (n < 0 || tile < 64 || tile % 64 || columns < 1 || groups < 1 || k < 1 || nq < 0)
+    if (kernel < 0 || kernel > KERNEL_NEON || !cpu_runs(kernel))
+        problem = "this CPU cannot run that kernel";
+    else if (n < 0 || tile < 64 || tile % 64 || columns < 1 || groups < 1 || k < 1 || nq < 0)
         problem = "sizes out of range";
+    else if (groups > 4096) /* 16-bit sums of at least 16 levels a sub-code */
+        problem = "more than 4096 sub-codes";
     else if (block_size < 2 || (1 << nbits) != block_size || per_group < 1 ||
              per_group * nbits > 16 || num_blocks < 1 ||
              groups != (num_blocks + per_group - 1) / per_group ||
@@ -505,6 +832,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         problem = "queries buffer has the wrong size";
     if (!problem && (scores.len != outputs_size || positions.len != outputs_size))
         problem = "output buffers have the wrong size";
+    if (!problem && (starts.len || members.len))
+        problem = check_groups(&starts, &members, n);
     int status = 0;
     if (!problem && nq > 0) {
         db.tiles = tiles.buf;
@@ -520,11 +849,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         db.per_group = per_group;
         db.entries = 1 << (per_group * nbits);
         db.k = k;
+        db.starts = starts.len ? starts.buf : NULL;
+        db.members = starts.len ? members.buf : NULL;
         Py_BEGIN_ALLOW_THREADS status =
-            run(&db, queries.buf, nq, simd, scores.buf, positions.buf);
+            run(&db, queries.buf, nq, kernel, scores.buf, positions.buf);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&tiles);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&members);
     PyBuffer_Release(&queries);
     PyBuffer_Release(&scores);
     PyBuffer_Release(&positions);
@@ -536,24 +869,29 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *kernel_name(PyObject *self, PyObject *args) {
-    int bits, tile;
+static PyObject *kernels(PyObject *self, PyObject *args) {
     (void)self;
-    if (!PyArg_ParseTuple(args, "ii", &bits, &tile)) return NULL;
-    Database db = {0};
-    db.bits = bits;
-    db.tile = tile;
-    TileKernel kernel;
-    return PyUnicode_FromString(choose(&db, 1, &kernel));
+    (void)args;
+    static const int best_first[] = {KERNEL_VBMI, KERNEL_AVX2, KERNEL_NEON, KERNEL_PORTABLE};
+    PyObject *names = PyList_New(0);
+    for (int i = 0; names && i < 4; i++) {
+        if (!cpu_runs(best_first[i])) continue;
+        PyObject *name = PyUnicode_FromString(KERNEL_NAMES[best_first[i]]);
+        if (!name || PyList_Append(names, name)) Py_CLEAR(names);
+        Py_XDECREF(name);
+    }
+    return names;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(tiles, n, tile, columns, bits, table, groups, num_blocks, block_size, "
-     "per_group, k, queries, nq, scores, positions, simd): exact top-k of every "
-     "float32 query, written to scores and positions."},
-    {"kernel_name", kernel_name, METH_VARARGS,
-     "kernel_name(bits, tile): the SIMD kernel this CPU runs for such sub-codes."},
+     "per_group, k, queries, nq, scores, positions, kernel, starts, members): exact "
+     "top-k of every float32 query, written to scores and positions; kernel 0 "
+     "portable, 1 avx2, 2 vbmi, 3 neon; n rows of tiles, whose items starts and "
+     "members list (both empty: row r is item r)."},
+    {"kernels", kernels, METH_NOARGS,
+     "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan",
@@ -561,3 +899,4 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan",
                                     methods};
 
 PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+#endif

@@ -37,14 +37,24 @@ import numpy as np
 from subic_keras._validation import check_finite, check_int
 
 MAX_BLOCK_SIZE = 1024
+# The native scan sums 8-bit table entries of up to 16 blocks in 16 bits;
+# 4,096 blocks (over 4,000 bytes a code) is far beyond any SuBiC model.
+MAX_NUM_BLOCKS = 4096
 
 
 class Searcher(abc.ABC):
     """Searches a database of SuBiC codes (the read side of a backend).
 
-    Subclasses implement `num_blocks`, `block_size`, `__len__` and `search`;
-    `search_codes` (symmetric search) comes from `search`.
+    The public methods check their arguments once, then call the backend's
+    private ones: a backend implements `num_blocks`, `block_size`, `__len__`
+    and `_search` (checked queries, `k >= 1`), and `search_codes` (symmetric
+    search) comes from it.
     """
+
+    # The most results a backend returns per query (None: no limit).
+    max_k: int | None = None
+    # Queries per `_search` call (`search_codes`, sharded searches).
+    _query_chunk = 1024
 
     @property
     @abc.abstractmethod
@@ -60,18 +70,24 @@ class Searcher(abc.ABC):
     def __len__(self) -> int:
         """The number of items."""
 
-    @abc.abstractmethod
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Asymmetric search: the `k` best items for each real query `z*`.
 
         Args:
             queries: real `(nq, M*K)` array (e.g. SuBiC's ReLU output `z*`).
-            k: results per query, >= 1.
+            k: results per query, >= 1; a `k` beyond `len(self)` returns
+                every item.
 
         Returns:
             `(scores, ids)`: float32 and int64 `(nq, min(k, len(self)))`,
             sorted as the module docstring states.
+
+        Raises:
+            ValueError: for a bad shape, NaN/inf queries or a bad `k`.
         """
+        k = self._check_k(k)
+        queries = check_queries("queries", queries, self.num_blocks, self.block_size)
+        return self._search(queries, k)
 
     def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Symmetric search: ranks stored codes by the number of equal blocks.
@@ -86,11 +102,34 @@ class Searcher(abc.ABC):
         Returns:
             `(scores, ids)`: int32 and int64 `(nq, min(k, len(self)))`.
         """
-        k = check_int("k", k, minimum=1)
+        k = self._check_k(k)
         codes = check_codes("codes", codes, self.num_blocks, self.block_size)
         return search_codes_with(
-            self.search, codes, min(k, len(self)), self.block_size, 1024
+            self._search, codes, min(k, len(self)), self.block_size, self._query_chunk
         )
+
+    @abc.abstractmethod
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`search` of checked float32 queries."""
+
+    def _check_k(self, k) -> int:
+        k = check_int("k", k, minimum=1)
+        if self.max_k is not None and k > self.max_k:
+            raise ValueError(
+                f"k must be <= {self.max_k} ({type(self).__name__}'s limit), "
+                f"received {k}"
+            )
+        return k
+
+    def _checked_additions(self, codes, ids) -> tuple[np.ndarray, np.ndarray | None]:
+        """`add`'s arguments checked: codes `(n, M)`, and unique ids or None."""
+        codes = check_codes("codes", codes, self.num_blocks, self.block_size)
+        if ids is not None:
+            ids = check_ids("ids", ids, length=len(codes))
+            repeated = duplicates(ids)
+            if repeated.size:
+                raise ValueError(f"ids must be unique, repeated: {preview(repeated)}")
+        return codes, ids
 
 
 class SearchBackend(Searcher):
@@ -224,6 +263,16 @@ class ReadWriteLock:
 
 
 # Input checks -------------------------------------------------------------
+
+
+def check_num_blocks(num_blocks: int) -> int:
+    """`num_blocks` must be at most `MAX_NUM_BLOCKS`."""
+    if num_blocks > MAX_NUM_BLOCKS:
+        raise ValueError(
+            f"num_blocks={num_blocks} is too large: search supports up to "
+            f"{MAX_NUM_BLOCKS} blocks"
+        )
+    return num_blocks
 
 
 def check_block_size(block_size: int) -> int:

@@ -394,15 +394,15 @@ class ImageIndex:
             self._index.save(path, items=items)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ImageIndex:
-        """Reads an index written by `save`.
+    def load(cls, path: str | os.PathLike, *, scanner: str = "auto") -> ImageIndex:
+        """Reads an index written by `save` (`scanner` as `SubicIndex`'s).
 
         Raises:
             ValueError: naming the path, for a file that is not a SuBiC
                 index, or an index of codes without paths (one built from a
                 dataset split rather than a folder).
         """
-        index = load_index(path)
+        index = load_index(path, scanner=scanner)
         if not isinstance(index, ImageIndex):
             raise ValueError(
                 f"{os.fspath(path)!r} holds codes without image paths (an index "
@@ -412,15 +412,17 @@ class ImageIndex:
         return index
 
 
-def load_index(path: str | os.PathLike) -> SubicIndex | ImageIndex:
+def load_index(
+    path: str | os.PathLike, *, scanner: str = "auto"
+) -> SubicIndex | ImageIndex:
     """Opens a `.subic` file: an `ImageIndex` if it records image paths
-    (format version 2), else a `SubicIndex`.
+    (format version 2), else a `SubicIndex` (`scanner` as its constructor's).
 
     Raises:
         ValueError: naming the path, for a file that is not a valid index.
     """
     header, packed, ids, items = file_format.read(path)
-    codes = SubicIndex.from_parts(path, header, packed, ids)
+    codes = SubicIndex.from_parts(path, header, packed, ids, scanner=scanner)
     if items is None:
         return codes
     metadata = items.metadata

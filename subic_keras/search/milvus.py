@@ -56,12 +56,9 @@ from subic_keras._validation import check_int
 from subic_keras.search.base import (
     Searcher,
     check_block_size,
-    check_codes,
     check_ids,
-    check_queries,
-    duplicates,
+    check_num_blocks,
     preview,
-    search_codes_with,
 )
 
 FORMAT_VERSION = 1
@@ -138,6 +135,9 @@ class MilvusIndex(Searcher):
             SuBiC collection, or one created with another `M` or `K`.
     """
 
+    max_k = MAX_K  # Milvus's topk limit
+    _query_chunk = 256
+
     def __init__(
         self,
         uri: str | os.PathLike,
@@ -168,7 +168,9 @@ class MilvusIndex(Searcher):
             None if replicas is None else check_int("replicas", replicas, minimum=1)
         )
         if num_blocks is not None:
-            num_blocks = check_int("num_blocks", num_blocks, minimum=1)
+            num_blocks = check_num_blocks(
+                check_int("num_blocks", num_blocks, minimum=1)
+            )
         if block_size is not None:
             block_size = check_block_size(block_size)
         self._uri, self._name = uri, collection
@@ -218,8 +220,8 @@ class MilvusIndex(Searcher):
                 f"this version of subic_keras reads version {FORMAT_VERSION}"
             )
         try:
-            self._num_blocks = check_int(
-                "num_blocks", int(properties["subic.num_blocks"]), minimum=1
+            self._num_blocks = check_num_blocks(
+                check_int("num_blocks", int(properties["subic.num_blocks"]), minimum=1)
             )
             self._block_size = check_block_size(int(properties["subic.block_size"]))
         except ValueError as error:
@@ -387,19 +389,15 @@ class MilvusIndex(Searcher):
             ValueError: for bad codes, repeated ids, or ids already present
                 (nothing is added).
         """
-        codes = check_codes("codes", codes, self._num_blocks, self._block_size)
+        codes, ids = self._checked_additions(codes, ids)
         with self._write, self._errors():
             return self._add(codes, ids)
 
-    def _add(self, codes: np.ndarray, ids) -> np.ndarray:
+    def _add(self, codes: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
         next_id, seq = self._counters()
         if ids is None:
             ids = np.arange(next_id, next_id + len(codes), dtype=np.int64)
         else:
-            ids = check_ids("ids", ids, len(codes))
-            repeated = duplicates(ids)
-            if len(repeated):
-                raise ValueError(f"ids must be unique, repeated: {preview(repeated)}")
             present = self._present(ids)
             if len(present):
                 raise ValueError(
@@ -504,21 +502,9 @@ class MilvusIndex(Searcher):
             )
         return codes[order[at]]
 
-    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Asymmetric search: the `k` best items for each real query `z*`.
-
-        Args:
-            queries: real `(nq, M*K)` array.
-            k: results per query, 1 to 16,384.
-
-        Returns:
-            `(scores, ids)`: float32 and int64 `(nq, min(k, len(self)))`, best
-            first, missing results as id -1 and score -inf (module doc).
-        """
-        k = check_int("k", k, minimum=1)
-        if k > MAX_K:
-            raise ValueError(f"k must be <= {MAX_K} (Milvus's limit), received {k}")
-        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`search` (at most 16,384 results, Milvus's limit): best first,
+        missing results as id -1 and score -inf (module doc)."""
         width = min(k, len(self))
         scores = np.full((len(queries), width), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), width), -1, dtype=np.int64)
@@ -560,11 +546,3 @@ class MilvusIndex(Searcher):
                 ]
                 ids[row, : len(ranked)] = [h["id"] for h in ranked]
         return scores, ids
-
-    def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Symmetric search (`Searcher.search_codes`), at most 16,384 results."""
-        k = check_int("k", k, minimum=1)
-        codes = check_codes("codes", codes, self._num_blocks, self._block_size)
-        return search_codes_with(
-            self.search, codes, min(k, len(self)), self._block_size, 256
-        )

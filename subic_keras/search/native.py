@@ -1,44 +1,41 @@
 """The native exact scan: SIMD bounds on quantised tables, exact refinement.
 
 `_scan.c` (built by `pip install .` where a C compiler is present) scores
-every item with integer look-up tables of 8 bits, added with SIMD shuffles
-(AVX2 `pshufb` for 4-bit sub-codes, AVX-512 VBMI `vpermb` for sub-codes of
-5 to 8 bits, portable C elsewhere). Rounding the tables down bounds each
-item's exact score from both sides, so once `k` items are kept every item
-whose bound falls below the k-th exact score is skipped, and every other
-item is scored exactly in float64: the result is the exact top-k, equal
-scores by position (earlier first). Bounds are tight for typical queries;
-a query with one huge entry coarsens them, and more items are then scored
-exactly (slower, never wrong).
+every item with integer look-up tables of 8 bits, added with SIMD table
+look-ups. Rounding the tables down bounds each item's exact score from both
+sides, so once `k` items are kept every item whose bound falls below the
+k-th exact score is skipped, and every other item is scored exactly in
+float64: the result is the exact top-k, equal scores by position (earlier
+first). Bounds are tight for typical queries; a query with one huge entry
+coarsens them, and more items are then scored exactly (slower, never wrong).
 
-Blocks are grouped into sub-codes of at most 8 bits: on CPUs with AVX-512
-VBMI one sub-code per byte (8, 4 or 2 blocks for `K` = 2, 4, 16, exactly
-the bytes `FlatEngine` stores; two blocks for `K` = 8; one for `K` = 32 ...
-256), elsewhere two 4-bit sub-codes per byte for `K` = 2, 4, 16. Blocks of
-512 or 1024 values are one uint16 sub-code each, bounded in portable C.
-Each query gets one float64 table per sub-code, the sum of its blocks'
-entries of `z*`, and scores are float64 until `top_k` rounds them. The database is kept
-in tiles of `TILE` items, one row of bytes per sub-code column, built on
-the first search after a change.
+Kernels (`kernels()` lists those this CPU runs, best first):
 
-`SUBIC_NATIVE=0` in the environment turns the native scan off (the faiss
-engines then search); `kernel()` names the kernel this CPU runs.
+- `"vbmi"` (AVX-512 VBMI): `vpermb` looks up 64 sub-codes of up to 8 bits
+  at once; blocks are grouped into one sub-code per byte (8, 4 or 2 blocks
+  for `K` = 2, 4, 16; two for `K` = 8; one for `K` = 32 ... 256).
+- `"avx2"`: `pshufb` on 16-entry tables for 4-bit sub-codes (two per byte,
+  for `K` = 2, 4, 16), and for 5- to 8-bit sub-codes on the table's
+  16-entry sub-tables, of which a blend tree on the high bits keeps one
+  (the split-table look-up of PQ Fast Scan and Quicker ADC).
+- `"neon"` (aarch64): `tbl` on one register for 4-bit sub-codes, on four
+  (64 entries, or-ed by quarter) for 5 to 8 bits.
+- `"portable"`: C the compiler vectorises; one 8-bit sub-code per byte.
 
-Measured (`benchmarks/search_speed.py`, AMD EPYC Zen 4 with AVX-512 VBMI, 2
-threads, 1,000,000 random codes, batches of 1,000 ReLU queries, k = 100):
-3,949 queries/s at 64 bits with K = 256 (faiss's IndexPQ scan, the path it
-replaces: 278; faiss's Hamming scan of 64-bit codes: 1,181), 4,526 with
-K = 16 (faiss's fast scan with re-scoring: 2,725; Hamming 1,539), and
-9,187 at 48 bits with K = 64 (faiss: 327; Hamming 553). Ratios
-depend on the CPU; the README's table records the one it ran on.
+Blocks of 512 or 1024 values are one uint16 sub-code each, bounded in
+portable C by every kernel. Each query gets one float64 table per
+sub-code, the sum of its blocks' entries of `z*`, and scores are float64.
+The database is kept in tiles of `TILE` items, one row of bytes per
+sub-code column.
+
+Measured: `benchmarks/search_speed.py` runs every kernel this CPU has
+against faiss's Hamming scan in one process; the README's table names the
+CPU.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import os
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -52,30 +49,13 @@ TILE = 1024
 _QUERY_CHUNK = 256
 
 
-def available() -> bool:
-    """The extension was built and `SUBIC_NATIVE` does not turn it off."""
-    return _scan is not None and os.environ.get("SUBIC_NATIVE", "1") != "0"
+# The binding's kernel numbers.
+_KERNEL_IDS = {"portable": 0, "avx2": 1, "vbmi": 2, "neon": 3}
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Searches inside use faiss's engines (e.g. to compare the two)."""
-    previous = os.environ.get("SUBIC_NATIVE")
-    os.environ["SUBIC_NATIVE"] = "0"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["SUBIC_NATIVE"]
-        else:
-            os.environ["SUBIC_NATIVE"] = previous
-
-
-def kernel(block_size: int) -> str | None:
-    """The kernel that scans codes of `block_size` on this CPU; None unbuilt."""
-    if _scan is None:
-        return None
-    return _scan.kernel_name(Layout.for_block_size(1, block_size).bits, TILE)
+def kernels() -> tuple[str, ...]:
+    """The kernels this CPU runs, best first; none where `_scan` is unbuilt."""
+    return tuple(_scan.kernels()) if _scan is not None else ()
 
 
 class Layout:
@@ -92,14 +72,18 @@ class Layout:
         self.dtype = np.uint16 if bits == 16 else np.uint8
 
     @classmethod
-    def for_block_size(cls, num_blocks: int, block_size: int) -> Layout:
-        """The fastest layout on this CPU for blocks of `block_size` values."""
+    def for_kernel(cls, num_blocks: int, block_size: int, kernel: str) -> Layout:
+        """The layout `kernel` scans fastest for blocks of `block_size` values.
+
+        Nibbles (two sub-codes per byte) where the kernel looks 16-entry
+        tables up in one instruction, bytes elsewhere: `vpermb` covers 64
+        entries and the portable kernel makes half as many look-ups.
+        """
         nbits = block_size.bit_length() - 1
         if nbits > 8:
             return cls(num_blocks, block_size, nbits, 16)
-        bytes_kernel = _scan is not None and _scan.kernel_name(8, TILE) == "avx512vbmi"
-        bits = 4 if 4 % nbits == 0 and not bytes_kernel else 8
-        return cls(num_blocks, block_size, nbits, bits)
+        nibbles = kernel in ("avx2", "neon") and 4 % nbits == 0
+        return cls(num_blocks, block_size, nbits, 4 if nibbles else 8)
 
     @property
     def raw_bytes(self) -> bool:
@@ -139,11 +123,16 @@ def search(
     queries: np.ndarray,
     k: int,
     threads: int,
-    simd: bool = True,
+    kernel: str,
+    groups: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-`k` scores (float64) and positions, best first, `k <= n`.
+    """Exact top-`k` scores (float64) and positions, best first.
 
-    `simd=False` runs the portable kernel (the tests compare the two).
+    `kernel` is one of `kernels()`; `layout` should be `Layout.for_kernel`'s
+    for it (any layout gives the same results). `tiles` hold `n` codes: the
+    items at positions `0 .. n-1`, or with `groups = (starts, members)` (see
+    `group_equal`) the codes of the items `members[starts[r]:starts[r+1]]`.
+    `k` is at most the number of items.
     """
     nq = len(queries)
     scores = np.empty((nq, k), dtype=np.float64)
@@ -151,8 +140,9 @@ def search(
     if not nq:
         return scores, positions
     chunk = min(_QUERY_CHUNK, -(-nq // max(1, threads)))
-
     queries = np.ascontiguousarray(queries, dtype=np.float32)
+    empty = np.zeros(0, np.int64)
+    group_starts, members = groups if groups is not None else (empty, empty)
 
     def run(start: int) -> None:
         stop = min(nq, start + chunk)
@@ -172,7 +162,9 @@ def search(
             stop - start,
             scores[start:stop],
             positions[start:stop],
-            simd,
+            _KERNEL_IDS[kernel],
+            group_starts,
+            members,
         )
 
     starts = range(0, nq, chunk)
@@ -183,3 +175,45 @@ def search(
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             list(pool.map(run, starts))
     return scores, positions
+
+
+def group_equal(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Items with equal codes, for the scan to score each code once.
+
+    A trained model's codes cluster: of CIFAR-10's 60,000 pictures, a 48-bit
+    model gave 18,511 distinct codes, a 64-bit one 37,541. Scanning the
+    distinct ones is that much less work; an item's rank among equal codes
+    is its position, as everywhere.
+
+    Args:
+        rows: one row of bytes per item (packed codes or columns).
+
+    Returns:
+        `(first, starts, members)`: the position of each distinct code's
+        first item (distinct codes in order of it), and the items of
+        distinct code `r`, `members[starts[r]:starts[r+1]]` in increasing
+        positions; None when fewer than a tenth of the items repeat a code.
+    """
+    n = len(rows)
+    if n < 2:
+        return None
+    width = rows.shape[1]
+    keys: np.ndarray
+    if width <= 8:  # one integer per row: sorted much faster than rows
+        words = np.zeros((n, 8), np.uint8)
+        words[:, :width] = rows
+        keys = words.view(np.uint64).ravel()
+    else:
+        keys = np.ascontiguousarray(rows).view(np.dtype((np.void, width))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    if len(first) > 0.9 * n:
+        return None
+    # Distinct codes numbered in order of their first item.
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group = rank[inverse.ravel()]
+    members = np.argsort(group, kind="stable").astype(np.int64)
+    starts = np.zeros(len(first) + 1, np.int64)
+    np.cumsum(np.bincount(group, minlength=len(first)), out=starts[1:])
+    return first[order].astype(np.int64), starts, members

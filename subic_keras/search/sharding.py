@@ -6,9 +6,9 @@ range). The global top-k is the top-k of the shards' top-k lists, so
 searching each shard and merging gives the same result as one search of the
 whole database:
 
-- in one process, `ShardedSubicIndex` searches shards through faiss
-  `IndexShards` (one thread per shard, merged in faiss), then applies the
-  engine's exact re-scoring and tie order to the merged list;
+- in one process, `ShardedSubicIndex` holds every shard still (its
+  `view`), searches each for its top `k` and merges the lists by score,
+  ties in shard order;
 - across machines, each machine searches its own `SubicIndex` for the top
   `k` and sends `(scores, ids)` (about 12 bytes per result) to one place,
   where `merge_results` keeps the `k` best. Ties keep the order of the lists
@@ -24,26 +24,19 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search import engines
-from subic_keras.search.base import (
-    Searcher,
-    check_codes,
-    check_queries,
-    duplicates,
-    preview,
-    search_codes_with,
-)
-from subic_keras.search.subic_index import SubicIndex
+from subic_keras.search import scanners
+from subic_keras.search.base import Searcher, duplicates, preview
+from subic_keras.search.subic_index import SubicIndex, View, top_k
 
 
 class ShardedSubicIndex(Searcher):
-    """Searches several `SubicIndex` shards as one, through faiss `IndexShards`.
+    """Searches several `SubicIndex` shards as one.
 
-    faiss searches the shards in parallel threads and merges their results;
-    scores, ties and result width are those of one `SubicIndex` holding every
-    shard's items in shard order. The shards stay independent objects: they
-    may be added to or removed from between searches, and a search waits for
-    any such change to finish.
+    Each shard is searched for its top `k` (with its scanner's threads) and
+    the lists are merged; scores, ties and result width are those of one
+    `SubicIndex` holding every shard's items in shard order. The shards stay
+    independent objects: they may be added to or removed from between
+    searches, and a search waits for any such change to finish.
 
     Example:
 
@@ -57,9 +50,8 @@ class ShardedSubicIndex(Searcher):
     [True, True]
 
     Args:
-        shards: `SubicIndex` objects with the same `num_blocks`, `block_size`,
-            engine (`exact`) and `shortlist`, and disjoint ids (e.g. from
-            `SubicIndex.shard`).
+        shards: `SubicIndex` objects with the same `num_blocks` and
+            `block_size`, and disjoint ids (e.g. from `SubicIndex.shard`).
 
     Raises:
         ValueError: for no shards, mismatched settings or shared ids.
@@ -75,11 +67,11 @@ class ShardedSubicIndex(Searcher):
                 raise TypeError(
                     f"shards[{i}] must be a SubicIndex, received {type(shard).__name__}"
                 )
-            for name in ("num_blocks", "block_size", "exact", "shortlist"):
+            for name in ("num_blocks", "block_size"):
                 if getattr(shard, name) != getattr(shards[0], name):
                     raise ValueError(
-                        "shards must share num_blocks, block_size, exact and "
-                        f"shortlist; shards[0] has {name}="
+                        "shards must share num_blocks and block_size; "
+                        f"shards[0] has {name}="
                         f"{getattr(shards[0], name)}, shards[{i}] has "
                         f"{name}={getattr(shard, name)}"
                     )
@@ -113,41 +105,42 @@ class ShardedSubicIndex(Searcher):
         return sum(len(s) for s in self._shards)
 
     @contextlib.contextmanager
-    def _reading(self) -> Iterator[None]:
-        # Every view takes its shards' read locks in one global order (the
-        # locks' creation order), whatever the order of its shards: waiting
-        # writers go first, so two views taking [a, b] and [b, a] could each
-        # hold one lock and wait for the other's.
+    def _views(self) -> Iterator[list[View]]:
+        # Every shard is held in one global lock order, whatever the order
+        # of the shards: waiting writers go first, so two sharded indexes
+        # taking [a, b] and [b, a] could each hold one and wait for the other.
         with contextlib.ExitStack() as stack:
-            for shard in sorted(self._shards, key=lambda s: s._lock.rank):
-                stack.enter_context(shard._lock.read())
-            yield
+            views: dict[int, View] = {}
+            for i in sorted(range(len(self._shards)), key=self._rank_of):
+                views[i] = stack.enter_context(self._shards[i].view())
+            yield [views[i] for i in range(len(self._shards))]
+
+    def _rank_of(self, i: int) -> int:
+        return self._shards[i].lock.rank
 
     def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        shard_engines = [shard._engine for shard in self._shards]
-        engine = engines.sharded(shard_engines)
-        ids = np.concatenate([shard._ids[: shard._size] for shard in self._shards])
-        return engines.top_k(engine, ids, queries, k, self._shards[0]._search_chunk)
-
-    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """`SubicIndex.search` over the items of every shard."""
-        k = check_int("k", k, minimum=1)
-        queries = check_queries("queries", queries, self.num_blocks, self.block_size)
-        with self._reading():
-            return self._search(queries, k)
-
-    def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """`SubicIndex.search_codes` over the items of every shard."""
-        k = check_int("k", k, minimum=1)
-        codes = check_codes("codes", codes, self.num_blocks, self.block_size)
-        with self._reading():
-            return search_codes_with(
-                self._search,
-                codes,
-                min(k, len(self)),
-                self.block_size,
-                self._shards[0]._search_chunk,
+        with self._views() as views:
+            ids = np.concatenate([view.ids for view in views])
+            starts = np.cumsum([0] + [len(view.ids) for view in views])
+            return top_k(
+                View(ids, lambda q, found: _merged(views, starts, q, found)),
+                queries,
+                k,
+                self._query_chunk,
             )
+
+
+def _merged(views: list[View], starts: np.ndarray, queries: np.ndarray, k: int):
+    """Top `k` positions over the views, numbered across them, best first."""
+    found = [
+        (scores, positions + start)
+        for view, start in zip(views, starts)
+        if len(view.ids)
+        for scores, positions in [view.search(queries, min(k, len(view.ids)))]
+    ]
+    scores = np.concatenate([f[0] for f in found], axis=1).astype(np.float64)
+    positions = np.concatenate([f[1] for f in found], axis=1)
+    return scanners.best_first(scores, positions, k)
 
 
 def merge_results(
@@ -187,7 +180,7 @@ def merge_results(
     results = list(results)
     if not results:
         raise ValueError("results must hold at least one (scores, ids) pair")
-    all_scores, all_ids = [], []
+    all_scores, id_lists = [], []
     for i, pair in enumerate(results):
         if len(pair) != 2:
             raise ValueError(f"results[{i}] must be a (scores, ids) pair")
@@ -207,9 +200,9 @@ def merge_results(
         if np.isnan(scores).any():
             raise ValueError(f"results[{i}] scores must not be NaN")
         all_scores.append(scores.astype(np.float64))
-        all_ids.append(ids.astype(np.int64))
+        id_lists.append(ids.astype(np.int64))
     scores = np.concatenate(all_scores, axis=1)
-    ids = np.concatenate(all_ids, axis=1)
+    ids = np.concatenate(id_lists, axis=1)
     # A missing slot is told by its id, never by its score: a real item may
     # score -inf (a query beyond float32's range), and it still ranks before
     # every missing slot.
@@ -218,6 +211,6 @@ def merge_results(
     order = np.lexsort((key, missing), axis=1)[:, :k]
     dtype = np.result_type(*[np.asarray(pair[0]).dtype for pair in results], np.float32)
     out_scores = np.take_along_axis(scores, order, axis=1).astype(dtype)
-    out_ids = np.take_along_axis(ids, order, axis=1)
-    out_scores[out_ids < 0] = -np.inf
-    return out_scores, out_ids
+    merged = np.take_along_axis(ids, order, axis=1)
+    out_scores[merged < 0] = -np.inf
+    return out_scores, merged

@@ -1,43 +1,60 @@
-"""`SubicIndex`: SuBiC codes, bit-packed in memory, searched with faiss.
+"""`SubicIndex`: SuBiC codes, bit-packed in memory, searched by a scanner.
 
-The reference backend of `subic_keras.search`: exact scores from faiss's
-product-quantizer scans (`engines`), the conventions of `base`, and the
-`.subic` file format of `file_format`.
+The reference backend of `subic_keras.search`: a `CodeStore` (packed codes
+and ids, as the `.subic` file format of `file_format` holds them) ranked by
+one of the `scanners` (the native exact scan, or faiss's), with the
+conventions of `base`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import os
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from subic_keras._validation import check_block_shape, check_int
-from subic_keras.search import engines, file_format, packing
+from subic_keras.search import file_format, packing, scanners
 from subic_keras.search.base import (
     ReadWriteLock,
     SearchBackend,
     check_block_size,
-    check_codes,
     check_ids,
+    check_num_blocks,
     check_queries,
-    duplicates,
     preview,
-    search_codes_with,
 )
+from subic_keras.search.store import CodeStore
 
 _DEFAULT_ADD_CHUNK = 65_536
 _DEFAULT_SEARCH_CHUNK = 1_024
 
 
+@dataclasses.dataclass(frozen=True)
+class View:
+    """An index held still (`SubicIndex.view`): its ids and an exact search.
+
+    `search(queries, k)` takes checked float32 queries and `k <= len(ids)`
+    and returns float64 (or float32) scores and positions into `ids`, best
+    first, equal scores by position.
+    """
+
+    ids: np.ndarray
+    search: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
 class SubicIndex(SearchBackend):
     """Searchable database of SuBiC codes, scored by `score = sum_m z*[m*K + c_m]`.
 
-    Codes are stored bit-packed (`M * log2 K` bits) in a faiss index; see the
-    `subic_keras.search` docstring for the engines, conventions, file format
-    and sharding.
-    Searches may run from several threads at once; `add` and `remove` wait
-    for running searches and block new ones while they change the index.
+    Codes are stored bit-packed (`M * log2 K` bits) with an int64 id each,
+    and ranked by a scanner (`subic_keras.search.scanners`); see the
+    `subic_keras.search` docstring for the conventions, file format and
+    sharding. Searches may run from several threads at once; `add` and
+    `remove` wait for running searches and block new ones while they
+    change the index.
 
     Example:
 
@@ -52,69 +69,57 @@ class SubicIndex(SearchBackend):
     Args:
         num_blocks: `M`, blocks per code (>= 1).
         block_size: `K`, a power of two in [2, 1024].
-        exact: the faiss engine that stores the codes, and searches them
-            when the native scan is not built (or `SUBIC_NATIVE=0`); with
-            the native scan every search is exact. `True` forces faiss's
-            exact scan. `None` (default) uses the fast-scan path when
-            `block_size == 16` (and `num_blocks <= 256`) and the exact scan
-            otherwise; `False` requires the fast-scan path.
-        shortlist: fast-scan candidates re-scored exactly per query, at least
-            `k`; `None` means `max(2k, k + 64)`. Only for faiss's fast-scan
-            path.
+        scanner: what ranks the codes: `"auto"` (default, the fastest this
+            CPU and build run), a native kernel (`"native-vbmi"`,
+            `"native-avx2"`, `"native-neon"`, `"native-portable"`: exact),
+            `"faiss"` (exact) or `"faiss-fastscan"` (`K = 16`: a shortlist
+            re-scored exactly). `scanners.available(M, K)` lists those this
+            machine runs.
+        shortlist: candidates per query that `"faiss-fastscan"` re-scores,
+            at least `k`; `None` means `max(2k, k + 64)`.
         add_chunk_size: items encoded and added per step, which bounds the
             temporary memory of `add`.
         search_chunk_size: queries searched per step.
 
     Raises:
-        ValueError: for a bad block shape, or `exact`/`shortlist` that do not
-            fit the block shape.
+        ValueError: for a bad block shape, a scanner this machine cannot
+            run (the message names those it can), or a `shortlist` without
+            `"faiss-fastscan"`.
     """
 
     def __init__(
         self,
         num_blocks: int,
         block_size: int,
-        exact: bool | None = None,
-        shortlist: int | None = None,
+        scanner: str = "auto",
         *,
+        shortlist: int | None = None,
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ):
         num_blocks, block_size = check_block_shape(num_blocks, block_size)
         check_block_size(block_size)
-        if exact is not None and not isinstance(exact, (bool, np.bool_)):
-            raise TypeError(f"exact must be True, False or None, received {exact!r}")
-        fast_possible = block_size == 16 and num_blocks <= engines.FAST_SCAN_MAX_BLOCKS
-        if exact is False and not fast_possible:
-            raise ValueError(
-                "exact=False selects the 4-bit fast-scan path, which needs "
-                f"block_size == 16 and num_blocks <= {engines.FAST_SCAN_MAX_BLOCKS}, "
-                f"received block_size={block_size}, num_blocks={num_blocks}"
-            )
-        exact = (not fast_possible) if exact is None else bool(exact)
+        check_num_blocks(num_blocks)
+        if not isinstance(scanner, str):
+            raise TypeError(f"scanner must be a string, received {scanner!r}")
+        name = scanners.resolve(scanner, num_blocks, block_size)
         if shortlist is not None:
             shortlist = check_int("shortlist", shortlist, minimum=1)
-            if exact:
+            if name != "faiss-fastscan":
                 raise ValueError(
-                    "shortlist only applies to the fast-scan path (block_size 16, "
-                    f"exact=False); received shortlist={shortlist} with exact=True"
+                    "shortlist only applies to scanner='faiss-fastscan'; received "
+                    f"shortlist={shortlist} with scanner={name!r}"
                 )
         self._num_blocks, self._block_size = num_blocks, block_size
         self._nbits = block_size.bit_length() - 1
-        self._exact = exact
         self._shortlist = shortlist
         self._add_chunk = check_int("add_chunk_size", add_chunk_size, minimum=1)
         self._search_chunk = check_int(
             "search_chunk_size", search_chunk_size, minimum=1
         )
-        self._engine: engines.FlatEngine | engines.FastScanEngine
-        if exact:
-            self._engine = engines.FlatEngine(num_blocks, block_size, self._nbits)
-        else:
-            self._engine = engines.FastScanEngine(num_blocks, block_size, shortlist)
-        self._ids = np.empty(0, dtype=np.int64)
-        self._size = 0
-        self._max_id = -1  # largest id present; default ids continue after it
+        self._query_chunk = self._search_chunk  # the base class's, for search_codes
+        self._store = CodeStore(num_blocks, block_size)
+        self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
 
     # Properties ---------------------------------------------------------
@@ -128,9 +133,9 @@ class SubicIndex(SearchBackend):
         return self._block_size
 
     @property
-    def exact(self) -> bool:
-        """Whether searches use the exact scan (else the fast-scan path)."""
-        return self._exact
+    def scanner(self) -> str:
+        """The scanner's name (what `"auto"` chose, if it was asked)."""
+        return self._scanner.name
 
     @property
     def shortlist(self) -> int | None:
@@ -139,21 +144,27 @@ class SubicIndex(SearchBackend):
     @property
     def code_size(self) -> int:
         """Bytes of one bit-packed code: `ceil(M * log2(K) / 8)`."""
-        return self._engine.code_size
+        return self._store.code_size
 
     @property
     def bytes_per_item(self) -> int:
-        """In-memory bytes per item: the stored code plus its int64 id."""
-        return self._engine.stored_size + 8
+        """Stored bytes per item: the packed code plus its int64 id."""
+        return self._store.code_size + 8
+
+    @property
+    def lock(self) -> ReadWriteLock:
+        """The index's lock; `view` holds it for reading. Code that holds
+        several indexes' locks takes them in the order of `lock.rank`."""
+        return self._lock
 
     def __len__(self) -> int:
-        return self._size
+        return self._store.size
 
     def __repr__(self) -> str:
         return (
             f"SubicIndex(num_blocks={self._num_blocks}, "
-            f"block_size={self._block_size}, exact={self._exact}, "
-            f"shortlist={self._shortlist}, items={self._size})"
+            f"block_size={self._block_size}, scanner={self.scanner!r}, "
+            f"items={len(self)})"
         )
 
     # Mutation -----------------------------------------------------------
@@ -187,55 +198,34 @@ class SubicIndex(SearchBackend):
                 NaN or inf, negative ids, or ids already in the index or
                 repeated in `ids` (the message names them).
         """
-        codes = check_codes(
-            "codes", codes, self._num_blocks, self._block_size, self._add_chunk
-        )
+        codes, ids = self._checked_additions(codes, ids)
         n = len(codes)
-        if ids is not None:
-            ids = check_ids("ids", ids, length=n)
-            repeated = duplicates(ids)
-            if repeated.size:
-                raise ValueError(f"ids must be unique, repeated: {preview(repeated)}")
         with self._lock.write():
-            limit = engines.FAST_SCAN_MAX_ITEMS
-            if not self._exact and self._size + n >= limit:
-                raise ValueError(
-                    f"the fast-scan path holds fewer than {limit} "
-                    f"items (a faiss limit); this add would reach {self._size + n}. "
-                    "Split the database with ShardedSubicIndex or use exact=True"
-                )
+            store = self._store
             if ids is None:
-                start = self._max_id + 1
+                start = store.max_id + 1
                 if start > np.iinfo(np.int64).max - n:
                     raise ValueError("default ids would overflow int64")
                 ids = np.arange(start, start + n, dtype=np.int64)
-            elif n and int(ids.min()) <= self._max_id:
-                clash = ids[np.isin(ids, self._ids[: self._size])]
+            elif n and int(ids.min()) <= store.max_id:
+                clash = ids[np.isin(ids, store.ids)]
                 if clash.size:
                     raise ValueError(f"ids already in the index: {preview(clash)}")
             self._append(codes, ids)
         return ids
 
     def _append(self, codes: np.ndarray, ids: np.ndarray) -> None:
-        """Adds validated codes; undoes a partial add if faiss fails."""
-        before = self._engine.ntotal
+        """Adds validated codes; undoes a partial add if packing fails."""
+        before = self._store.size
         try:
             for start in range(0, len(codes), self._add_chunk):
-                chunk = codes[start : start + self._add_chunk]
-                self._engine.add_packed(packing.pack(chunk, self._nbits))
+                stop = start + self._add_chunk
+                packed = packing.pack(codes[start:stop], self._nbits)
+                self._store.append(packed, ids[start:stop])
         except BaseException:
-            if self._engine.ntotal > before:
-                self._engine.remove_range(before, self._engine.ntotal)
+            if self._store.size > before:
+                self._store.truncate(before)
             raise
-        needed = self._size + len(ids)
-        if needed > len(self._ids):
-            grown = np.empty(max(needed, 2 * len(self._ids)), dtype=np.int64)
-            grown[: self._size] = self._ids[: self._size]
-            self._ids = grown
-        self._ids[self._size : needed] = ids
-        self._size = needed
-        if len(ids):
-            self._max_id = max(self._max_id, int(ids.max()))
 
     def remove(self, ids) -> int:
         """Removes items by id; all or nothing.
@@ -251,18 +241,12 @@ class SubicIndex(SearchBackend):
         """
         ids = np.unique(check_ids("ids", ids))
         with self._lock.write():
-            existing = self._ids[: self._size]
-            present = np.isin(existing, ids)
+            present = np.isin(self._store.ids, ids)
             if int(present.sum()) != len(ids):
-                missing = ids[~np.isin(ids, existing)]
+                missing = ids[~np.isin(ids, self._store.ids)]
                 raise KeyError(f"ids not in the index: {preview(missing)}")
-            if not ids.size:
-                return 0
-            self._engine.remove_positions(np.flatnonzero(present))
-            kept = existing[~present]
-            self._ids = kept.copy()
-            self._size = len(kept)
-            self._max_id = int(kept.max()) if len(kept) else -1
+            if ids.size:
+                self._store.keep(~present)
         return len(ids)
 
     # Reading ------------------------------------------------------------
@@ -270,7 +254,7 @@ class SubicIndex(SearchBackend):
     def get_ids(self) -> np.ndarray:
         """Returns a copy of the ids, in insertion order."""
         with self._lock.read():
-            return self._ids[: self._size].copy()
+            return self._store.ids.copy()
 
     def get_codes(self, ids=None) -> np.ndarray:
         """Returns stored integer codes `(n, M)` (int64).
@@ -286,23 +270,23 @@ class SubicIndex(SearchBackend):
             ids = check_ids("ids", ids)
         with self._lock.read():
             if ids is None:
-                positions = np.arange(self._size)
+                positions = np.arange(len(self))
             else:
                 positions = self._positions(ids)
             out = np.empty((len(positions), self._num_blocks), dtype=np.int64)
             for start in range(0, len(positions), self._add_chunk):
                 chunk = positions[start : start + self._add_chunk]
-                out[start : start + len(chunk)] = self._engine.codes(chunk)
+                out[start : start + len(chunk)] = self._store.codes(chunk)
             return out
 
     def _positions(self, ids: np.ndarray) -> np.ndarray:
         """Positions of `ids` in insertion order; KeyError for unknown ids."""
-        existing = self._ids[: self._size]
+        existing = self._store.ids
         # Sentinel -1 never matches: ids are validated >= 0.
         existing_or_none = np.append(existing, -1)
         order = np.argsort(existing, kind="stable")
         rank = np.searchsorted(existing, ids, sorter=order)
-        positions = np.append(order, self._size)[rank]
+        positions = np.append(order, len(existing))[rank]
         found = existing_or_none[positions] == ids
         if not found.all():
             raise KeyError(f"ids not in the index: {preview(ids[~found])}")
@@ -312,7 +296,7 @@ class SubicIndex(SearchBackend):
         """Asymmetric search: the `k` best codes for each real query `z*`.
 
         `score(z*, c) = sum_m z*[m*K + c_m]`; highest first, equal scores in
-        insertion order. Scores are exact on both engines.
+        insertion order. Scores are exact with every scanner.
 
         Example:
 
@@ -334,51 +318,33 @@ class SubicIndex(SearchBackend):
         Raises:
             ValueError: for a bad shape, NaN/inf queries or `k < 1`.
         """
-        k = check_int("k", k, minimum=1)
-        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        with self._lock.read():
-            return self._search(queries, k)
+        return super().search(queries, k)
 
     def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return engines.top_k(
-            self._engine, self._ids[: self._size], queries, k, self._search_chunk
-        )
+        with self.view() as view:
+            return top_k(view, queries, k, self._search_chunk)
+
+    def _scan(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The scanner's top `k <= len(self)` scores and positions (locked)."""
+        return self._scanner.search(self._store, queries, k)
+
+    @contextlib.contextmanager
+    def view(self) -> Iterator[View]:
+        """Holds the index still (its read lock) and yields a `View` of it:
+        the ids, and the exact search of positions into them."""
+        with self._lock.read():
+            yield View(self._store.ids, self._scan)
 
     # `score_all` reads the ids and searches under one read lock.
     def _snapshot(self):
         return self._lock.read()
 
     def _snapshot_ids(self) -> np.ndarray:
-        return self._ids[: self._size].copy()
+        return self._store.ids.copy()
 
     def _snapshot_search(self, queries, k: int):
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        return self._search(queries, k)
-
-    def search_codes(self, codes, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Symmetric search: ranks stored codes by the number of equal blocks.
-
-        `score(q, c) = #{m : q_m == c_m}`, an integer in `[0, M]`; highest
-        first, equal scores in insertion order.
-
-        Args:
-            codes: query codes, in any form `add` accepts.
-            k: results per query, >= 1; a `k` beyond `len(self)` returns
-                every item.
-
-        Returns:
-            `(scores, ids)`: int32 and int64 `(nq, min(k, len(self)))`.
-        """
-        k = check_int("k", k, minimum=1)
-        codes = check_codes("codes", codes, self._num_blocks, self._block_size)
-        with self._lock.read():
-            return search_codes_with(
-                self._search,
-                codes,
-                min(k, self._size),
-                self._block_size,
-                self._search_chunk,
-            )
+        return top_k(View(self._store.ids, self._scan), queries, k, self._search_chunk)
 
     # Sharding -----------------------------------------------------------
 
@@ -398,16 +364,13 @@ class SubicIndex(SearchBackend):
         """
         num_shards = check_int("num_shards", num_shards, minimum=1)
         with self._lock.read():
-            bounds = np.linspace(0, self._size, num_shards + 1).astype(np.int64)
+            bounds = np.linspace(0, len(self), num_shards + 1).astype(np.int64)
             shards = []
             for lo, hi in itertools.pairwise(bounds):
                 shard = self._empty_like()
                 for start in range(lo, hi, self._add_chunk):
-                    stop = min(hi, start + self._add_chunk)
-                    shard._append(
-                        self._engine.codes(slice(start, stop)).astype(np.uint16),
-                        self._ids[start:stop],
-                    )
+                    rows = slice(start, min(hi, start + self._add_chunk))
+                    shard._store.append(self._store.packed(rows), self._store.ids[rows])
                 shards.append(shard)
         return shards
 
@@ -415,7 +378,7 @@ class SubicIndex(SearchBackend):
         return SubicIndex(
             self._num_blocks,
             self._block_size,
-            exact=self._exact,
+            scanner=self.scanner,
             shortlist=self._shortlist,
             add_chunk_size=self._add_chunk,
             search_chunk_size=self._search_chunk,
@@ -429,6 +392,7 @@ class SubicIndex(SearchBackend):
         """Writes the index atomically in the versioned `.subic` format.
 
         The byte layout is specified in `subic_keras.search.file_format`.
+        The file holds the codes and ids; the scanner is chosen on `load`.
 
         Args:
             path: destination file; replaced only once fully written.
@@ -437,29 +401,31 @@ class SubicIndex(SearchBackend):
                 ids only (format version 1).
         """
         with self._lock.read():
+            size = len(self)
             header = file_format.Header(
                 self._num_blocks,
                 self._block_size,
-                self._exact,
-                self._size,
+                self.scanner != "faiss-fastscan",
+                size,
                 self._shortlist,
             )
             chunks = (
-                self._engine.packed(slice(start, start + self._add_chunk))
-                for start in range(0, self._size, self._add_chunk)
+                self._store.packed(slice(start, start + self._add_chunk))
+                for start in range(0, size, self._add_chunk)
             )
-            if items is not None and len(items.paths) != self._size:
+            if items is not None and len(items.paths) != size:
                 raise ValueError(
-                    f"items must describe the index's {self._size} items, "
+                    f"items must describe the index's {size} items, "
                     f"received {len(items.paths)} paths"
                 )
-            file_format.write(path, header, chunks, self._ids[: self._size], items)
+            file_format.write(path, header, chunks, self._store.ids, items)
 
     @classmethod
     def load(
         cls,
         path: str | os.PathLike,
         *,
+        scanner: str = "auto",
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ) -> SubicIndex:
@@ -467,11 +433,12 @@ class SubicIndex(SearchBackend):
 
         Args:
             path: a file written by `SubicIndex.save`.
+            scanner: as in the constructor.
             add_chunk_size: as in the constructor.
             search_chunk_size: as in the constructor.
 
         Returns:
-            The `SubicIndex`, with the same codes, ids, order and settings.
+            The `SubicIndex`, with the same codes, ids and order.
 
         Raises:
             ValueError: naming the path, if the file is not a SuBiC index, has
@@ -483,6 +450,7 @@ class SubicIndex(SearchBackend):
             header,
             packed,
             ids,
+            scanner=scanner,
             add_chunk_size=add_chunk_size,
             search_chunk_size=search_chunk_size,
         )
@@ -495,17 +463,20 @@ class SubicIndex(SearchBackend):
         packed: np.ndarray,
         ids: np.ndarray,
         *,
+        scanner: str = "auto",
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ) -> SubicIndex:
         """The index of what `file_format.read(path)` returned (the path
-        names the file in errors)."""
+        names the file in errors). A file's shortlist applies where the
+        scanner is `"faiss-fastscan"`."""
         try:
+            name = scanners.resolve(scanner, header.num_blocks, header.block_size)
             index = cls(
                 header.num_blocks,
                 header.block_size,
-                exact=header.exact,
-                shortlist=header.shortlist,
+                scanner=name,
+                shortlist=header.shortlist if name == "faiss-fastscan" else None,
                 add_chunk_size=add_chunk_size,
                 search_chunk_size=search_chunk_size,
             )
@@ -513,8 +484,21 @@ class SubicIndex(SearchBackend):
             raise ValueError(
                 f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
             ) from error
-        for start in range(0, header.size, index._add_chunk):
-            index._engine.add_packed(packed[start : start + index._add_chunk].copy())
-        index._ids, index._size = ids, header.size
-        index._max_id = int(ids.max()) if header.size else -1
+        index._store.append(packed, ids)
         return index
+
+
+def top_k(
+    view: View, queries: np.ndarray, k: int, chunk: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-`min(k, n)` of a view, positions mapped to its ids, float32 scores."""
+    found = min(k, len(view.ids))
+    scores = np.empty((len(queries), found), dtype=np.float32)
+    found_ids = np.empty((len(queries), found), dtype=np.int64)
+    if not found:
+        return scores, found_ids
+    for start in range(0, len(queries), chunk):
+        rows = slice(start, start + chunk)
+        scores[rows], positions = view.search(queries[rows], found)
+        found_ids[rows] = view.ids[positions]
+    return scores, found_ids

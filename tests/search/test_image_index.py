@@ -200,7 +200,7 @@ def test_foreign_item_tables_are_refused(tmp_path):
 
 
 def test_a_given_subic_index_must_fit_and_be_empty():
-    exact = SubicIndex(4, 16, exact=True)
+    exact = SubicIndex(4, 16, scanner="faiss")
     assert ImageIndex(4, 16, "/p", index=exact).index is exact
     with pytest.raises(ValueError, match="not 8 of 16"):
         ImageIndex(8, 16, "/p", index=exact)

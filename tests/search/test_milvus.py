@@ -12,7 +12,7 @@ MilvusIndex = milvus.MilvusIndex
 
 
 @pytest.fixture(autouse=True)
-def engine():
+def scanner():
     """One run (the native/faiss choice does not apply to Milvus)."""
     return "milvus"
 

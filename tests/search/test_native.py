@@ -1,4 +1,5 @@
-"""The native exact scan: equal to a NumPy brute force, on every kernel."""
+"""The native exact scan: equal to a NumPy brute force, on every kernel
+this CPU runs (the NEON kernel under an emulator: `test_native_neon.py`)."""
 
 import os
 
@@ -23,10 +24,13 @@ needs_native = pytest.mark.skipif(
 BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
 
+KERNELS = native.kernels()
+
+
 @pytest.fixture(autouse=True)
-def engine():
-    """The native scan only (overrides the fixture that also runs faiss's)."""
-    return "native"
+def scanner():
+    """One run: these tests name their kernels (overrides the fixture)."""
+    return None
 
 
 def adversarial_queries(rng, num_blocks, block_size):
@@ -48,12 +52,13 @@ def check(index, queries, codes, ids, k):
 
 
 @needs_native
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("num_blocks", [1, 3, 8, 13])
-def test_matches_brute_force(rng, num_blocks, block_size):
+def test_matches_brute_force(rng, num_blocks, block_size, kernel):
     for n in (1, 50, native.TILE + 3):
         codes = random_codes(rng, n, num_blocks, block_size)
-        index = SubicIndex(num_blocks, block_size)
+        index = SubicIndex(num_blocks, block_size, f"native-{kernel}")
         ids = index.add(codes)
         queries = adversarial_queries(rng, num_blocks, block_size)
         for k in (1, 100, n + 5):
@@ -61,10 +66,11 @@ def test_matches_brute_force(rng, num_blocks, block_size):
 
 
 @needs_native
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("block_size", [16, 64, 256])
-def test_batch_sizes(rng, block_size):
+def test_batch_sizes(rng, block_size, kernel):
     codes = random_codes(rng, 3000, 8, block_size)
-    index = SubicIndex(8, block_size)
+    index = SubicIndex(8, block_size, f"native-{kernel}")
     ids = index.add(codes)
     queries = relu_queries(rng, 2000, 8, block_size)
     want_scores, want_ids = brute_search(queries, codes, ids, 100, block_size)
@@ -74,46 +80,46 @@ def test_batch_sizes(rng, block_size):
         np.testing.assert_allclose(scores, want_scores[:batch], rtol=1e-6)
 
 
+def layouts(block_size):
+    """Every layout of such blocks: nibbles where they fit, and bytes."""
+    nbits = block_size.bit_length() - 1
+    if nbits > 8:
+        return [native.Layout(5, block_size, nbits, 16)]
+    found = [native.Layout(5, block_size, nbits, 8)]
+    if 4 % nbits == 0:
+        found.append(native.Layout(5, block_size, nbits, 4))
+    return found
+
+
 @needs_native
-@pytest.mark.parametrize("block_size", [4, 16, 64, 256])
-def test_portable_kernel_equals_simd(rng, block_size):
-    layout = native.Layout.for_block_size(5, block_size)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16, 32, 64, 128, 256, 512])
+def test_every_kernel_and_layout_equals_portable(rng, block_size, kernel):
     codes = random_codes(rng, 3000, 5, block_size)
-    tiles = layout.tiles(layout.columns_of(codes))
     queries = adversarial_queries(rng, 5, block_size)
-    fast = native.search(layout, tiles, len(codes), queries, 50, 2)
-    portable = native.search(layout, tiles, len(codes), queries, 50, 1, simd=False)
-    np.testing.assert_array_equal(fast[1], portable[1])
-    np.testing.assert_array_equal(fast[0], portable[0])
     _want_scores, want_ids = brute_search(
         queries, codes, np.arange(3000), 50, block_size
     )
-    np.testing.assert_array_equal(fast[1], want_ids)
+    for layout in layouts(block_size):
+        tiles = layout.tiles(layout.columns_of(codes))
+        fast = native.search(layout, tiles, len(codes), queries, 50, 2, kernel)
+        portable = native.search(layout, tiles, len(codes), queries, 50, 1, "portable")
+        np.testing.assert_array_equal(fast[1], portable[1])
+        np.testing.assert_array_equal(fast[0], portable[0])
+        np.testing.assert_array_equal(fast[1], want_ids)
 
 
 @needs_native
-def test_nibble_layout_where_there_is_no_vbmi(rng):
-    """The AVX2 (or portable) 4-bit kernel, whatever this CPU prefers."""
-    layout = native.Layout(6, 16, 4, 4)
-    codes = random_codes(rng, 2500, 6, 16)
-    tiles = layout.tiles(layout.columns_of(codes))
-    queries = adversarial_queries(rng, 6, 16)
-    for simd in (True, False):
-        _scores, found = native.search(layout, tiles, 2500, queries, 30, 2, simd)
-        _want_scores, want_ids = brute_search(queries, codes, np.arange(2500), 30, 16)
-        np.testing.assert_array_equal(found, want_ids)
-
-
-@needs_native
-@pytest.mark.parametrize("exact", [True, False])
-def test_after_remove_and_add(rng, exact):
-    codes = random_codes(rng, 4000, 16, 16)
-    index = SubicIndex(16, 16, exact=exact)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_after_remove_and_add(rng, kernel, block_size):
+    codes = random_codes(rng, 4000, 16, block_size)
+    index = SubicIndex(16, block_size, f"native-{kernel}")
     index.add(codes, ids=np.arange(4000) * 3)
-    queries = relu_queries(rng, 20, 16, 16)
+    queries = relu_queries(rng, 20, 16, block_size)
     index.search(queries, 10)  # builds the tiled copy, which changes below
     index.remove(np.arange(0, 12000, 9))
-    more = random_codes(rng, 300, 16, 16)
+    more = random_codes(rng, 300, 16, block_size)
     index.add(more, ids=np.arange(300) + 100_000)
     check(index, queries, index.get_codes(), index.get_ids(), 100)
 
@@ -132,15 +138,14 @@ def test_sharded(rng):
 
 
 @needs_native
-def test_off_switch_gives_the_same_results(rng, monkeypatch):
+def test_faiss_gives_the_same_results(rng):
     codes = random_codes(rng, 3000, 8, 256)
-    index = SubicIndex(8, 256)
-    index.add(codes)
+    native_index, faiss_index = SubicIndex(8, 256), SubicIndex(8, 256, "faiss")
+    assert native_index.scanner == f"native-{KERNELS[0]}"
+    native_index.add(codes)
+    faiss_index.add(codes)
     queries = relu_queries(rng, 30, 8, 256)
-    on = index.search(queries, 100)
-    monkeypatch.setenv("SUBIC_NATIVE", "0")
-    assert not index._engine.native
-    off = index.search(queries, 100)
+    on, off = native_index.search(queries, 100), faiss_index.search(queries, 100)
     np.testing.assert_array_equal(on[1], off[1])
     np.testing.assert_allclose(on[0], off[0], rtol=1e-6)
 
@@ -156,18 +161,43 @@ def test_nan_queries_are_rejected(rng):
 
 
 @needs_native
-def test_kernel_names():
-    assert native.kernel(1024) == "scalar"  # 16-bit sub-codes: portable C
-    assert native.kernel(256) in ("avx512vbmi", "scalar")
-    assert native.kernel(16) in ("avx512vbmi", "avx2", "scalar")
+def test_kernels_follow_the_cpu():
+    flags = set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = {
+                f for line in cpuinfo if line.startswith("flags") for f in line.split()
+            }
+    assert KERNELS[-1] == "portable"
+    if flags:  # x86 Linux
+        assert ("avx2" in KERNELS) == ("avx2" in flags)
+        assert ("vbmi" in KERNELS) == ({"avx512bw", "avx512vbmi"} <= flags)
+        assert "neon" not in KERNELS
+
+
+@needs_native
+def test_a_kernel_this_cpu_lacks_is_a_clear_error():
+    missing = [k for k in ("vbmi", "avx2", "neon") if k not in KERNELS]
+    with pytest.raises(
+        ValueError, match=f"can run: auto, .*native-portable.*'native-{missing[0]}'"
+    ):
+        SubicIndex(4, 64, f"native-{missing[0]}")
+    layout = native.Layout.for_kernel(4, 64, "portable")
+    tiles = np.zeros(native.TILE * 4, np.uint8)
+    with pytest.raises(ValueError, match="this CPU cannot run that kernel"):
+        native.search(
+            layout, tiles, 10, np.zeros((1, 256), np.float32), 5, 1, missing[0]
+        )
 
 
 @needs_native
 def test_rejects_inconsistent_buffers():
-    layout = native.Layout.for_block_size(4, 256)
+    layout = native.Layout.for_kernel(4, 256, "portable")
     tiles = np.zeros(native.TILE * 4 - 1, np.uint8)
     with pytest.raises(ValueError, match="tiles buffer has the wrong size"):
-        native.search(layout, tiles, 10, np.zeros((1, 1024), np.float32), 5, 1)
+        native.search(
+            layout, tiles, 10, np.zeros((1, 1024), np.float32), 5, 1, "portable"
+        )
 
 
 @needs_native
@@ -182,15 +212,83 @@ def test_rejects_inconsistent_buffers():
     ],
 )
 def test_the_binding_checks_its_sizes_against_overflow(n, nq, k):
-    layout = native.Layout.for_block_size(4, 256)
+    layout = native.Layout.for_kernel(4, 256, "portable")
     empty = np.zeros(0, np.uint8)
     arguments = (
         empty, n, native.TILE, layout.columns, layout.bits, layout.table,
         layout.groups, layout.num_blocks, layout.block_size, layout.per_group, k,
-        np.zeros(0, np.float32), nq, np.zeros(0), np.zeros(0, np.int64), True,
+        np.zeros(0, np.float32), nq, np.zeros(0), np.zeros(0, np.int64), 0,
+        np.zeros(0, np.int64), np.zeros(0, np.int64),
     )  # fmt: skip
     if nq == 0 and n == 0:
         assert native._scan.scan(*arguments) is None
         return
     with pytest.raises(ValueError, match="sizes overflow"):
         native._scan.scan(*arguments)
+
+
+@needs_native
+def test_the_binding_refuses_more_sub_codes_than_its_sums_hold():
+    layout = native.Layout(5000, 256, 8, 8)  # 5,000 sub-codes
+    with pytest.raises(ValueError, match="more than 4096 sub-codes"):
+        native.search(
+            layout,
+            np.zeros(native.TILE * 5000, np.uint8),
+            1,
+            np.zeros((1, 5000 * 256), np.float32),
+            1,
+            1,
+            "portable",
+        )
+
+
+@needs_native
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("block_size", [4, 16, 64, 256])
+def test_equal_codes_are_scanned_once(rng, kernel, block_size):
+    """Clustered codes (as a trained model's are) are scanned once per
+    distinct code; ties keep insertion order, through removals and adds."""
+    distinct = random_codes(rng, 40, 6, block_size)
+    codes = distinct[rng.integers(0, 40, 3000)]  # every code about 75 times
+    index = SubicIndex(6, block_size, f"native-{kernel}")
+    index.add(codes, ids=rng.permutation(10_000)[:3000])
+    queries = adversarial_queries(rng, 6, block_size)
+    for k in (1, 100, 2999, 3000):
+        check(index, queries, codes, index.get_ids(), k)
+    index.remove(index.get_ids()[::7])
+    index.add(distinct[:5], ids=[20_000 + i for i in range(5)])
+    check(index, queries, index.get_codes(), index.get_ids(), 500)
+
+
+@needs_native
+def test_group_equal():
+    rows = np.array([[3, 1], [0, 0], [3, 1], [3, 1], [0, 0], [7, 7]] * 10, np.uint8)
+    first, starts, members = native.group_equal(rows)
+    np.testing.assert_array_equal(first, [0, 1, 5])
+    np.testing.assert_array_equal(starts, [0, 30, 50, 60])
+    np.testing.assert_array_equal(members[:4], [0, 2, 3, 6])
+    np.testing.assert_array_equal(np.sort(members), np.arange(60))
+    wide = np.repeat(np.arange(12, dtype=np.uint8)[None], 5, axis=0)  # > 8 bytes
+    assert native.group_equal(wide)[1].tolist() == [0, 5]
+    assert native.group_equal(np.eye(20, dtype=np.uint8)) is None  # all distinct
+
+
+@needs_native
+def test_the_binding_checks_the_groups():
+    layout = native.Layout.for_kernel(2, 16, "portable")
+    tiles = np.zeros(native.TILE, np.uint8)
+    queries = np.zeros((1, 32), np.float32)
+    for starts, members, message in [
+        ([0, 2], [0, 1, 2], "from 0 to every member"),
+        ([1, 2], [0, 1], "from 0"),
+    ]:
+        groups = (np.array(starts, np.int64), np.array(members, np.int64))
+        with pytest.raises(ValueError, match=message):
+            native.search(
+                layout, tiles, len(starts) - 1, queries, 1, 1, "portable", groups
+            )
+    bad = (np.array([0, 2, 1, 3], np.int64), np.array([0, 1, 2], np.int64))
+    with pytest.raises(ValueError, match="must not decrease"):
+        native.search(layout, tiles, 3, queries, 1, 1, "portable", bad)
+    with pytest.raises(ValueError, match="n \\+ 1 int64"):
+        native.search(layout, tiles, 2, queries, 1, 1, "portable", bad)

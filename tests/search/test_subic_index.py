@@ -13,13 +13,13 @@ from search_reference import (
     random_codes,
 )
 
-from subic_keras.search import SubicIndex, engines
+from subic_keras.search import SubicIndex, scanners, store
 
 # add ----------------------------------------------------------------------
 
 
 def test_add_accepts_per_block_vectors_and_one_hot(rng):
-    index = SubicIndex(3, 4, exact=True)
+    index = SubicIndex(3, 4)
     z = rng.random((5, 12))
     z[0] = [1, 1, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0]  # ties: lowest index wins
     one_hot = np.eye(4)[[[3, 0, 2]]].reshape(1, 12)
@@ -75,31 +75,38 @@ def test_bad_add_raises_and_leaves_index_unchanged(rng, codes, ids, message):
     np.testing.assert_array_equal(before[2], after[2])
 
 
-def test_failed_faiss_add_is_rolled_back(rng, monkeypatch):
+def test_failed_add_is_rolled_back(rng, monkeypatch):
     index = SubicIndex(4, 64, add_chunk_size=2)
-    index.add(random_codes(rng, 3, 4, 64))
-    engine_add = index._engine.add_packed
+    codes = random_codes(rng, 3, 4, 64)
+    index.add(codes)
+    queries = rng.random((2, 4 * 64)).astype(np.float32)
+    before = index.search(queries, 3)  # the scanner's layout is built
+    append = store.CodeStore.append
     calls = []
 
-    def flaky(packed):
+    def flaky(self, packed, ids):
         calls.append(len(packed))
         if len(calls) == 2:
             raise MemoryError("simulated")
-        engine_add(packed)
+        append(self, packed, ids)
 
-    monkeypatch.setattr(index._engine, "add_packed", flaky)
+    monkeypatch.setattr(store.CodeStore, "append", flaky)
     with pytest.raises(MemoryError):
         index.add(random_codes(rng, 5, 4, 64))
-    assert len(index) == 3 and index._engine.ntotal == 3
+    assert len(index) == 3
+    np.testing.assert_array_equal(index.get_codes(), codes)
+    after = index.search(queries, 10)
+    np.testing.assert_array_equal(before[1], after[1])
 
 
 def test_fast_scan_item_limit(rng, monkeypatch):
-    monkeypatch.setattr(engines, "FAST_SCAN_MAX_ITEMS", 10)
-    index = SubicIndex(4, 16)
+    monkeypatch.setattr(scanners, "FAST_SCAN_MAX_ITEMS", 10)
+    index = SubicIndex(4, 16, "faiss-fastscan")
     index.add(random_codes(rng, 6, 4, 16))
+    index.search(np.ones((1, 64)), 1)
+    index.add(random_codes(rng, 4, 4, 16))
     with pytest.raises(ValueError, match="fewer than 10 items"):
-        index.add(random_codes(rng, 4, 4, 16))
-    assert len(index) == 6
+        index.search(np.ones((1, 64)), 1)
 
 
 @pytest.mark.parametrize(
@@ -109,12 +116,17 @@ def test_fast_scan_item_limit(rng, monkeypatch):
         ({"block_size": 2048}, ValueError, "power of two"),
         ({"block_size": 1}, ValueError, "block_size must be >= 2"),
         ({"num_blocks": 0, "block_size": 16}, ValueError, "num_blocks must be >= 1"),
-        ({"block_size": 64, "exact": False}, ValueError, "fast-scan"),
-        ({"block_size": 16, "exact": "yes"}, TypeError, "exact"),
+        ({"block_size": 64, "scanner": "faiss-fastscan"}, ValueError, "block_size 16"),
+        ({"block_size": 16, "scanner": "fast"}, ValueError, "one of auto, native"),
+        ({"block_size": 16, "scanner": True}, TypeError, "scanner must be a string"),
         ({"block_size": 64, "shortlist": 10}, ValueError, "shortlist"),
         ({"block_size": 16, "shortlist": 0}, ValueError, "shortlist must be >= 1"),
         ({"block_size": 16, "add_chunk_size": 0}, ValueError, "add_chunk_size"),
-        ({"num_blocks": 200, "block_size": 1024}, ValueError, "too large"),
+        (
+            {"num_blocks": 200, "block_size": 1024, "scanner": "faiss"},
+            ValueError,
+            "too large",
+        ),
     ],
 )
 def test_constructor_validation(kwargs, error, message):
@@ -131,7 +143,7 @@ def test_storage_sizes():
     assert SubicIndex(12, 16).bytes_per_item == 14
     assert SubicIndex(8, 64).code_size == 6
     assert SubicIndex(5, 16).code_size == 3  # 20 bits -> 3 bytes
-    assert SubicIndex(5, 64, exact=True).code_size == 4  # 30 bits
+    assert SubicIndex(5, 64).code_size == 4  # 30 bits
 
 
 # search -----------------------------------------------------------------
@@ -150,17 +162,15 @@ def test_storage_sizes():
         (np.zeros((2, 64), dtype=complex), 3, ValueError, "real numbers"),
     ],
 )
-@pytest.mark.parametrize("exact", [True, False])
-def test_bad_search_input(rng, queries, k, error, message, exact):
-    index = SubicIndex(4, 16, exact=exact)
+def test_bad_search_input(rng, queries, k, error, message):
+    index = SubicIndex(4, 16)
     index.add(random_codes(rng, 10, 4, 16))
     with pytest.raises(error, match=message):
         index.search(queries, k)
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_k_larger_than_index_returns_every_item(rng, exact):
-    index = SubicIndex(4, 16, exact=exact)
+def test_k_larger_than_index_returns_every_item(rng):
+    index = SubicIndex(4, 16)
     codes = random_codes(rng, 5, 4, 16)
     index.add(codes, ids=[10, 11, 12, 13, 14])
     queries = rng.random((3, 64)).astype(np.float32)
@@ -173,14 +183,13 @@ def test_k_larger_than_index_returns_every_item(rng, exact):
         code_scores, code_ids = index.search_codes(codes[:2], k)
         assert code_scores.shape == code_ids.shape == (2, 5)
         assert code_scores.dtype == np.int32 and (code_scores[:, 0] == 4).all()
-    empty_scores, empty_ids = SubicIndex(4, 16, exact=exact).search(queries, 2)
+    empty_scores, empty_ids = SubicIndex(4, 16).search(queries, 2)
     assert empty_scores.shape == empty_ids.shape == (3, 0)
     assert empty_scores.dtype == np.float32 and empty_ids.dtype == np.int64
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_equal_scores_are_in_insertion_order(rng, exact):
-    index = SubicIndex(4, 16, exact=exact)
+def test_equal_scores_are_in_insertion_order(rng):
+    index = SubicIndex(4, 16)
     base = random_codes(rng, 6, 4, 16)
     # Each code is stored three times, under decreasing ids.
     index.add(np.repeat(base, 3, axis=0), ids=np.arange(18)[::-1])
@@ -193,10 +202,9 @@ def test_equal_scores_are_in_insertion_order(rng, exact):
     assert len(np.unique(ids)) == 18
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_remove_then_search(rng, exact):
+def test_remove_then_search(rng):
     codes = distinct_codes(rng, 400, 6, 16)
-    index = SubicIndex(6, 16, exact=exact)
+    index = SubicIndex(6, 16)
     index.add(codes, ids=np.arange(1000, 1400))
     assert index.remove(np.arange(1000, 1400, 3)) == 134
     kept = np.setdiff1d(np.arange(400), np.arange(0, 400, 3))
@@ -236,11 +244,11 @@ def test_get_codes_by_id(rng):
         index.get_codes([1])
 
 
-@pytest.mark.parametrize("block_size, exact", [(16, False), (16, True), (64, True)])
-def test_search_codes_counts_equal_blocks(rng, block_size, exact):
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_search_codes_counts_equal_blocks(rng, block_size):
     codes = random_codes(rng, 300, 6, block_size)
     codes[7] = codes[3]
-    index = SubicIndex(6, block_size, exact=exact)
+    index = SubicIndex(6, block_size)
     index.add(codes)
     scores, ids = index.search_codes(codes[:5], 10)
     assert scores.dtype == np.int32
@@ -248,7 +256,7 @@ def test_search_codes_counts_equal_blocks(rng, block_size, exact):
     np.testing.assert_array_equal(scores, -np.sort(-counts, axis=1)[:, :10])
     np.testing.assert_array_equal(np.take_along_axis(counts, ids, 1), scores)
     np.testing.assert_array_equal(ids[3, :2], [3, 7])  # ties: insertion order
-    small = SubicIndex(6, block_size, exact=exact)
+    small = SubicIndex(6, block_size)
     small.add(codes[:2])
     scores, ids = small.search_codes(codes[:1], 4)  # k beyond the index: both
     np.testing.assert_array_equal(ids, [[0, 1]])
@@ -258,9 +266,8 @@ def test_search_codes_counts_equal_blocks(rng, block_size, exact):
 # Concurrency ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_concurrent_searches_match_sequential(rng, exact):
-    index = SubicIndex(8, 16, exact=exact)
+def test_concurrent_searches_match_sequential(rng):
+    index = SubicIndex(8, 16)
     index.add(random_codes(rng, 5000, 8, 16))
     batches = [rng.random((20, 128)).astype(np.float32) for _ in range(8)]
     expected = [index.search(b, 10) for b in batches]

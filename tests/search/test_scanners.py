@@ -1,4 +1,5 @@
-"""Tests for subic_keras.search.engines: exactness of both scans against NumPy."""
+"""Tests for subic_keras.search.scanners: every scanner against NumPy, and
+the choice of scanner (the conftest runs each test on every scanner)."""
 
 import faiss
 import numpy as np
@@ -11,30 +12,27 @@ from search_reference import (
     relu_queries,
 )
 
-from subic_keras.search import SubicIndex, engines
+from subic_keras.search import SubicIndex, scanners, store
 
 # Exactness --------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "num_blocks, block_size, exact",
+    "num_blocks, block_size",
     [
-        (8, 64, None),
-        (8, 256, None),
-        (16, 16, True),
-        (5, 16, True),  # odd M: padded 8-bit groups
-        (5, 64, None),  # odd M: padded 12-bit groups
-        (8, 8, None),  # 3-bit blocks in 12-bit groups
-        (6, 32, None),
-        (3, 1024, None),
+        (8, 64),
+        (8, 256),
+        (16, 16),
+        (5, 16),  # odd M: padded 8-bit groups
+        (5, 64),  # odd M: padded 12-bit groups
+        (8, 8),  # 3-bit blocks in 12-bit groups
+        (6, 32),
+        (3, 1024),
     ],
 )
-def test_exact_search_matches_brute_force(rng, num_blocks, block_size, exact):
+def test_search_matches_brute_force(rng, num_blocks, block_size, scanner):
     codes = distinct_codes(rng, 3000, num_blocks, block_size)
-    index = SubicIndex(
-        num_blocks, block_size, exact=exact, add_chunk_size=500, search_chunk_size=7
-    )
-    assert index.exact
+    index = SubicIndex(num_blocks, block_size, add_chunk_size=500, search_chunk_size=7)
     index.add(codes)
     queries = rng.random((20, num_blocks * block_size)).astype(np.float32)
     scores, ids = index.search(queries, 10)
@@ -50,9 +48,9 @@ def test_byte_scan_of_batches_matches_brute_force(
 ):
     # Batches of >= 32 queries scan codes unpacked to bytes, chunk by chunk;
     # the last chunk here holds fewer items than k.
-    monkeypatch.setattr(engines, "_BYTE_SCAN_CHUNK", 700)
+    monkeypatch.setattr(scanners, "_BYTE_SCAN_CHUNK", 700)
     codes = distinct_codes(rng, 3000, num_blocks, block_size)
-    index = SubicIndex(num_blocks, block_size, exact=True)
+    index = SubicIndex(num_blocks, block_size, "faiss")
     index.add(codes)
     queries = rng.random((40, num_blocks * block_size)).astype(np.float32)
     all_scores = brute_scores(queries, codes, block_size)
@@ -75,12 +73,13 @@ def test_byte_scan_of_batches_matches_brute_force(
 
 
 def test_identity_pq_on_faiss_packing_is_exact(rng):
-    # The engine's premise: IndexPQ with identity centroids scores exactly.
+    # The faiss scanner's premise: IndexPQ with identity centroids scores
+    # exactly, on faiss's own bit packing.
     codes = random_codes(rng, 500, 8, 64)
-    index = engines.FlatEngine(8, 64, 6)
-    index.add_packed(faiss.pack_bitstrings(codes.astype(np.int32), 6))
+    codes_store = store.CodeStore(8, 64)
+    codes_store.append(faiss.pack_bitstrings(codes.astype(np.int32), 6), np.arange(500))
     queries = rng.random((5, 8 * 64)).astype(np.float32)
-    scores, positions = index.search(queries, 500)
+    scores, positions = scanners.FaissScanner(8, 64).search(codes_store, queries, 500)
     ref = brute_scores(queries, codes, 64)
     np.testing.assert_allclose(
         scores, np.take_along_axis(ref, positions, 1), rtol=0, atol=1e-5
@@ -93,9 +92,8 @@ def test_identity_pq_on_faiss_packing_is_exact(rng):
 @pytest.mark.parametrize("num_blocks", [16, 12, 5])
 def test_fast_scan_recall_and_exact_scores(rng, num_blocks):
     codes = distinct_codes(rng, 20_000, num_blocks, 16)
-    fast = SubicIndex(num_blocks, 16)
-    exact = SubicIndex(num_blocks, 16, exact=True)
-    assert not fast.exact and exact.exact
+    fast = SubicIndex(num_blocks, 16, "faiss-fastscan")
+    exact = SubicIndex(num_blocks, 16, "faiss")
     fast.add(codes)
     exact.add(codes)
     queries = relu_queries(rng, 200, num_blocks, 16)
@@ -113,9 +111,9 @@ def test_fast_scan_recall_and_exact_scores(rng, num_blocks):
 
 
 def test_fast_scan_rescoring_in_small_steps(rng, monkeypatch):
-    monkeypatch.setattr(engines, "_RESCORE_BUDGET", 100)
+    monkeypatch.setattr(scanners, "_RESCORE_BUDGET", 100)
     codes = distinct_codes(rng, 2000, 6, 16)
-    index = SubicIndex(6, 16, shortlist=300, search_chunk_size=4)
+    index = SubicIndex(6, 16, "faiss-fastscan", shortlist=300, search_chunk_size=4)
     index.add(codes)
     queries = rng.random((9, 6 * 16)).astype(np.float32)
     scores, ids = index.search(queries, 10)
@@ -128,7 +126,7 @@ def test_fast_scan_sparse_queries_fall_back_to_exact_scan(rng):
     # faiss's fast scan drops items at the lowest quantised score; rows with
     # too few candidates are answered by an exact scan instead.
     codes = distinct_codes(rng, 300, 4, 16)
-    index = SubicIndex(4, 16, shortlist=100)
+    index = SubicIndex(4, 16, "faiss-fastscan", shortlist=100)
     index.add(codes)
     queries = np.zeros((3, 64), dtype=np.float32)
     queries[1, 3] = 1.0  # only items with code 3 in block 0 score above 0
@@ -141,12 +139,55 @@ def test_fast_scan_sparse_queries_fall_back_to_exact_scan(rng):
 
 
 @pytest.mark.parametrize("num_blocks, n", [(5, 77), (16, 64), (3, 1)])
-def test_fast_scan_layout_decodes_to_the_added_codes(rng, num_blocks, n):
+def test_codes_round_trip_through_every_scanner(rng, num_blocks, n):
     codes = random_codes(rng, n, num_blocks, 16)
     index = SubicIndex(num_blocks, 16, add_chunk_size=10)
     index.add(codes[: n // 2])
+    index.search(np.ones((1, num_blocks * 16)), 1)  # lays the first half out
     index.add(codes[n // 2 :])
     np.testing.assert_array_equal(index.get_codes(), codes)
-    # Cross-check one element with faiss's own reconstruction.
-    recon = index._engine.index.reconstruct(n - 1).reshape(num_blocks, 16)
-    np.testing.assert_array_equal(recon.argmax(axis=1), codes[n - 1])
+    _, ids = index.search(np.eye(num_blocks * 16)[[3]], n)
+    want = np.argsort(codes[:, 0] != 3, kind="stable")
+    np.testing.assert_array_equal(ids[0], want)
+
+
+# Choosing a scanner -----------------------------------------------------
+
+
+@pytest.fixture
+def unforced(monkeypatch):
+    """`scanners.resolve` as users get it (the conftest forces "auto")."""
+    monkeypatch.undo()
+
+
+def test_auto_prefers_the_native_scan(unforced):
+    native = [n for n in scanners.available(8, 16) if n.startswith("native-")]
+    assert not native or native[-1] == "native-portable"
+    want = native[0] if native else "faiss-fastscan"
+    assert SubicIndex(8, 16).scanner == want
+    assert SubicIndex(8, 64).scanner == (native[0] if native else "faiss")
+
+
+def test_auto_without_the_native_scan(unforced, monkeypatch):
+    monkeypatch.setattr(scanners.native, "kernels", lambda: ())
+    assert SubicIndex(8, 16).scanner == "faiss-fastscan"
+    assert SubicIndex(8, 64).scanner == "faiss"
+    with pytest.raises(ValueError, match="can run: auto, faiss, faiss-fastscan"):
+        SubicIndex(8, 16, "native-portable")
+
+
+def test_without_faiss_the_native_scan_searches(unforced, monkeypatch, rng):
+    monkeypatch.setattr(scanners, "_faiss", lambda: None)
+    if not scanners.native.kernels():
+        pytest.skip("the native scan was not built")
+    assert "faiss" not in scanners.available(8, 16)
+    index = SubicIndex(8, 16)
+    codes = random_codes(rng, 300, 8, 16)
+    index.add(codes)
+    queries = relu_queries(rng, 3, 8, 16)
+    _, ids = index.search(queries, 5)
+    np.testing.assert_array_equal(
+        ids, brute_search(queries, codes, np.arange(300), 5, 16)[1]
+    )
+    with pytest.raises(ValueError, match="'faiss'"):
+        SubicIndex(8, 16, "faiss")

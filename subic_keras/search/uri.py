@@ -1,0 +1,105 @@
+"""One address for every backend: `open(uri)` and `add_codes(uri, ...)`.
+
+An index is named by a URI:
+
+- a path to a `.subic` file (`SubicIndex.save`, or `ImageIndex.save` for
+  a folder's pictures): opened in memory;
+- a path ending in `.db`: a Milvus Lite database (embedded, local);
+- `http://host:19530`, `https://...`, `tcp://...` or `unix:...`: a Milvus
+  server or cluster.
+
+Milvus holds several collections at one address; `collection` names one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from subic_keras.search.base import Searcher
+from subic_keras.search.image_index import ImageIndex, load_index
+from subic_keras.search.subic_index import SubicIndex
+
+DEFAULT_COLLECTION = "subic"
+_SERVER_SCHEMES = ("http://", "https://", "tcp://", "grpc://", "unix:")
+
+
+def is_database(uri: str | os.PathLike) -> bool:
+    """Whether `uri` names a Milvus database (else a `.subic` file)."""
+    uri = os.fspath(uri)
+    return uri.startswith(_SERVER_SCHEMES) or uri.endswith(".db")
+
+
+def open(  # the package's `open`: `sk.search.open(uri)`
+    uri: str | os.PathLike,
+    *,
+    collection: str = DEFAULT_COLLECTION,
+    scanner: str = "auto",
+) -> Searcher | ImageIndex:
+    """Opens the index at `uri` for searching.
+
+    Example:
+
+    >>> import tempfile
+    >>> index = SubicIndex(num_blocks=4, block_size=16)
+    >>> ids = index.add(np.random.default_rng(0).integers(0, 16, (100, 4)))
+    >>> path = os.path.join(tempfile.mkdtemp(), "codes.subic")
+    >>> index.save(path)
+    >>> len(open(path))
+    100
+
+    Args:
+        uri: a `.subic` file, a Milvus Lite `.db` path, or a Milvus server
+            URL (module doc).
+        collection: the Milvus collection (Milvus URIs only).
+        scanner: what scans a `.subic` file's codes (`SubicIndex`'s
+            argument; files only).
+
+    Returns:
+        A `SubicIndex` (an `ImageIndex` for a folder's pictures), or a
+        `MilvusIndex`.
+
+    Raises:
+        ValueError: for a file that is not an index, an unknown collection,
+            or a `scanner` this machine cannot run.
+        ImportError: for a Milvus URI without pymilvus installed.
+    """
+    if is_database(uri):
+        from subic_keras.search.milvus import MilvusIndex
+
+        return MilvusIndex(uri, collection)
+    return load_index(uri, scanner=scanner)
+
+
+def add_codes(
+    uri: str | os.PathLike,
+    codes: np.ndarray,
+    ids: np.ndarray | None,
+    *,
+    num_blocks: int,
+    block_size: int,
+    collection: str = DEFAULT_COLLECTION,
+) -> tuple[np.ndarray, int]:
+    """Stores codes at `uri`: added to a Milvus collection (created if it
+    does not exist), or written as a new `.subic` file (atomically).
+
+    Args:
+        uri: where (module doc).
+        codes: integer codes `(n, M)` or per-block vectors `(n, M*K)`.
+        ids: their ids (`None`: consecutive ids after the largest present).
+        num_blocks, block_size: `M` and `K`.
+        collection: the Milvus collection (Milvus URIs only).
+
+    Returns:
+        The ids added, and the number of items at `uri` now.
+    """
+    if is_database(uri):
+        from subic_keras.search.milvus import MilvusIndex
+
+        with MilvusIndex(uri, collection, num_blocks, block_size) as database:
+            return database.add(codes, ids=ids), len(database)
+    index = SubicIndex(num_blocks, block_size)
+    added = index.add(codes, ids=ids)
+    index.save(uri)
+    return added, len(index)
