@@ -317,17 +317,21 @@ def render_search_speed(data: dict) -> list[str]:
         )
     settings = data.get("settings", {})
     machine = data.get("machine", {})
+    flags = ", ".join(machine.get("simd_flags") or []) or "unrecorded"
     lines = [
         f"Queries per second, k = {fmt(settings.get('k'))}, on "
-        f"{machine.get('cpu', 'an unrecorded CPU')} with "
-        f"{fmt(machine.get('faiss_threads'))} threads (faiss SIMD level "
-        f"{machine.get('faiss_simd_level', 'unrecorded')}). `random`: uniform "
-        "random codes and ReLU-Gaussian queries; a model file: all 60,000 "
-        "CIFAR-10 images encoded by the model in that run directory, queried "
-        "with 1,000 test images. recall@100 is against a float64 brute force "
-        "with equal scores ordered by position; scans that cut ties otherwise "
-        "(faiss's float32 sums, NumPy's `argpartition`) lose recall on the "
-        "trained codes, which tie often.",
+        f"{machine.get('cpu', 'an unrecorded CPU')} (SIMD flags: {flags}) with "
+        f"{fmt(machine.get('search_threads', machine.get('faiss_threads')))} "
+        f"threads, OMP_WAIT_POLICY {machine.get('omp_wait_policy') or 'unset'} "
+        f"(faiss SIMD level {machine.get('faiss_simd_level', 'unrecorded')}). "
+        "`native-*`: `SubicIndex` with that native kernel forced; `faiss`, "
+        "`faiss-fastscan`: with faiss's scans. `random`: uniform random codes "
+        "and ReLU-Gaussian queries; a model's run directory: all 60,000 "
+        "CIFAR-10 images encoded by that model, queried with 1,000 test "
+        "images. recall@100 is against a float64 brute force with equal "
+        "scores ordered by position; scans that cut ties otherwise (faiss's "
+        "float32 sums, NumPy's `argpartition`) lose recall on the trained "
+        "codes, which tie often.",
         "",
     ]
     lines += table(
@@ -345,6 +349,32 @@ def render_search_speed(data: dict) -> list[str]:
             ],
         )
     return lines
+
+
+def render_omp_policy(data: dict) -> list[str]:
+    lines = [
+        "`benchmarks/search_speed.py` run twice, with `OMP_WAIT_POLICY` unset "
+        "and `PASSIVE`: each native kernel's ratio to faiss's Hamming scan in "
+        "both runs, and how far apart they are (the goal: within 20% at "
+        f"batches of 1,000; largest gap {data['largest_apart_at_1000']:.0%}). "
+        "The native scan uses no OpenMP; faiss's scans do.",
+        "",
+    ]
+    return lines + table(
+        ["data", "K", "kernel", "batch", "unset", "PASSIVE", "apart"],
+        [
+            [
+                r["data"],
+                r["block_size"],
+                r["method"],
+                r["batch"],
+                r["ratio_unset"],
+                r["ratio_passive"],
+                f"{r['apart']:.0%}",
+            ]
+            for r in data["rows"]
+        ],
+    )
 
 
 def render_milvus_speed(data: dict) -> list[str]:
@@ -610,6 +640,10 @@ KNOWN = {
         "Folder against arrays: the same mAP",
         render_folder_training,
     ),
+    "omp_policy.json": (
+        "OpenMP's wait policy and the search ratios",
+        render_omp_policy,
+    ),
     "serve_load_faiss.json": (
         "Serving under load with faiss's scan (`--scanner faiss`)",
         render_serve_load,
@@ -653,11 +687,43 @@ def _summary_train_recipe(data: dict) -> tuple[str, str]:
 
 
 def _summary_search_speed(data: dict) -> tuple[str, str]:
-    ratios = "; ".join(
-        f"{t['target'].split(':')[0]}: {t['ratio']:.1f}x"
-        for t in data.get("targets", [])
+    ratios = {}
+    for t in data.get("targets", []):
+        what = t["target"].split(":")[0]  # "random, 64 bits, K=16, native-avx2"
+        source, _, block, kernel = (part.strip() for part in what.split(","))
+        if source == "random":
+            ratios.setdefault(kernel, []).append(f"{block} {t['ratio']:.2g}x")
+    figure = "; ".join(
+        f"{kernel.removeprefix('native-')}: {', '.join(parts)}"
+        for kernel, parts in ratios.items()
     )
-    return "exact search against faiss Hamming at equal bits", ratios
+    return "exact search against faiss Hamming at equal bits, 1M codes", figure
+
+
+def search_kernel_table(data: dict) -> list[str]:
+    """Each native kernel against Hamming, batches of 1,000 queries."""
+    rows = {}
+    for t in data.get("targets", []):
+        what = t["target"].split(":")[0]
+        source, bits, block, kernel = (part.strip() for part in what.split(","))
+        label = "1M random codes" if source == "random" else "CIFAR-10 codes"
+        column = f"{label}, {bits}, {block}"
+        rows.setdefault(kernel, {})[column] = t["ratio"]
+    columns = list(dict.fromkeys(c for by in rows.values() for c in by))
+    machine = data.get("machine", {})
+    flags = ", ".join(machine.get("simd_flags") or []) or "unrecorded"
+    lines = [
+        "Exact search, each native kernel forced, as a multiple of faiss's "
+        "Hamming scan at equal bits (queries per second, batches of 1,000, "
+        f"k = 100, one run of `python -m benchmarks.search_speed` on "
+        f"{machine.get('cpu', 'an unrecorded CPU')}, SIMD flags {flags}, "
+        f"OpenMP wait policy {machine.get('omp_wait_policy') or 'unset'}):",
+        "",
+    ]
+    return lines + table(
+        ["kernel", *columns],
+        [[kernel, *(by.get(c) for c in columns)] for kernel, by in rows.items()],
+    )
 
 
 def _summary_serve_load(data: dict) -> tuple[str, str]:
@@ -717,6 +783,8 @@ def render_summary(results: dict) -> str:
         "",
     ]
     lines += table(["result", "figure", "CPU (2 cores)"], _summary_rows(results))
+    if "search_speed.json" in results:
+        lines += ["", *search_kernel_table(results["search_speed.json"])]
     return "\n".join(lines).rstrip() + "\n"
 
 

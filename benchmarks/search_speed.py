@@ -61,6 +61,10 @@ BATCHES = (1, 100, 1000)
 CONFIGS = ((64, 16, 16), (48, 8, 64), (64, 8, 256))
 BASELINES = ("faiss_pq", "hamming", "numpy", "numpy_gather")
 NUMPY_METHODS = ("numpy", "numpy_gather")
+# Each method's runs start on idle cores: faiss's OpenMP threads spin for
+# milliseconds after a call (libgomp's default wait policy), which would
+# otherwise be charged to whichever method runs next.
+SETTLE_SECONDS = 0.1
 # The targets: each native kernel's exact search against Hamming at the same
 # bits, by block size, on random codes; on trained codes, 1.5x.
 SIMD_TARGETS = {16: 1.5, 64: 1.0, 256: 1.0}
@@ -165,7 +169,8 @@ def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, d
     """Times every method at every batch size, interleaved to spread noise.
 
     Each repetition runs every (batch, method) once, so a burst of load from
-    other processes hits all methods alike. Batches of 100 and 1,000 keep
+    other processes hits all methods alike, each after `SETTLE_SECONDS` of
+    rest. Batches of 100 and 1,000 keep
     their best run; single queries keep the median latency. Process CPU time
     (all threads) is recorded too: on a shared machine, queries per
     CPU-second vary much less than wall-clock rates.
@@ -180,6 +185,7 @@ def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, d
     for _ in range(reps):
         for batch in BATCHES:
             for method, (search, queries) in searches.items():
+                time.sleep(SETTLE_SECONDS)
                 runs = (
                     [q[None] for q in queries[:singles]]
                     if batch == 1

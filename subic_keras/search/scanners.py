@@ -29,6 +29,7 @@ changed and extended, not rebuilt, after appends.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -236,6 +237,32 @@ def _omp_threads(count: int) -> Iterator[None]:
         faiss.omp_set_num_threads(previous)
 
 
+def _in_our_threads(search, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`search(queries)` split over `threads()` threads of ours, each running
+    faiss with one OpenMP thread.
+
+    faiss's OpenMP threads spin for milliseconds after each call before they
+    sleep (libgomp's default wait policy), and on a machine whose every core
+    is busy they take that time from whatever runs next: the native scan
+    right after a faiss search lost 6 ms of 20 (60,000 codes, 2 cores)
+    unless `OMP_WAIT_POLICY=PASSIVE` was set. Threads of ours leave no
+    spinning thread behind, so no environment variable is needed.
+    """
+    count = threads()
+    if count == 1 or len(queries) < 2 * count:
+        with _omp_threads(1):
+            return search(queries)
+
+    def run(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with _omp_threads(1):
+            return search(queries[rows])
+
+    parts = np.array_split(np.arange(len(queries)), count)
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        found = list(pool.map(run, parts))
+    return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
+
+
 def _pad_columns(array: np.ndarray, width: int) -> np.ndarray:
     """Zero columns up to `width` (queries for padding blocks)."""
     if array.shape[1] == width:
@@ -301,19 +328,11 @@ class FaissScanner(Scanner):
 
     def _search(self, store, queries, k):
         if self.byte_group and len(queries) >= _BYTE_SCAN_MIN_QUERIES:
-            scores, positions = self._byte_scan(store, queries, k)
+            found = _in_our_threads(lambda q: self._byte_scan(store, q, k), queries)
         else:
             queries = _pad_columns(queries, self.width)
-            if len(queries) == 1:
-                # faiss scans one query on one thread anyway, but builds its
-                # tables with multi-threaded BLAS; on a busy machine waking
-                # those threads cost 30 ms for K = 64 (vs 1.5 ms). OpenMP
-                # settings are per thread: other searches are not affected.
-                with _omp_threads(1):
-                    scores, positions = self.index.search(queries, k)
-            else:
-                scores, positions = self.index.search(queries, k)
-        return best_first(scores, positions)
+            found = _in_our_threads(lambda q: self.index.search(q, k), queries)
+        return best_first(*found)
 
     def _byte_scan(self, store, queries, k):
         """The same scores from codes unpacked to one byte per sub-quantizer."""
@@ -400,7 +419,9 @@ class FastScanScanner(Scanner):
         n = store.size
         shortlist = max(2 * k, k + 64) if self.shortlist is None else self.shortlist
         shortlist = min(n, max(k, shortlist))
-        _, candidates = self.index.search(queries, shortlist)
+        _, candidates = _in_our_threads(
+            lambda q: self.index.search(q, shortlist), queries
+        )
         scores = np.empty((len(queries), k), dtype=np.float64)
         positions = np.empty((len(queries), k), dtype=np.int64)
         step = max(1, _RESCORE_BUDGET // (shortlist * self.num_blocks))
