@@ -489,6 +489,50 @@ SUBIC_VBMI static inline void widen_vbmi(SumsVbmi *s) {
     s->bytes = _mm512_setzero_si512();
 }
 
+/* 4-bit sub-codes, two per byte, 64 items at a time: vpshufb on 512 bits
+   (AVX-512BW). The nibble layout has 16-entry tables, 8 times fewer
+   entries to build per query than 8-bit sub-codes of two blocks: it is
+   the VBMI kernel's layout for K = 2, 4 and 16. */
+SUBIC_VBMI static void tile_nibbles_avx512(Query *q, const Database *db,
+                                           const uint8_t *cols, int64_t valid,
+                                           int64_t start) {
+    const int64_t tile = db->tile;
+    const int groups = db->groups, table = db->table, per_byte = db->per_byte;
+    const __m512i low4 = _mm512_set1_epi8(15);
+    for (int64_t i = 0; i < valid; i += 64) {
+        SumsVbmi s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+        int count = 0;
+        for (int g = 0; g < groups; g += 2) {
+            __m512i v = _mm512_loadu_si512((const void *)(cols + (g >> 1) * tile + i));
+            const uint8_t *t = q->qlut + (int64_t)g * table;
+            for (int half = 0; half < 2 && g + half < groups; half++) {
+                __m512i index = half ? _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)
+                                     : _mm512_and_si512(v, low4);
+                __m512i sub = _mm512_broadcast_i32x4(
+                    _mm_loadu_si128((const __m128i *)(t + half * table)));
+                s.bytes = _mm512_add_epi8(s.bytes, _mm512_shuffle_epi8(sub, index));
+                if (++count == per_byte) {
+                    widen_vbmi(&s);
+                    count = 0;
+                }
+            }
+        }
+        if (q->threshold > 65535) return;
+        if (count) widen_vbmi(&s);
+        __m512i sums[2] = {_mm512_sub_epi16(s.lo, _mm512_slli_epi16(s.hi, 8)), s.hi};
+        __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
+        for (int h = 0; h < 2; h++) {
+            uint32_t mask = _mm512_cmpge_epu16_mask(sums[h], t);
+            if (mask) {
+                uint16_t lanes[32];
+                _mm512_storeu_si512((void *)lanes, sums[h]);
+                offer_hits(q, db, cols, mask, 0, lanes, i, h, valid, start);
+            }
+        }
+    }
+}
+
 SUBIC_VBMI static void tile_bytes_vbmi(Query *q, const Database *db, const uint8_t *cols,
                                        int64_t valid, int64_t start) {
     const int64_t tile = db->tile;
@@ -658,7 +702,8 @@ static int cpu_runs(int kernel) {
    128 or 256 entries hold two 4-bit entries a byte for qmax = 15. The
    values below are the fastest measured per kernel (Zen 4, 1M codes):
    AVX2 nibbles 127, split tables 63 (64 entries) and 15 (128, 256: 1.4x
-   the speed of 63); VBMI 255 (its look-ups are cheap, refining is not).
+   the speed of 63); VBMI 255 for 8-bit sub-codes (its look-ups are cheap,
+   refining is not) and 127 for nibbles.
    Sums are 16-bit: G * qmax must stay below 2^16. */
 static TileKernel choose(const Database *db, int kernel, int *qmax) {
     TileKernel chosen = tile_scalar;
@@ -674,6 +719,8 @@ static TileKernel choose(const Database *db, int kernel, int *qmax) {
     }
     if (kernel == KERNEL_VBMI && db->bits == 8 && db->tile % 128 == 0)
         chosen = tile_bytes_vbmi;
+    if (kernel == KERNEL_VBMI && db->bits == 4 && db->tile % 64 == 0)
+        chosen = tile_nibbles_avx512, wanted = 127;
 #endif
 #if SUBIC_NEON
     if (kernel == KERNEL_NEON && db->tile % 16 == 0) {

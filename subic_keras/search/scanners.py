@@ -179,6 +179,9 @@ class NativeScanner(Scanner):
             rows, self._groups = np.arange(store.size), None
         else:
             rows, self._groups = grouped[0], grouped[1:]
+        self.layout = native.Layout.for_kernel(
+            self.num_blocks, self.block_size, self.kernel, len(rows)
+        )
         columns = np.empty((len(rows), self.layout.columns), dtype=self.layout.dtype)
         for first in range(0, len(rows), _BYTE_SCAN_CHUNK):
             part = slice(first, first + _BYTE_SCAN_CHUNK)
