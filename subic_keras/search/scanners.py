@@ -21,9 +21,10 @@ scores by position. `SubicIndex(..., scanner=NAME)` picks one:
   (`available()` lists them, best first), else faiss's fast scan for
   `K = 16` and its exact scan otherwise.
 
-A scanner keeps its own layout of the codes (tiles for the native kernels,
-a faiss index for faiss's), built on the first search after the store
-changed and extended, not rebuilt, after appends.
+A scanner keeps its own layout of the codes (tiles of the distinct codes
+for the native kernels, a faiss index for faiss's), made on the first
+search after the store changed: faiss's indexes are extended after
+appends, the native tiles are made anew (equal codes may be anywhere).
 """
 
 from __future__ import annotations
