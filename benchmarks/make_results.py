@@ -686,11 +686,16 @@ def _summary_train_recipe(data: dict) -> tuple[str, str]:
     )
 
 
+def _target_parts(target: dict) -> list[str]:
+    """A search target's data, bits, block size and kernel, from its text
+    ("random, 64 bits, K=16, native-avx2: >= 1.5x hamming")."""
+    return [part.strip() for part in target["target"].split(":")[0].split(",")]
+
+
 def _summary_search_speed(data: dict) -> tuple[str, str]:
     ratios = {}
     for t in data.get("targets", []):
-        what = t["target"].split(":")[0]  # "random, 64 bits, K=16, native-avx2"
-        source, _, block, kernel = (part.strip() for part in what.split(","))
+        source, _, block, kernel = _target_parts(t)
         if source == "random":
             ratios.setdefault(kernel, []).append(f"{block} {t['ratio']:.2g}x")
     figure = "; ".join(
@@ -704,8 +709,7 @@ def search_kernel_table(data: dict) -> list[str]:
     """Each native kernel against Hamming, batches of 1,000 queries."""
     rows = {}
     for t in data.get("targets", []):
-        what = t["target"].split(":")[0]
-        source, bits, block, kernel = (part.strip() for part in what.split(","))
+        source, bits, block, kernel = _target_parts(t)
         label = "1M random codes" if source == "random" else "CIFAR-10 codes"
         column = f"{label}, {bits}, {block}"
         rows.setdefault(kernel, {})[column] = f"{t['ratio']:.2f}x"

@@ -193,14 +193,19 @@ def _write_json(path: str | None, result: dict) -> None:
             json.dump(result, handle, indent=2)
 
 
+def _index_name(args, uri: str) -> str:
+    """How messages name the index at `uri`."""
+    if search_uri.is_database(uri):
+        return f"collection {args.collection!r} at {uri}"
+    return f"index {uri}"
+
+
 def _open_index(args, uri: str):
     """The index at `uri`, and how messages name it."""
     index = search_uri.open(
         uri, collection=args.collection, scanner=getattr(args, "scanner", "auto")
     )
-    if search_uri.is_database(uri):
-        return index, f"collection {args.collection!r} at {uri}"
-    return index, f"index {uri}"
+    return index, _index_name(args, uri)
 
 
 def run_index_build(args) -> int:
@@ -223,14 +228,9 @@ def run_index_build(args) -> int:
         block_size=subic.block_size,
         collection=args.collection,
     )
-    where = (
-        f"collection {args.collection!r} at {args.output}"
-        if search_uri.is_database(args.output)
-        else args.output
-    )
     print(
-        f"indexed {len(added)} {args.dataset} {args.split} images into {where} "
-        f"({total} items)"
+        f"indexed {len(added)} {args.dataset} {args.split} images into "
+        f"{_index_name(args, args.output)} ({total} items)"
     )
     return 0
 

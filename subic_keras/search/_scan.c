@@ -281,7 +281,8 @@ static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lan
 
 /* Quantised sums of a tile ------------------------------------------------- */
 
-/* Quantised sums of lanes [from, from + count) of a tile. */
+/* Quantised sums of lanes [from, from + count) of a tile of 4- or 16-bit
+   sub-codes. */
 static void sums_scalar(const Database *db, const uint8_t *cols, const uint8_t *qlut,
                         int64_t from, int64_t count, uint16_t *acc) {
     const int64_t tile = db->tile;
@@ -291,13 +292,10 @@ static void sums_scalar(const Database *db, const uint8_t *cols, const uint8_t *
         if (db->bits == 16) {
             const uint16_t *col = (const uint16_t *)cols + (int64_t)g * tile + from;
             for (int64_t i = 0; i < count; i++) acc[i] += t[col[i]];
-        } else if (db->bits == 4) {
+        } else { /* 4 bits: 8-bit sub-codes take `tile_bytes_scalar` */
             const uint8_t *col = cols + (int64_t)(g >> 1) * tile + from;
             int shift = (g & 1) * 4;
             for (int64_t i = 0; i < count; i++) acc[i] += t[(col[i] >> shift) & 15];
-        } else {
-            const uint8_t *col = cols + (int64_t)g * tile + from;
-            for (int64_t i = 0; i < count; i++) acc[i] += t[col[i]];
         }
     }
 }
@@ -684,7 +682,7 @@ static void tile_bytes_scalar(Query *q, const Database *db, const uint8_t *cols,
     }
 }
 
-/* Portable, any layout: sums of a column at a time. */
+/* Portable, 4- and 16-bit sub-codes: sums of a column at a time. */
 static void tile_scalar(Query *q, const Database *db, const uint8_t *cols,
                         int64_t valid, int64_t start) {
     uint16_t acc[1024];
@@ -729,7 +727,8 @@ static int cpu_runs(int kernel) {
    refining is not) and 127 for nibbles.
    Sums are 16-bit: G * qmax must stay below 2^16. */
 static TileKernel choose(const Database *db, int kernel, int *qmax) {
-    TileKernel chosen = db->bits == 8 && db->tile % 8 == 0 ? tile_bytes_scalar : tile_scalar;
+    /* Tiles hold a multiple of 64 items (the binding checks). */
+    TileKernel chosen = db->bits == 8 ? tile_bytes_scalar : tile_scalar;
     int wanted = 255;
 #if SUBIC_X86
     if (kernel == KERNEL_AVX2 && db->tile % 64 == 0) {

@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -206,6 +207,7 @@ class NativeScanner(Scanner):
         )
 
 
+@functools.cache
 def _faiss() -> Any:
     """faiss, or None where it is not installed (the native scan needs none)."""
     try:

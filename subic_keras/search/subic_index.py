@@ -114,10 +114,8 @@ class SubicIndex(SearchBackend):
         self._nbits = block_size.bit_length() - 1
         self._shortlist = shortlist
         self._add_chunk = check_int("add_chunk_size", add_chunk_size, minimum=1)
-        self._search_chunk = check_int(
-            "search_chunk_size", search_chunk_size, minimum=1
-        )
-        self._query_chunk = self._search_chunk  # the base class's, for search_codes
+        # The base class's: queries per step of search and search_codes.
+        self._query_chunk = check_int("search_chunk_size", search_chunk_size, minimum=1)
         self._store = CodeStore(num_blocks, block_size)
         self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
@@ -322,7 +320,7 @@ class SubicIndex(SearchBackend):
 
     def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         with self.view() as view:
-            return top_k(view, queries, k, self._search_chunk)
+            return top_k(view, queries, k, self._query_chunk)
 
     def _scan(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The scanner's top `k <= len(self)` scores and positions (locked)."""
@@ -344,7 +342,7 @@ class SubicIndex(SearchBackend):
 
     def _snapshot_search(self, queries, k: int):
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        return top_k(View(self._store.ids, self._scan), queries, k, self._search_chunk)
+        return top_k(View(self._store.ids, self._scan), queries, k, self._query_chunk)
 
     # Sharding -----------------------------------------------------------
 
@@ -381,7 +379,7 @@ class SubicIndex(SearchBackend):
             scanner=self.scanner,
             shortlist=self._shortlist,
             add_chunk_size=self._add_chunk,
-            search_chunk_size=self._search_chunk,
+            search_chunk_size=self._query_chunk,
         )
 
     # Persistence --------------------------------------------------------
