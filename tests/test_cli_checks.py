@@ -13,6 +13,10 @@ MISTAKES = [
     (["search", "{text}", "index.subic", "q.png"], "not a Keras model file"),
     (["search", "{folder}", "index.subic", "q.png"], "a directory, not a model file"),
     (["search", "{text}", "index.subic", "q.png", "-k", "0"], "-k must be >= 1"),
+    (
+        ["search", "{text}", "index.subic", "q.png", "--scanner", "fast"],
+        "--scanner must be one of auto, native-vbmi",
+    ),
     (["search", "{loop}", "index.subic", "q.png"], "a loop of symbolic links"),
     (["search", "/dev/zero", "index.subic", "q.png"], "not a regular file"),
     (["search", "{fifo}", "index.subic", "q.png"], "not a regular file"),

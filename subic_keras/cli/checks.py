@@ -14,6 +14,7 @@ import os
 from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.images import check_folder
+from subic_keras.search import scanners
 from subic_keras.search.uri import is_database
 
 
@@ -104,7 +105,16 @@ def _index_remove(args) -> None:
         raise ValueError("give the paths to remove, or --missing")
 
 
+def _scanner(args) -> None:
+    """`--scanner` names a scanner this machine runs (for some block shape)."""
+    try:
+        scanners.resolve(args.scanner, 1, 16)
+    except ValueError as error:
+        raise ValueError(f"--{error}") from None
+
+
 def _search(args) -> None:
+    _scanner(args)
     check_int("-k", args.k, minimum=1)
     check_keras_file(args.model, members=False)
     if not args.images:
@@ -115,6 +125,7 @@ def _search(args) -> None:
 
 
 def _serve(args) -> None:
+    _scanner(args)
     port = check_int("--port", args.port, minimum=0)
     if port > 65535:
         raise ValueError(f"--port must be <= 65535, received {port}")
@@ -125,6 +136,7 @@ def _serve(args) -> None:
 
 
 def _evaluate(args) -> None:
+    _scanner(args)
     if args.output is not None:
         check_output_path(args.output)
     for name in ("queries_per_class", "num_queries"):

@@ -468,8 +468,9 @@ class SubicIndex(SearchBackend):
         """The index of what `file_format.read(path)` returned (the path
         names the file in errors). A file's shortlist applies where the
         scanner is `"faiss-fastscan"`."""
+        # A scanner this machine cannot run is the caller's error, not the file's.
+        name = scanners.resolve(scanner, header.num_blocks, header.block_size)
         try:
-            name = scanners.resolve(scanner, header.num_blocks, header.block_size)
             index = cls(
                 header.num_blocks,
                 header.block_size,

@@ -56,6 +56,12 @@ def test_save_load_round_trip(rng, tmp_path, num_blocks, block_size, kwargs):
     np.testing.assert_array_equal(new_id, [index.get_ids().max() + 1])
 
 
+def test_a_scanner_this_machine_lacks_is_not_the_files_fault(tmp_path):
+    SubicIndex(4, 16).save(tmp_path / "good")
+    with pytest.raises(ValueError, match="^scanner must be one of auto"):
+        SubicIndex.load(tmp_path / "good", scanner="fast")
+
+
 def test_save_load_empty_index(tmp_path):
     SubicIndex(4, 16).save(tmp_path / "empty")
     loaded = SubicIndex.load(tmp_path / "empty")
