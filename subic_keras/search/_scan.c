@@ -23,7 +23,8 @@
  * from the k-th item on (the bar rises with every item it takes: 20% fewer
  * items scored exactly than with a buffer of 2k cut back by quickselect;
  * as fast on random codes, and on clustered ones). Items of equal codes
- * are scanned once (`Database.members`). An item with Q < t, where
+ * are scanned once (`Database.members`), and many of them enter the heap
+ * at once (`keep_group`). An item with Q < t, where
  * t = ceil((S_k - base) / delta) - G - 1, scores below S_k and is skipped;
  * every other item is scored exactly (in float64) and kept if it beats
  * S_k. The extra -1 absorbs floating-point rounding. Results are therefore
@@ -80,6 +81,7 @@ typedef struct {
     const int64_t *starts, *members;
     int qmax;     /* the largest quantised table entry */
     int per_byte; /* look-ups the SIMD kernels sum in bytes: 255 / qmax */
+    int64_t log2k; /* levels of the heap of the k best, rounded up */
 } Database;
 
 typedef struct {
@@ -90,6 +92,7 @@ typedef struct {
     int32_t threshold; /* items with Q below it are skipped */
     Item *kept;        /* the k best so far: a heap, the worst at its root */
     int64_t size;      /* once it is k, the root is the bar for later items */
+    Item *scratch;     /* 2k items, for `keep_group` */
 } Query;
 
 /* Scans `valid` items of a tile (from item `start`) for one query,
@@ -132,8 +135,36 @@ static void sift_up(Item *heap, int64_t at, Item item) {
     heap[at] = item;
 }
 
-static int best_first(const void *a, const void *b) {
-    return ranks_after(a, b) ? 1 : (ranks_after(b, a) ? -1 : 0);
+/* Puts a heap of the k best in order, best first, in place (heapsort: the
+   root, the worst, goes to the end): no call per comparison, as qsort's. */
+static void sort_heap(Item *heap, int64_t size) {
+    for (int64_t last = size - 1; last > 0; last--) {
+        Item worst = heap[0];
+        sift_down(heap, last, 0, heap[last]);
+        heap[last] = worst;
+    }
+}
+
+/* Moves the `keep` best of `items[0 .. count)` to its front, in any order
+   (quickselect on the strict order `ranks_after`: positions differ). */
+static void select_best(Item *items, int64_t count, int64_t keep) {
+    int64_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+        /* The median of three as pivot, moved to `hi`. */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (ranks_after(&items[lo], &items[mid])) swap_items(&items[lo], &items[mid]);
+        if (ranks_after(&items[mid], &items[hi])) swap_items(&items[mid], &items[hi]);
+        if (ranks_after(&items[lo], &items[mid])) swap_items(&items[lo], &items[mid]);
+        swap_items(&items[mid], &items[hi]);
+        Item pivot = items[hi];
+        int64_t store = lo;
+        for (int64_t i = lo; i < hi; i++)
+            if (ranks_after(&pivot, &items[i])) swap_items(&items[i], &items[store++]);
+        swap_items(&items[store], &items[hi]);
+        if (store == keep || store + 1 == keep) return;
+        if (store > keep) hi = store - 1;
+        else lo = store + 1;
+    }
 }
 
 /* The exact table of every sub-code: the sum of its blocks' entries of the
@@ -263,6 +294,39 @@ static inline int keep(Query *q, const Database *db, Item item) {
     return 1;
 }
 
+/* Keeps the items of equal score `item.score` at `positions[0 .. count)`
+   (increasing) that are among the k best, the heap being full. One at a
+   time, each costs a sift through the heap; a trained model's large
+   groups would fill it that way again and again (a third of the time of a
+   query over CIFAR-10's 64-bit codes). Many at once, the heap and the
+   members it could take are cut to the k best and made a heap again:
+   linear in k. */
+static void keep_group(Query *q, const Database *db, Item item, const int64_t *positions,
+                       int64_t count) {
+    const int64_t k = db->k;
+    /* Members enter only in place of items ranking after the first one. */
+    int64_t worse = 0;
+    for (int64_t i = 0; i < k; i++) worse += ranks_after(&q->kept[i], &item);
+    if (count > worse) count = worse;
+    if (count * db->log2k < k) {
+        for (int64_t m = 0; m < count; m++) {
+            item.position = positions[m];
+            if (!keep(q, db, item)) break;
+        }
+        return;
+    }
+    Item *all = q->scratch;
+    memcpy(all, q->kept, sizeof(Item) * k);
+    for (int64_t m = 0; m < count; m++) {
+        all[k + m].score = item.score;
+        all[k + m].position = positions[m];
+    }
+    select_best(all, k + count, k);
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(all, k, i, all[i]);
+    memcpy(q->kept, all, sizeof(Item) * k);
+    raise_bar(q, db);
+}
+
 /* Scores the code at `lane` of a tile (row `row` of the tiles) exactly, and
    keeps its items that are among the k best: in increasing positions, so
    once one is not, none after it is (an equal score, a later position). */
@@ -273,8 +337,13 @@ static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lan
         keep(q, db, item);
         return;
     }
-    for (int64_t m = db->starts[row]; m < db->starts[row + 1]; m++) {
+    const int64_t stop = db->starts[row + 1];
+    for (int64_t m = db->starts[row]; m < stop; m++) {
         item.position = db->members[m];
+        if (q->size == db->k && (stop - m) * db->log2k >= db->k) {
+            keep_group(q, db, item, db->members + m, stop - m);
+            return;
+        }
         if (!keep(q, db, item)) break;
     }
 }
@@ -771,14 +840,18 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
     uint8_t *packed = malloc(QUERY_GROUP * lut_size / 2 + 1);
     Item *kept = malloc(sizeof(Item) * (db->k > LARGE_K ? 1 : QUERY_GROUP) * (size_t)db->k);
     double *luts = malloc(sizeof(double) * QUERY_GROUP * lut_size);
+    Item *scratch = db->members ? malloc(sizeof(Item) * 2 * (size_t)db->k) : NULL;
     const int64_t width = (int64_t)db->num_blocks * db->block_size;
-    if (!qluts || !packed || !kept || !luts) {
+    if (!qluts || !packed || !kept || !luts || (db->members && !scratch)) {
         free(qluts);
         free(packed);
         free(kept);
         free(luts);
+        free(scratch);
         return -1;
     }
+    layout.log2k = 1;
+    while (layout.log2k < 62 && ((int64_t)1 << layout.log2k) < db->k) layout.log2k++;
     const int group = db->k > LARGE_K ? 1 : QUERY_GROUP;
     for (int64_t q0 = 0; q0 < nq; q0 += group) {
         int count = (int)(nq - q0 < group ? nq - q0 : group);
@@ -788,6 +861,7 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
             build_tables(z + (q0 + j) * width, db, q->lut);
             q->qlut = qluts + j * lut_size;
             q->kept = kept + j * db->k;
+            q->scratch = scratch;
             q->size = 0;
             q->threshold = 0;
             quantise(q, db);
@@ -803,7 +877,7 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
         }
         for (int j = 0; j < count; j++) {
             Query *q = &queries[j];
-            qsort(q->kept, q->size, sizeof(Item), best_first);
+            sort_heap(q->kept, q->size);
             for (int64_t r = 0; r < db->k; r++) {
                 int64_t at = (q0 + j) * db->k + r;
                 if (r < q->size) {
@@ -820,6 +894,7 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
     free(packed);
     free(kept);
     free(luts);
+    free(scratch);
     return 0;
 }
 
