@@ -12,7 +12,8 @@ item for:
 
 - every scanner this machine runs (`subic_keras.search.scanners`): the
   native exact scan with each kernel the CPU has (`native-vbmi`,
-  `native-avx2`, `native-portable`; `native-neon` on aarch64), faiss's
+  `native-avx512bw`, `native-avx2`, `native-portable`; `native-neon` on
+  aarch64), faiss's
   exact scan (`faiss`) and, for K = 16, faiss's fast scan with exact
   re-scoring (`faiss-fastscan`), each a `SubicIndex(..., scanner=...)`;
 - `faiss_pq`: a plain faiss `IndexPQ` (one sub-quantizer per block,

@@ -320,9 +320,10 @@ def _add_scanner_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scanner",
         default="auto",
-        help="what scans a .subic file's codes: auto, native-vbmi, native-avx2, "
-        "native-neon, native-portable, faiss or faiss-fastscan, as far as this "
-        "machine runs them (default: %(default)s, the fastest)",
+        help="what scans a .subic file's codes: auto, native-vbmi, "
+        "native-avx512bw, native-avx2, native-neon, native-portable, faiss or "
+        "faiss-fastscan, as far as this machine runs them (default: "
+        "%(default)s, the fastest)",
     )
 
 

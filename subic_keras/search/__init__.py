@@ -14,7 +14,8 @@ One module per concept:
 - `store`: `CodeStore`, the packed codes and ids of an index (what a
   `.subic` file holds).
 - `scanners`: what ranks a store: the native exact scan with each SIMD
-  kernel (`native-vbmi`, `native-avx2`, `native-neon`, `native-portable`),
+  kernel (`native-vbmi`, `native-avx512bw`, `native-avx2`, `native-neon`,
+  `native-portable`),
   faiss's exact scan and faiss's 4-bit fast scan; `available(M, K)` lists
   those this machine runs, `SubicIndex(..., scanner=...)` picks one.
 - `native`: the native exact scan (`_scan.c`): SIMD bounds from quantised

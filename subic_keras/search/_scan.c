@@ -58,8 +58,15 @@
 #endif
 
 /* The kernels, by the number the binding takes. */
-enum { KERNEL_PORTABLE = 0, KERNEL_AVX2 = 1, KERNEL_VBMI = 2, KERNEL_NEON = 3 };
-static const char *const KERNEL_NAMES[] = {"portable", "avx2", "vbmi", "neon"};
+enum {
+    KERNEL_PORTABLE = 0,
+    KERNEL_AVX2 = 1,
+    KERNEL_VBMI = 2,
+    KERNEL_NEON = 3,
+    KERNEL_AVX512BW = 4,
+    KERNEL_COUNT = 5
+};
+static const char *const KERNEL_NAMES[] = {"portable", "avx2", "vbmi", "neon", "avx512bw"};
 
 #define QUERY_GROUP 8        /* queries sharing each pass over a tile */
 #define LARGE_K (1 << 16)    /* beyond it, one query at a time (buffer memory) */
@@ -534,6 +541,7 @@ SPLIT_AVX2(64)
 SPLIT_AVX2(128)
 SPLIT_AVX2(256)
 
+#define SUBIC_AVX512 __attribute__((target("avx512f,avx512bw")))
 #define SUBIC_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 SUBIC_VBMI static inline __m512i lookup_vbmi(__m512i v, const uint8_t *t, int table) {
     if (table <= 64) return _mm512_permutexvar_epi8(v, _mm512_loadu_si512((const void *)t));
@@ -545,24 +553,42 @@ SUBIC_VBMI static inline __m512i lookup_vbmi(__m512i v, const uint8_t *t, int ta
     return _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), r0, r1);
 }
 
-/* As `SumsAvx2`, 64 bytes at a time. */
+/* As `SumsAvx2`, 64 bytes at a time (AVX-512BW). */
 typedef struct {
     __m512i lo, hi, bytes;
 } SumsVbmi;
 
-SUBIC_VBMI static inline void widen_vbmi(SumsVbmi *s) {
+SUBIC_AVX512 static inline void widen_vbmi(SumsVbmi *s) {
     s->lo = _mm512_add_epi16(s->lo, s->bytes);
     s->hi = _mm512_add_epi16(s->hi, _mm512_srli_epi16(s->bytes, 8));
     s->bytes = _mm512_setzero_si512();
 }
 
+/* Offers the items of 64 whose sums `sums` (even items, odd items) reach
+   the threshold. */
+SUBIC_AVX512 static inline void finish_avx512(Query *q, const Database *db,
+                                              const uint8_t *cols, SumsVbmi *s, int64_t i,
+                                              int64_t valid, int64_t start) {
+    __m512i sums[2] = {_mm512_sub_epi16(s->lo, _mm512_slli_epi16(s->hi, 8)), s->hi};
+    __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
+    for (int h = 0; h < 2; h++) {
+        uint32_t mask = _mm512_cmpge_epu16_mask(sums[h], t);
+        if (mask) {
+            uint16_t lanes[32];
+            _mm512_storeu_si512((void *)lanes, sums[h]);
+            offer_hits(q, db, cols, mask, 0, lanes, i, h, valid, start);
+        }
+    }
+}
+
 /* 4-bit sub-codes, two per byte, 64 items at a time: vpshufb on 512 bits
    (AVX-512BW). The nibble layout has 16-entry tables, 8 times fewer
    entries to build per query than 8-bit sub-codes of two blocks: it is
-   the VBMI kernel's layout for K = 2, 4 and 16. */
-SUBIC_VBMI static void tile_nibbles_avx512(Query *q, const Database *db,
-                                           const uint8_t *cols, int64_t valid,
-                                           int64_t start) {
+   the AVX-512BW kernel's layout for K = 2, 4 and 16, and the VBMI
+   kernel's below `SMALL_DATABASE` codes. */
+SUBIC_AVX512 static void tile_nibbles_avx512(Query *q, const Database *db,
+                                             const uint8_t *cols, int64_t valid,
+                                             int64_t start) {
     const int64_t tile = db->tile;
     const int groups = db->groups, table = db->table, per_byte = db->per_byte;
     const __m512i low4 = _mm512_set1_epi8(15);
@@ -587,18 +613,75 @@ SUBIC_VBMI static void tile_nibbles_avx512(Query *q, const Database *db,
         }
         if (q->threshold > 65535) return;
         if (count) widen_vbmi(&s);
-        __m512i sums[2] = {_mm512_sub_epi16(s.lo, _mm512_slli_epi16(s.hi, 8)), s.hi};
-        __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
-        for (int h = 0; h < 2; h++) {
-            uint32_t mask = _mm512_cmpge_epu16_mask(sums[h], t);
-            if (mask) {
-                uint16_t lanes[32];
-                _mm512_storeu_si512((void *)lanes, sums[h]);
-                offer_hits(q, db, cols, mask, 0, lanes, i, h, valid, start);
-            }
-        }
+        finish_avx512(q, db, cols, &s, i, valid, start);
     }
 }
+
+/* `split_lookup_avx2` on 512 bits: the blend tree takes its choices from
+   mask registers (vptestmb reads the bit where it is: no shift). */
+SUBIC_AVX512 ALWAYS_INLINE static inline __m512i split_lookup_avx512(__m512i v, __m512i low,
+                                                                     const uint8_t *t,
+                                                                     int count) {
+    __m512i r[16];
+    for (int s = 0; s < count; s++)
+        r[s] = _mm512_shuffle_epi8(
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(t + 16 * s))), low);
+    for (int bit = 4, width = count; width > 1; bit++, width /= 2) {
+        __mmask64 select = _mm512_test_epi8_mask(v, _mm512_set1_epi8((char)(1 << bit)));
+        for (int s = 0; s < width / 2; s++)
+            r[s] = _mm512_mask_blend_epi8(select, r[2 * s], r[2 * s + 1]);
+    }
+    return r[0];
+}
+
+/* `split_avx2` on 512 bits, 64 items at a time, for CPUs with AVX-512BW
+   but not VBMI (Skylake-SP, Cascade Lake), which have no `vpermb`. */
+SUBIC_AVX512 ALWAYS_INLINE static inline void split_avx512(Query *q, const Database *db,
+                                                           const uint8_t *cols,
+                                                           int64_t valid, int64_t start,
+                                                           int table) {
+    const int64_t tile = db->tile;
+    const int per_byte = db->per_byte, nibbles = db->qmax <= 15;
+    const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512i upper = _mm512_set1_epi8((char)(table / 2)); /* the nibble's bit */
+    for (int64_t i = 0; i < valid; i += 64) {
+        SumsVbmi s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+        int added = 0;
+        for (int g = 0; g < db->groups; g++) {
+            __m512i v = _mm512_loadu_si512((const void *)(cols + (int64_t)g * tile + i));
+            /* An index with its top bit set would look up 0. */
+            __m512i low = table == 256 ? _mm512_and_si512(v, low4) : v, r;
+            if (nibbles) {
+                r = split_lookup_avx512(v, low, q->packed + (int64_t)g * (table / 2),
+                                        table / 32);
+                r = _mm512_and_si512(_mm512_mask_blend_epi8(_mm512_test_epi8_mask(v, upper),
+                                                            r, _mm512_srli_epi16(r, 4)),
+                                     low4);
+            } else {
+                r = split_lookup_avx512(v, low, q->qlut + (int64_t)g * table, table / 16);
+            }
+            s.bytes = _mm512_add_epi8(s.bytes, r);
+            if (++added == per_byte) {
+                widen_vbmi(&s);
+                added = 0;
+            }
+        }
+        if (q->threshold > 65535) return;
+        if (added) widen_vbmi(&s);
+        finish_avx512(q, db, cols, &s, i, valid, start);
+    }
+}
+
+#define SPLIT_AVX512(table)                                                              \
+    SUBIC_AVX512 static void tile_split##table##_avx512(Query *q, const Database *db,     \
+                                                        const uint8_t *cols,              \
+                                                        int64_t valid, int64_t start) {   \
+        split_avx512(q, db, cols, valid, start, table);                                  \
+    }
+SPLIT_AVX512(64)
+SPLIT_AVX512(128)
+SPLIT_AVX512(256)
 
 SUBIC_VBMI static void tile_bytes_vbmi(Query *q, const Database *db, const uint8_t *cols,
                                        int64_t valid, int64_t start) {
@@ -772,6 +855,7 @@ static int cpu_runs(int kernel) {
     if (kernel == KERNEL_AVX2) return __builtin_cpu_supports("avx2");
     if (kernel == KERNEL_VBMI)
         return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi");
+    if (kernel == KERNEL_AVX512BW) return __builtin_cpu_supports("avx512bw");
 #endif
 #if SUBIC_NEON
     if (kernel == KERNEL_NEON) return 1;
@@ -806,6 +890,13 @@ static TileKernel choose(const Database *db, int kernel, int *qmax) {
         if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx2, wanted = 15;
         if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx2, wanted = 15;
         /* Many sub-codes widen the slack: byte entries then. */
+        if (db->bits == 8 && db->groups > 16) wanted = 63;
+    }
+    if (kernel == KERNEL_AVX512BW && db->tile % 64 == 0) {
+        if (db->bits == 4) chosen = tile_nibbles_avx512, wanted = 127;
+        if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx512, wanted = 63;
+        if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx512, wanted = 15;
+        if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx512, wanted = 15;
         if (db->bits == 8 && db->groups > 16) wanted = 63;
     }
     if (kernel == KERNEL_VBMI && db->bits == 8 && db->tile % 128 == 0)
@@ -950,7 +1041,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int nbits = 0;
     while (nbits < 16 && (1 << nbits) < block_size) nbits++;
     const char *problem = NULL;
-    if (kernel < 0 || kernel > KERNEL_NEON || !cpu_runs(kernel))
+    if (kernel < 0 || kernel >= KERNEL_COUNT || !cpu_runs(kernel))
         problem = "this CPU cannot run that kernel";
     else if (n < 0 || tile < 64 || tile % 64 || columns < 1 || groups < 1 || k < 1 || nq < 0)
         problem = "sizes out of range";
@@ -1016,9 +1107,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 static PyObject *kernels(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    static const int best_first[] = {KERNEL_VBMI, KERNEL_AVX2, KERNEL_NEON, KERNEL_PORTABLE};
+    static const int best_first[] = {KERNEL_VBMI, KERNEL_AVX512BW, KERNEL_AVX2, KERNEL_NEON,
+                                     KERNEL_PORTABLE};
     PyObject *names = PyList_New(0);
-    for (int i = 0; names && i < 4; i++) {
+    for (int i = 0; names && i < KERNEL_COUNT; i++) {
         if (!cpu_runs(best_first[i])) continue;
         PyObject *name = PyUnicode_FromString(KERNEL_NAMES[best_first[i]]);
         if (!name || PyList_Append(names, name)) Py_CLEAR(names);
@@ -1032,7 +1124,7 @@ static PyMethodDef methods[] = {
      "scan(tiles, n, tile, columns, bits, table, groups, num_blocks, block_size, "
      "per_group, k, queries, nq, scores, positions, kernel, starts, members): exact "
      "top-k of every float32 query, written to scores and positions; kernel 0 "
-     "portable, 1 avx2, 2 vbmi, 3 neon; n rows of tiles, whose items starts and "
+     "portable, 1 avx2, 2 vbmi, 3 neon, 4 avx512bw; n rows of tiles, whose items starts and "
      "members list (both empty: row r is item r)."},
     {"kernels", kernels, METH_NOARGS,
      "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},

@@ -18,6 +18,9 @@ Kernels (`kernels()` lists those this CPU runs, best first):
   tables have 8 times fewer entries to build per query, which outweighs
   the scan there (60,000 trained 64-bit codes: 1.2x faster; 1M random
   codes: 1.1x slower).
+- `"avx512bw"` (AVX-512BW without VBMI: Skylake-SP, Cascade Lake): the
+  `"avx2"` kernel's look-ups on 512 bits, 64 sub-codes at once, the blend
+  tree's choices read into mask registers by `vptestmb`.
 - `"avx2"`: `pshufb` on 16-entry tables for 4-bit sub-codes (two per byte,
   for `K` = 2, 4, 16), and for 5- to 8-bit sub-codes on the table's
   16-entry sub-tables, of which a blend tree on the high bits keeps one
@@ -56,7 +59,7 @@ _QUERY_CHUNK = 256
 
 
 # The binding's kernel numbers.
-_KERNEL_IDS = {"portable": 0, "avx2": 1, "vbmi": 2, "neon": 3}
+_KERNEL_IDS = {"portable": 0, "avx2": 1, "vbmi": 2, "neon": 3, "avx512bw": 4}
 
 
 def kernels() -> tuple[str, ...]:
@@ -91,7 +94,12 @@ class Layout:
         nbits = block_size.bit_length() - 1
         if nbits > 8:
             return cls(num_blocks, block_size, nbits, 16)
-        nibble_kernels = ("avx2", "neon", *(("vbmi",) if rows < SMALL_DATABASE else ()))
+        nibble_kernels = (
+            "avx2",
+            "avx512bw",
+            "neon",
+            *(("vbmi",) if rows < SMALL_DATABASE else ()),
+        )
         nibbles = kernel in nibble_kernels and 4 % nbits == 0
         return cls(num_blocks, block_size, nbits, 4 if nibbles else 8)
 

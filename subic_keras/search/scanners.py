@@ -4,11 +4,12 @@ Every scanner returns the top-`k` positions of the store and their exact
 scores `sum_m z*[m*K + c_m]` (paper Sec. 3.3, Eq. 8), best first, equal
 scores by position. `SubicIndex(..., scanner=NAME)` picks one:
 
-- `"native-vbmi"`, `"native-avx2"`, `"native-neon"`, `"native-portable"`:
-  the native exact scan (`native`, built by `pip install` where a C compiler
-  is present), with the kernel named: AVX-512 VBMI `vpermb`, AVX2 `pshufb`
-  (16-entry sub-tables and a blend tree for 5- to 8-bit sub-codes), NEON
-  `tbl`, or portable C. Bounds from 8-bit tables, exact float64
+- `"native-vbmi"`, `"native-avx512bw"`, `"native-avx2"`, `"native-neon"`,
+  `"native-portable"`: the native exact scan (`native`, built by `pip
+  install` where a C compiler is present), with the kernel named: AVX-512
+  VBMI `vpermb`, AVX2 `pshufb` (16-entry sub-tables and a blend tree for
+  5- to 8-bit sub-codes) on 512 bits with AVX-512BW or on 256, NEON `tbl`,
+  or portable C. Bounds from 8-bit tables, exact float64
   refinement: the same ids as a float64 brute force.
 - `"faiss"`: faiss's `IndexPQ` with identity centroids, exact for any `K`
   (scores summed in float32).
@@ -45,6 +46,7 @@ from subic_keras.search.store import CodeStore
 
 NATIVE_SCANNERS = {
     "native-vbmi": "vbmi",
+    "native-avx512bw": "avx512bw",
     "native-avx2": "avx2",
     "native-neon": "neon",
     "native-portable": "portable",

@@ -71,7 +71,8 @@ class SubicIndex(SearchBackend):
         block_size: `K`, a power of two in [2, 1024].
         scanner: what ranks the codes: `"auto"` (default, the fastest this
             CPU and build run), a native kernel (`"native-vbmi"`,
-            `"native-avx2"`, `"native-neon"`, `"native-portable"`: exact),
+            `"native-avx512bw"`, `"native-avx2"`, `"native-neon"`,
+            `"native-portable"`: exact),
             `"faiss"` (exact) or `"faiss-fastscan"` (`K = 16`: a shortlist
             re-scored exactly). `scanners.available(M, K)` lists those this
             machine runs.

@@ -5,8 +5,8 @@ import pytest
 
 from subic_keras.search import scanners
 
-# Every scanner this machine runs: its native kernels (AVX-512 VBMI, AVX2,
-# NEON, portable) and faiss's two scans.
+# Every scanner this machine runs: its native kernels (AVX-512 VBMI,
+# AVX-512BW, AVX2, NEON, portable) and faiss's two scans.
 SCANNERS = scanners.available(1, 16)
 
 

@@ -95,7 +95,7 @@ int main(void) {
             double want_scores[8 * 50], got_scores[8 * 50];
             int64_t want[8 * 50], got[8 * 50];
             if (run(&db, z, nq, KERNEL_PORTABLE, want_scores, want)) return 2;
-            for (int kernel = KERNEL_AVX2; kernel <= KERNEL_NEON; kernel++) {
+            for (int kernel = KERNEL_AVX2; kernel < KERNEL_COUNT; kernel++) {
                 if (!cpu_runs(kernel)) continue;
                 if (run(&db, z, nq, kernel, got_scores, got)) return 2;
                 for (int i = 0; i < nq * 50; i++)
