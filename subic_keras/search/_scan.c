@@ -447,7 +447,7 @@ SUBIC_AVX2 static inline __m256i table16_avx2(const uint8_t *t) {
 
 /* 4-bit sub-codes, two per byte: one pshufb per sub-code, 64 items at a
    time (each table load serves two code loads: 1.05x faster than 32 at a
-   time for two queries, M = 16 over 1M codes on a Zen 4). */
+   time for two queries, M = 16 over 1M codes on a Zen 5, EPYC family 26). */
 SUBIC_AVX2 static void tile_nibbles_avx2(Query *q, const Database *db, const uint8_t *cols,
                                     int64_t valid, int64_t start) {
     const int64_t tile = db->tile;
@@ -499,7 +499,7 @@ SUBIC_AVX2 ALWAYS_INLINE static inline __m256i split_lookup_avx2(__m256i v, __m2
    half the look-ups, and the top index bit picks the nibble. 32 items at
    a time: sharing table loads between two code loads (as the nibble
    kernel does) or code loads between two queries outgrows the 16
-   registers (measured 1.04x to 1.4x slower on a Zen 4). */
+   registers (measured 1.04x to 1.4x slower on a Zen 5). */
 SUBIC_AVX2 ALWAYS_INLINE static inline void split_avx2(Query *q, const Database *db,
                                                        const uint8_t *cols, int64_t valid,
                                                        int64_t start, int table) {
@@ -874,10 +874,12 @@ static int cpu_runs(int kernel) {
    9,000 for 15. It buys speed elsewhere: SIMD kernels sum 255 / qmax
    look-ups in bytes before widening them, and the AVX2 split tables of
    128 or 256 entries hold two 4-bit entries a byte for qmax = 15. The
-   values below are the fastest measured per kernel (Zen 4, 1M codes):
+   values below are the fastest measured per kernel (Zen 5, 1M codes):
    AVX2 nibbles 127, split tables 63 (64 entries) and 15 (128, 256: 1.4x
-   the speed of 63); VBMI 255 for 8-bit sub-codes (its look-ups are cheap,
-   refining is not) and 127 for nibbles.
+   the speed of 63); AVX-512BW the same but 127 for 64 entries (1.04x the
+   speed of 63; 15 for 256 entries is 1.3x that of 63); VBMI 255 for 8-bit
+   sub-codes (its look-ups are cheap, refining is not) and 127 for
+   nibbles.
    Sums are 16-bit: G * qmax must stay below 2^16. */
 static TileKernel choose(const Database *db, int kernel, int *qmax) {
     /* Tiles hold a multiple of 64 items (the binding checks). */
@@ -894,7 +896,7 @@ static TileKernel choose(const Database *db, int kernel, int *qmax) {
     }
     if (kernel == KERNEL_AVX512BW && db->tile % 64 == 0) {
         if (db->bits == 4) chosen = tile_nibbles_avx512, wanted = 127;
-        if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx512, wanted = 63;
+        if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx512, wanted = 127;
         if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx512, wanted = 15;
         if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx512, wanted = 15;
         if (db->bits == 8 && db->groups > 16) wanted = 63;
