@@ -13,8 +13,9 @@
  * delta), so v - min_g lies in [q delta, (q + 1) delta). The quantised sum
  * Q of an item (16-bit, added with SIMD table look-ups: AVX2 pshufb, on
  * 16-entry tables or, for 5- to 8-bit sub-codes, on 16-entry sub-tables
- * chosen by a blend tree on the high bits; AVX-512 VBMI vpermb; NEON tbl;
- * portable C everywhere, and for 16-bit sub-codes) bounds its score:
+ * chosen by a blend tree on the high bits, on 256 bits or, with
+ * AVX-512BW, on 512; AVX-512 VBMI vpermb; NEON tbl; portable C everywhere,
+ * and for 16-bit sub-codes) bounds its score:
  *
  *     base + delta Q  <=  score  <  base + delta (Q + G)
  *
@@ -556,9 +557,9 @@ SUBIC_VBMI static inline __m512i lookup_vbmi(__m512i v, const uint8_t *t, int ta
 /* As `SumsAvx2`, 64 bytes at a time (AVX-512BW). */
 typedef struct {
     __m512i lo, hi, bytes;
-} SumsVbmi;
+} SumsAvx512;
 
-SUBIC_AVX512 static inline void widen_vbmi(SumsVbmi *s) {
+SUBIC_AVX512 static inline void widen_avx512(SumsAvx512 *s) {
     s->lo = _mm512_add_epi16(s->lo, s->bytes);
     s->hi = _mm512_add_epi16(s->hi, _mm512_srli_epi16(s->bytes, 8));
     s->bytes = _mm512_setzero_si512();
@@ -567,7 +568,7 @@ SUBIC_AVX512 static inline void widen_vbmi(SumsVbmi *s) {
 /* Offers the items of 64 whose sums `sums` (even items, odd items) reach
    the threshold. */
 SUBIC_AVX512 static inline void finish_avx512(Query *q, const Database *db,
-                                              const uint8_t *cols, SumsVbmi *s, int64_t i,
+                                              const uint8_t *cols, SumsAvx512 *s, int64_t i,
                                               int64_t valid, int64_t start) {
     __m512i sums[2] = {_mm512_sub_epi16(s->lo, _mm512_slli_epi16(s->hi, 8)), s->hi};
     __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
@@ -593,7 +594,7 @@ SUBIC_AVX512 static void tile_nibbles_avx512(Query *q, const Database *db,
     const int groups = db->groups, table = db->table, per_byte = db->per_byte;
     const __m512i low4 = _mm512_set1_epi8(15);
     for (int64_t i = 0; i < valid; i += 64) {
-        SumsVbmi s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+        SumsAvx512 s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
                       _mm512_setzero_si512()};
         int count = 0;
         for (int g = 0; g < groups; g += 2) {
@@ -606,13 +607,13 @@ SUBIC_AVX512 static void tile_nibbles_avx512(Query *q, const Database *db,
                     _mm_loadu_si128((const __m128i *)(t + half * table)));
                 s.bytes = _mm512_add_epi8(s.bytes, _mm512_shuffle_epi8(sub, index));
                 if (++count == per_byte) {
-                    widen_vbmi(&s);
+                    widen_avx512(&s);
                     count = 0;
                 }
             }
         }
         if (q->threshold > 65535) return;
-        if (count) widen_vbmi(&s);
+        if (count) widen_avx512(&s);
         finish_avx512(q, db, cols, &s, i, valid, start);
     }
 }
@@ -645,7 +646,7 @@ SUBIC_AVX512 ALWAYS_INLINE static inline void split_avx512(Query *q, const Datab
     const __m512i low4 = _mm512_set1_epi8(15);
     const __m512i upper = _mm512_set1_epi8((char)(table / 2)); /* the nibble's bit */
     for (int64_t i = 0; i < valid; i += 64) {
-        SumsVbmi s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+        SumsAvx512 s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
                       _mm512_setzero_si512()};
         int added = 0;
         for (int g = 0; g < db->groups; g++) {
@@ -663,12 +664,12 @@ SUBIC_AVX512 ALWAYS_INLINE static inline void split_avx512(Query *q, const Datab
             }
             s.bytes = _mm512_add_epi8(s.bytes, r);
             if (++added == per_byte) {
-                widen_vbmi(&s);
+                widen_avx512(&s);
                 added = 0;
             }
         }
         if (q->threshold > 65535) return;
-        if (added) widen_vbmi(&s);
+        if (added) widen_avx512(&s);
         finish_avx512(q, db, cols, &s, i, valid, start);
     }
 }
@@ -688,7 +689,7 @@ SUBIC_VBMI static void tile_bytes_vbmi(Query *q, const Database *db, const uint8
     const int64_t tile = db->tile;
     const int table = db->table, per_byte = db->per_byte;
     for (int64_t i = 0; i < valid; i += 128) {
-        SumsVbmi s[2];
+        SumsAvx512 s[2];
         for (int h = 0; h < 2; h++)
             s[h].lo = s[h].hi = s[h].bytes = _mm512_setzero_si512();
         int count = 0;
@@ -700,15 +701,15 @@ SUBIC_VBMI static void tile_bytes_vbmi(Query *q, const Database *db, const uint8
                     s[h].bytes,
                     lookup_vbmi(_mm512_loadu_si512((const void *)(c + 64 * h)), t, table));
             if (++count == per_byte) {
-                widen_vbmi(&s[0]);
-                widen_vbmi(&s[1]);
+                widen_avx512(&s[0]);
+                widen_avx512(&s[1]);
                 count = 0;
             }
         }
         if (q->threshold > 65535) return;
         if (count) {
-            widen_vbmi(&s[0]);
-            widen_vbmi(&s[1]);
+            widen_avx512(&s[0]);
+            widen_avx512(&s[1]);
         }
         __m512i sums[4] = {_mm512_sub_epi16(s[0].lo, _mm512_slli_epi16(s[0].hi, 8)), s[0].hi,
                            _mm512_sub_epi16(s[1].lo, _mm512_slli_epi16(s[1].hi, 8)), s[1].hi};
