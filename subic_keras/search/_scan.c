@@ -557,12 +557,25 @@ SUBIC_VBMI static inline __m512i lookup_vbmi(__m512i v, const uint8_t *t, int ta
 /* As `SumsAvx2`, 64 bytes at a time (AVX-512BW). */
 typedef struct {
     __m512i lo, hi, bytes;
+    int count;
 } SumsAvx512;
+
+SUBIC_AVX512 static inline SumsAvx512 zero_avx512(void) {
+    SumsAvx512 s = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    0};
+    return s;
+}
 
 SUBIC_AVX512 static inline void widen_avx512(SumsAvx512 *s) {
     s->lo = _mm512_add_epi16(s->lo, s->bytes);
     s->hi = _mm512_add_epi16(s->hi, _mm512_srli_epi16(s->bytes, 8));
     s->bytes = _mm512_setzero_si512();
+    s->count = 0;
+}
+
+SUBIC_AVX512 static inline void add_avx512(SumsAvx512 *s, __m512i r, int per_byte) {
+    s->bytes = _mm512_add_epi8(s->bytes, r);
+    if (++s->count == per_byte) widen_avx512(s);
 }
 
 /* Offers the items of 64 whose sums `sums` (even items, odd items) reach
@@ -570,6 +583,7 @@ SUBIC_AVX512 static inline void widen_avx512(SumsAvx512 *s) {
 SUBIC_AVX512 static inline void finish_avx512(Query *q, const Database *db,
                                               const uint8_t *cols, SumsAvx512 *s, int64_t i,
                                               int64_t valid, int64_t start) {
+    if (s->count) widen_avx512(s);
     __m512i sums[2] = {_mm512_sub_epi16(s->lo, _mm512_slli_epi16(s->hi, 8)), s->hi};
     __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
     for (int h = 0; h < 2; h++) {
@@ -594,9 +608,7 @@ SUBIC_AVX512 static void tile_nibbles_avx512(Query *q, const Database *db,
     const int groups = db->groups, table = db->table, per_byte = db->per_byte;
     const __m512i low4 = _mm512_set1_epi8(15);
     for (int64_t i = 0; i < valid; i += 64) {
-        SumsAvx512 s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
-                      _mm512_setzero_si512()};
-        int count = 0;
+        SumsAvx512 s = zero_avx512();
         for (int g = 0; g < groups; g += 2) {
             __m512i v = _mm512_loadu_si512((const void *)(cols + (g >> 1) * tile + i));
             const uint8_t *t = q->qlut + (int64_t)g * table;
@@ -605,15 +617,10 @@ SUBIC_AVX512 static void tile_nibbles_avx512(Query *q, const Database *db,
                                      : _mm512_and_si512(v, low4);
                 __m512i sub = _mm512_broadcast_i32x4(
                     _mm_loadu_si128((const __m128i *)(t + half * table)));
-                s.bytes = _mm512_add_epi8(s.bytes, _mm512_shuffle_epi8(sub, index));
-                if (++count == per_byte) {
-                    widen_avx512(&s);
-                    count = 0;
-                }
+                add_avx512(&s, _mm512_shuffle_epi8(sub, index), per_byte);
             }
         }
         if (q->threshold > 65535) return;
-        if (count) widen_avx512(&s);
         finish_avx512(q, db, cols, &s, i, valid, start);
     }
 }
@@ -646,9 +653,7 @@ SUBIC_AVX512 ALWAYS_INLINE static inline void split_avx512(Query *q, const Datab
     const __m512i low4 = _mm512_set1_epi8(15);
     const __m512i upper = _mm512_set1_epi8((char)(table / 2)); /* the nibble's bit */
     for (int64_t i = 0; i < valid; i += 64) {
-        SumsAvx512 s = {_mm512_setzero_si512(), _mm512_setzero_si512(),
-                      _mm512_setzero_si512()};
-        int added = 0;
+        SumsAvx512 s = zero_avx512();
         for (int g = 0; g < db->groups; g++) {
             __m512i v = _mm512_loadu_si512((const void *)(cols + (int64_t)g * tile + i));
             /* An index with its top bit set would look up 0. */
@@ -662,14 +667,9 @@ SUBIC_AVX512 ALWAYS_INLINE static inline void split_avx512(Query *q, const Datab
             } else {
                 r = split_lookup_avx512(v, low, q->qlut + (int64_t)g * table, table / 16);
             }
-            s.bytes = _mm512_add_epi8(s.bytes, r);
-            if (++added == per_byte) {
-                widen_avx512(&s);
-                added = 0;
-            }
+            add_avx512(&s, r, per_byte);
         }
         if (q->threshold > 65535) return;
-        if (added) widen_avx512(&s);
         finish_avx512(q, db, cols, &s, i, valid, start);
     }
 }
@@ -689,28 +689,18 @@ SUBIC_VBMI static void tile_bytes_vbmi(Query *q, const Database *db, const uint8
     const int64_t tile = db->tile;
     const int table = db->table, per_byte = db->per_byte;
     for (int64_t i = 0; i < valid; i += 128) {
-        SumsAvx512 s[2];
-        for (int h = 0; h < 2; h++)
-            s[h].lo = s[h].hi = s[h].bytes = _mm512_setzero_si512();
-        int count = 0;
+        SumsAvx512 s[2] = {zero_avx512(), zero_avx512()};
         for (int g = 0; g < db->groups; g++) {
             const uint8_t *t = q->qlut + (int64_t)g * table;
             const uint8_t *c = cols + (int64_t)g * tile + i;
             for (int h = 0; h < 2; h++)
-                s[h].bytes = _mm512_add_epi8(
-                    s[h].bytes,
-                    lookup_vbmi(_mm512_loadu_si512((const void *)(c + 64 * h)), t, table));
-            if (++count == per_byte) {
-                widen_avx512(&s[0]);
-                widen_avx512(&s[1]);
-                count = 0;
-            }
+                add_avx512(&s[h],
+                           lookup_vbmi(_mm512_loadu_si512((const void *)(c + 64 * h)), t, table),
+                           per_byte);
         }
         if (q->threshold > 65535) return;
-        if (count) {
-            widen_avx512(&s[0]);
-            widen_avx512(&s[1]);
-        }
+        for (int h = 0; h < 2; h++)
+            if (s[h].count) widen_avx512(&s[h]);
         __m512i sums[4] = {_mm512_sub_epi16(s[0].lo, _mm512_slli_epi16(s[0].hi, 8)), s[0].hi,
                            _mm512_sub_epi16(s[1].lo, _mm512_slli_epi16(s[1].hi, 8)), s[1].hi};
         __m512i t = _mm512_set1_epi16((short)(uint16_t)q->threshold);
