@@ -31,6 +31,14 @@ MISTAKES = [
     ),
     (["evaluate", "{model}", "--index", "{missing}"], "index file not found"),
     (
+        ["search", "{model}", "{missing}.db", "q.png", "--collection", "photos"],
+        "collection 'photos' does not exist",
+    ),
+    (
+        ["evaluate", "{model}", "--index", "{missing}.db"],
+        "no Milvus Lite database at that path",
+    ),
+    (
         ["index", "build", "{model}", "--output", "{missing}/x.subic"],
         "the folder of the output file does not exist",
     ),

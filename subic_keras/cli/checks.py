@@ -15,6 +15,7 @@ from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.images import check_folder
 from subic_keras.search import scanners
+from subic_keras.search.milvus import check_database_exists
 from subic_keras.search.uri import is_database
 
 
@@ -60,9 +61,12 @@ def _train(args) -> None:
         )
 
 
-def _index(uri: str) -> None:
-    """A `.subic` file must exist; a Milvus database answers when opened."""
-    if not is_database(uri):
+def _index(uri: str, collection: str) -> None:
+    """A `.subic` file, or a Milvus Lite database, must exist; a Milvus
+    server answers when opened."""
+    if is_database(uri):
+        check_database_exists(uri, collection)
+    else:
         check_file(uri, "index file")
 
 
@@ -119,7 +123,7 @@ def _search(args) -> None:
     check_keras_file(args.model, members=False)
     if not args.images:
         raise ValueError("give at least one query image after the index")
-    _index(args.index)
+    _index(args.index, args.collection)
     for path in args.images:
         check_file(path, "query image file")
 
@@ -159,7 +163,7 @@ def _evaluate(args) -> None:
         check_folder(args.images)
     check_keras_file(args.model, members=False)
     if args.index is not None:
-        _index(args.index)
+        _index(args.index, args.collection)
     _data_dir(args)
 
 

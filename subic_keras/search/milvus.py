@@ -98,6 +98,17 @@ def _is_local(uri: str) -> bool:
     return "://" not in uri
 
 
+def check_database_exists(uri: str | os.PathLike, collection: str) -> None:
+    """Raises `ValueError` where `uri` is a Milvus Lite path with no database
+    (opening one: Milvus Lite would make an empty database there)."""
+    uri = os.fspath(uri)
+    if _is_local(uri) and not os.path.exists(uri):
+        raise ValueError(
+            f"collection {collection!r} does not exist at {uri!r}: there is no "
+            "Milvus Lite database at that path"
+        )
+
+
 class MilvusIndex(Searcher):
     """SuBiC codes in a Milvus collection, searched asymmetrically.
 
@@ -173,17 +184,8 @@ class MilvusIndex(Searcher):
             )
         if block_size is not None:
             block_size = check_block_size(block_size)
-        if (
-            _is_local(uri)
-            and (num_blocks is None or block_size is None)
-            and not os.path.exists(uri)
-        ):
-            # Checked first: Milvus Lite would make an empty database there.
-            raise ValueError(
-                f"collection {collection!r} does not exist at {uri!r}: there is "
-                "no Milvus Lite database at that path; give num_blocks and "
-                "block_size to create it"
-            )
+        if num_blocks is None or block_size is None:
+            check_database_exists(uri, collection)
         self._uri, self._name = uri, collection
         self._write = _write_lock(uri, collection)
         # The counters implied by rows past the recorded ones, once they
