@@ -302,27 +302,22 @@ static inline int keep(Query *q, const Database *db, Item item) {
     return 1;
 }
 
-/* Keeps the items of equal score `item.score` at `positions[0 .. count)`
-   (increasing) that are among the k best, the heap being full. One at a
-   time, each costs a sift through the heap; a trained model's large
+/* Keeps, all at once, the items of equal score `item.score` at
+   `positions[0 .. count)` (increasing) that are among the k best, the heap
+   being full; 0 if so few could enter that one at a time is cheaper. One
+   at a time, each costs a sift through the heap; a trained model's large
    groups would fill it that way again and again (a third of the time of a
-   query over CIFAR-10's 64-bit codes). Many at once, the heap and the
-   members it could take are cut to the k best and made a heap again:
-   linear in k. */
-static void keep_group(Query *q, const Database *db, Item item, const int64_t *positions,
-                       int64_t count) {
+   query over CIFAR-10's 64-bit codes). At once, the heap and the members
+   it could take are cut to the k best and made a heap again: linear in
+   k. */
+static int keep_group(Query *q, const Database *db, Item item, const int64_t *positions,
+                      int64_t count) {
     const int64_t k = db->k;
     /* Members enter only in place of items ranking after the first one. */
     int64_t worse = 0;
     for (int64_t i = 0; i < k; i++) worse += ranks_after(&q->kept[i], &item);
     if (count > worse) count = worse;
-    if (count * db->log2k < k) {
-        for (int64_t m = 0; m < count; m++) {
-            item.position = positions[m];
-            if (!keep(q, db, item)) break;
-        }
-        return;
-    }
+    if (count * db->log2k < k) return 0;
     Item *all = q->scratch;
     memcpy(all, q->kept, sizeof(Item) * k);
     for (int64_t m = 0; m < count; m++) {
@@ -333,6 +328,7 @@ static void keep_group(Query *q, const Database *db, Item item, const int64_t *p
     for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(all, k, i, all[i]);
     memcpy(q->kept, all, sizeof(Item) * k);
     raise_bar(q, db);
+    return 1;
 }
 
 /* Scores the code at `lane` of a tile (row `row` of the tiles) exactly, and
@@ -346,11 +342,12 @@ static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lan
         return;
     }
     const int64_t stop = db->starts[row + 1];
+    int at_once = 0; /* tried once the heap is full (it looks at every item) */
     for (int64_t m = db->starts[row]; m < stop; m++) {
         item.position = db->members[m];
-        if (q->size == db->k && (stop - m) * db->log2k >= db->k) {
-            keep_group(q, db, item, db->members + m, stop - m);
-            return;
+        if (!at_once && q->size == db->k && (stop - m) * db->log2k >= db->k) {
+            at_once = 1;
+            if (keep_group(q, db, item, db->members + m, stop - m)) return;
         }
         if (!keep(q, db, item)) break;
     }
