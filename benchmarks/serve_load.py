@@ -88,7 +88,9 @@ def build_index(directory: str, items: int, seed: int = 0) -> str:
     from subic_keras.search.image_index import ImageIndex
 
     rng = np.random.default_rng(seed)
-    index = ImageIndex(M, K, os.path.join(directory, "photos"), (32, 32, 3))
+    root = os.path.join(directory, "photos")
+    os.makedirs(root, exist_ok=True)  # a server serves only a folder that exists
+    index = ImageIndex(M, K, root, (32, 32, 3))
     codes = rng.integers(0, K, size=(items, M))
     paths = [f"synthetic/{i // 1000:04d}/{i:07d}.png" for i in range(items)]
     fingerprints = rng.integers(1, 2**63, size=items).astype(np.uint64)

@@ -6,6 +6,7 @@ so bad input fails at the public API rather than deep in TensorFlow or faiss.
 
 from __future__ import annotations
 
+import json
 import numbers
 
 import numpy as np
@@ -90,3 +91,68 @@ def check_features(name: str, features, dim: int | None = None) -> np.ndarray:
             f"{name} must be finite (in float32), received {bad} NaN or infinite values"
         )
     return array
+
+
+# What `load_json` accepts: deeper nesting or longer numbers are refused
+# before Python's parser would recurse or convert them (a RecursionError,
+# or int()'s 4,300-digit limit, would otherwise escape as a crash).
+MAX_JSON_DEPTH = 32
+MAX_JSON_NUMBER_CHARS = 40
+
+
+def _json_number(text: str) -> str:
+    if len(text) > MAX_JSON_NUMBER_CHARS:
+        raise ValueError(
+            f"a number of {len(text)} characters (at most {MAX_JSON_NUMBER_CHARS})"
+        )
+    return text
+
+
+def _json_constant(name: str):
+    raise ValueError(f"{name} is not JSON (numbers must be finite)")
+
+
+def _json_depth(text: np.ndarray) -> int:
+    """The deepest nesting of brackets outside strings, in linear time."""
+    if not len(text):
+        return 0
+    backslash = text == ord("\\")
+    count = np.cumsum(backslash)
+    # Backslashes in a row just before each byte: a quote after an odd
+    # number of them is escaped.
+    run = count - np.maximum.accumulate(np.where(backslash, 0, count))
+    before = np.concatenate([[0], run[:-1]])
+    quote = (text == ord('"')) & (before % 2 == 0)
+    outside = np.cumsum(quote) % 2 == 0
+    steps = (np.isin(text, (ord("["), ord("{"))) & outside).astype(np.int64)
+    steps -= np.isin(text, (ord("]"), ord("}"))) & outside
+    return int(np.cumsum(steps).max())
+
+
+def load_json(data: bytes | bytearray | str):
+    """Parses JSON with bounded nesting and number sizes.
+
+    Returns:
+        The value, with numbers of at most `MAX_JSON_NUMBER_CHARS`
+        characters (floats may still be beyond float32: callers check the
+        range they need) and no `NaN` or `Infinity`.
+
+    Raises:
+        ValueError: not UTF-8 JSON, nested deeper than `MAX_JSON_DEPTH`,
+            or a number too long; the message says which.
+    """
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    depth = _json_depth(np.frombuffer(raw, np.uint8))
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested {depth} deep (at most {MAX_JSON_DEPTH})")
+    try:
+        return json.loads(
+            raw.decode(),
+            parse_int=lambda text: int(_json_number(text)),
+            parse_float=lambda text: float(_json_number(text)),
+            parse_constant=_json_constant,
+        )
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 ({error})") from None
+    except RecursionError:
+        raise ValueError(f"JSON nested too deep (at most {MAX_JSON_DEPTH})") from None

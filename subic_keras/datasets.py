@@ -940,7 +940,7 @@ def make_stream_dataset(
 
     batch_size = check_int("batch_size", batch_size, minimum=1)
     seed = check_int("seed", seed, minimum=0)
-    dataset = streams.labelled_batches(data, batch_size)
+    dataset = streams.checked_pixel_range(streams.labelled_batches(data, batch_size))
     uint8 = dataset.element_spec[0].dtype == tf.uint8
     if augment and not uint8:
         raise ValueError(

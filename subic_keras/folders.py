@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from subic_keras import images, streams
 from subic_keras._validation import check_int
+from subic_keras.paths import check_folder, open_in_folder
 from subic_keras.protocols import train_validation_split
 
 _DECODE_BATCH = 64  # pictures per decoding call
@@ -112,7 +113,7 @@ def image_folder(
             picture, or a bad `image_size`, `channels` or `validation_split`.
         FileNotFoundError, NotADirectoryError: `directory` is not a folder.
     """
-    root = images.check_folder(directory)
+    root = check_folder(directory)
     shape = (*_image_size(image_size), _channels(channels))
     seed = check_int("seed", seed, minimum=0)
     paths, class_names, skipped = images.labelled_files(root)
@@ -222,6 +223,21 @@ def _stream(root, kept, summary, shape, shuffle: bool, seed: int, skipped):
     return dataset
 
 
+class FolderChangedError(ValueError):
+    """A folder that lost every picture of a class while it was trained on."""
+
+
+def folder_failure(error: Exception) -> str | None:
+    """The `FolderChangedError` message inside a TensorFlow error raised by a
+    folder's stream (which carries it as text, with a traceback), else
+    `None`."""
+    marker = f"{FolderChangedError.__name__}: "
+    text = str(error)
+    if marker not in text:
+        return None
+    return text.split(marker, 1)[1].splitlines()[0].strip()
+
+
 class _Decoder:
     """Decodes a split's pictures by position; a file that broke after the
     check is replaced by the next readable picture of its class (reported
@@ -236,7 +252,8 @@ class _Decoder:
         skipped: list,
     ):
         self.root, self.shape, self.skipped = root, shape, skipped
-        self.files = [os.path.join(root, path) for path in kept]
+        self.real_root = os.path.realpath(root)
+        self.files = kept
         self.labels = np.asarray(labels)
         self.broken: set[int] = set()
 
@@ -245,10 +262,15 @@ class _Decoder:
             -1, *self.shape
         )
 
+    def read(self, position: int) -> np.ndarray:
+        relative = self.files[position]
+        fd = open_in_folder(self.real_root, relative)
+        return images.read_image(relative, self.shape, fd=fd)
+
     def picture(self, position: int) -> np.ndarray:
         if position not in self.broken:
             try:
-                return images.read_image(self.files[position], self.shape)
+                return self.read(position)
             except (images.ImageDecodeError, OSError) as error:
                 self._broke(position, error)
         same_class = np.flatnonzero(self.labels == self.labels[position])
@@ -257,17 +279,17 @@ class _Decoder:
             if candidate in self.broken:
                 continue
             try:
-                return images.read_image(self.files[candidate], self.shape)
+                return self.read(int(candidate))
             except (images.ImageDecodeError, OSError) as error:
                 self._broke(int(candidate), error)
-        raise images.ImageDecodeError(
-            f"no readable picture is left in the class of "
-            f"{os.path.relpath(self.files[position], self.root)}"
+        raise FolderChangedError(
+            f"no readable picture is left in the class of {self.files[position]} "
+            f"(in {self.root}): its files were removed or broke during training"
         )
 
     def _broke(self, position: int, error: Exception) -> None:
         self.broken.add(position)
-        relative = os.path.relpath(self.files[position], self.root)
+        relative = self.files[position]
         self.skipped.append(images.SkippedFile(relative, str(error)))
         warnings.warn(
             f"skipped {relative} ({error}); another picture of its class "

@@ -18,6 +18,7 @@ NumPy and Pillow only: nothing here loads TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -27,55 +28,175 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-# The formats `read_image` decodes, by file name (case-insensitive). Files
-# with other names are still tried: a picture is recognised by its content.
+from subic_keras.paths import (
+    SkippedFile,
+    find_files,
+    open_in_folder,
+    open_regular,
+)
+
+_ORIENTATION = 0x0112  # the EXIF tag
+
+# The formats decoded, by file name (case-insensitive), and by Pillow's name:
+# a file is recognised by its content, and any other format (TIFF, PSD,
+# ICO, ...) is refused before a parser of it runs.
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
-# Pillow's own guard against decompression bombs, stated here: a file that
-# claims more pixels than this is refused before it is decoded.
+FORMAT_NAMES = "PNG, JPEG, GIF, BMP or WebP"
+_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
+# The most pixels a picture may claim: one that claims more is refused from
+# its header, before it is decoded (Pillow's own guard, stated here).
 MAX_PIXELS = 178_956_970
+# Rows converted at a time on the way to 8 bits, so that a large picture
+# needs one extra copy of a strip, not of the whole picture.
+_STRIP_ROWS = 256
 
 
 class ImageDecodeError(ValueError):
     """A file or upload that is not an image this package can decode."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SkippedFile:
-    """A file of a folder that was not indexed, and why."""
-
-    path: str
-    reason: str
+class ImageTooLargeError(ImageDecodeError):
+    """A picture that claims more pixels, or memory, than it may take."""
 
 
 def _pillow():
+    import warnings
+
     from PIL import Image, ImageOps
 
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    # Pillow warns between its limit and twice it; `_decode` refuses all of
+    # that range from the header itself, so the warning would only repeat it.
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     return Image, ImageOps
 
 
-def _to_mode(image, channels: int):
-    """`image` as 8-bit RGB (`channels == 3`) or grey (`channels == 1`)."""
+def decode_bytes(image) -> int:
+    """The memory, in bytes, that decoding an opened (not yet loaded) Pillow
+    image takes at its peak here: the decoded picture and one converted copy
+    (`_to_mode` works in strips), and for a WebP the decoder's own buffer."""
+    width, height = image.size
+    stored = 1 if image.mode in ("1", "L", "P") else 2 if "I;16" in image.mode else 4
+    copy = 8 if image.mode in ("RGBA", "LA", "PA", "La", "RGBa", "P") else 4
+    decoder = 8 if image.format == "WEBP" else 0
+    return width * height * (stored + copy + decoder) + (1 << 20)
+
+
+class DecodeBudget:
+    """Memory that concurrent decodes share: a counting semaphore on bytes.
+
+    `subic serve` decodes uploads in parallel threads; each reserves what
+    `decode_bytes` says it needs before it starts, so that several large
+    pictures at once wait for each other instead of adding up.
+
+    Args:
+        total_bytes: the memory all decodes together may take.
+        timeout: seconds a decode waits for room before `TimeoutError`.
+    """
+
+    def __init__(self, total_bytes: int, timeout: float = 30.0):
+        import threading
+
+        if not total_bytes >= 1 << 20:
+            raise ValueError(f"total_bytes must be >= 1 MiB, received {total_bytes}")
+        self.total = int(total_bytes)
+        self.timeout = float(timeout)
+        self._free = self.total
+        self._room = threading.Condition()
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """Holds `nbytes` of the budget while the block runs.
+
+        Raises:
+            ImageTooLargeError: `nbytes` is more than the whole budget.
+            TimeoutError: no room came free within `timeout` seconds.
+        """
+        if nbytes > self.total:
+            raise ImageTooLargeError(
+                f"image too large: decoding it takes {nbytes / 1e6:.0f} MB, more "
+                f"than the {self.total / 1e6:.0f} MB this server decodes with"
+            )
+        with self._room:
+            if not self._room.wait_for(lambda: self._free >= nbytes, self.timeout):
+                raise TimeoutError(
+                    "busy decoding other large pictures; try again in a moment"
+                )
+            self._free -= nbytes
+        try:
+            yield
+        finally:
+            with self._room:
+                self._free += nbytes
+                self._room.notify_all()
+
+
+def _eight_bits(image):
+    """A 16-bit, 32-bit integer or float grey image as 8-bit grey ("L"),
+    converted a strip of rows at a time: 16-bit keeps its 8 most significant
+    bits (Pillow's convert() would clip at 255), 32-bit integers shift by 8
+    when they exceed 255, floats are rounded and clipped."""
     Image, _ = _pillow()
-    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit (or 32-bit integer) grey: Pillow's convert() would clip at
-        # 255; keep the 8 most significant bits of 16 instead.
-        values = np.asarray(image, dtype=np.int64)
-        shift = 8 if image.mode.startswith("I;16") or values.max() > 255 else 0
-        image = Image.fromarray(np.clip(values >> shift, 0, 255).astype(np.uint8))
-    elif image.mode == "F":
-        values = np.nan_to_num(np.asarray(image, dtype=np.float64))
-        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8))
+    width, height = image.size
+    shift = 0
+    if image.mode.startswith("I;16"):
+        shift = 8
+    elif image.mode == "I" and image.getextrema()[1] > 255:
+        shift = 8
+    out = np.empty((height, width), np.uint8)
+    for top in range(0, height, _STRIP_ROWS):
+        strip = image.crop((0, top, width, min(top + _STRIP_ROWS, height)))
+        if image.mode == "F":
+            values = np.rint(np.nan_to_num(np.asarray(strip, np.float64)))
+        else:
+            values = np.asarray(strip, np.int64) >> shift
+        out[top : top + _STRIP_ROWS] = np.clip(values, 0, 255)
+    return Image.fromarray(out)
+
+
+def _over_white(image, mode: str):
+    """A transparent image composited over white, as `mode` ("RGB" or "L"),
+    a strip of rows at a time."""
+    Image, _ = _pillow()
+    width, height = image.size
+    image = image.convert("RGBA")
+    out = Image.new(mode, image.size)
+    background = Image.new("RGBA", (width, _STRIP_ROWS), (255, 255, 255, 255))
+    for top in range(0, height, _STRIP_ROWS):
+        strip = image.crop((0, top, width, min(top + _STRIP_ROWS, height)))
+        under = (
+            background
+            if strip.size == background.size
+            else background.crop((0, 0, *strip.size))
+        )
+        out.paste(Image.alpha_composite(under, strip).convert(mode), (0, top))
+    return out
+
+
+def _to_mode(image, channels: int):
+    """`image` as 8-bit RGB (`channels == 3`) or grey: grey pictures stay
+    one channel ("L") until after the resize, which gives the same pixels on
+    each of the three channels as resizing them all (per-channel filter)."""
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        image = _eight_bits(image)
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
-        image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, image)
+        return _over_white(image, "RGB" if channels == 3 else "L")
+    if image.mode == "1":
+        return image.convert("L")
+    if image.mode == "L" or image.mode == ("RGB" if channels == 3 else "L"):
+        return image
     return image.convert("RGB" if channels == 3 else "L")
 
 
-def decode_image(data: bytes, shape: Sequence[int]) -> np.ndarray:
+def decode_image(
+    data: bytes,
+    shape: Sequence[int],
+    *,
+    max_pixels: int = MAX_PIXELS,
+    budget: DecodeBudget | None = None,
+) -> np.ndarray:
     """Decodes encoded image bytes to uint8 pixels of `shape`.
 
     Example:
@@ -91,15 +212,24 @@ def decode_image(data: bytes, shape: Sequence[int]) -> np.ndarray:
         data: the bytes of a PNG, JPEG, GIF (first frame), BMP or WebP file.
         shape: the model's input shape `(H, W, C)` with `C` 1 or 3, or
             `(H, W)` for grey images.
+        max_pixels: a picture whose header claims more pixels is refused
+            before it is decoded.
+        budget: memory shared with concurrent decodes (`DecodeBudget`);
+            `None`: no limit beyond `max_pixels`.
 
     Returns:
         uint8 pixels `(H, W, C)` (or `(H, W)` for a 2-d `shape`).
 
     Raises:
-        ImageDecodeError: `data` is not a decodable image, is truncated, or
-            claims more than `MAX_PIXELS` pixels.
-        ValueError: for a `shape` that is not `(H, W[, C])` with `C` 1 or 3.
+        ImageTooLargeError: more than `max_pixels`, or than `budget` holds.
+        ImageDecodeError: `data` is not a decodable image or is truncated.
+        TimeoutError: `budget` had no room in time.
+        ValueError: for a `shape` that is not `(H, W, C)` with `C` 1 or 3.
     """
+    return _decode(io.BytesIO(data), shape, max_pixels, budget)
+
+
+def _decode(stream, shape, max_pixels: int, budget: DecodeBudget | None):
     shape = tuple(int(s) for s in shape)
     channels = shape[2] if len(shape) == 3 else 1
     if len(shape) not in (2, 3) or channels not in (1, 3) or min(shape[:2]) < 1:
@@ -109,44 +239,77 @@ def decode_image(data: bytes, shape: Sequence[int]) -> np.ndarray:
     Image, ImageOps = _pillow()
     height, width = shape[:2]
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.format == "JPEG":
+        with Image.open(stream, formats=_FORMATS) as image:
+            columns, rows = image.size
+            if columns * rows > max_pixels:
+                raise ImageTooLargeError(
+                    f"image too large: {columns}x{rows} = {columns * rows:,} "
+                    f"pixels, more than {max_pixels:,}"
+                )
+            if image.format in ("JPEG", "MPO"):
                 # Decode at the smallest scale (1/2, 1/4, 1/8) still at least
                 # twice the target size, so the resize below still antialiases.
                 image.draft(image.mode, (2 * width, 2 * height))
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            image = _to_mode(image, channels)
-            if image.size != (width, height):
-                image = image.resize((width, height), Image.Resampling.BILINEAR)
-            pixels = np.asarray(image, dtype=np.uint8)
+            reserved = (
+                budget.reserve(decode_bytes(image))
+                if budget is not None
+                else contextlib.nullcontext()
+            )
+            with reserved:
+                image.load()
+                if image.getexif().get(_ORIENTATION, 1) != 1:
+                    image = ImageOps.exif_transpose(image)
+                image = _to_mode(image, channels)
+                if image.size != (width, height):
+                    image = image.resize((width, height), Image.Resampling.BILINEAR)
+                if channels == 3 and image.mode == "L":
+                    image = image.convert("RGB")
+                pixels = np.asarray(image, dtype=np.uint8)
     except Image.DecompressionBombError as error:
-        raise ImageDecodeError(f"image too large: {error}") from None
+        raise ImageTooLargeError(f"image too large: {error}") from None
     except (OSError, SyntaxError, ValueError, EOFError, TypeError) as error:
+        if isinstance(error, ImageDecodeError):
+            raise
         # Pillow raises UnidentifiedImageError (an OSError) for what is not
         # an image, OSError for truncated data, and the others from plugins.
         reason = str(error) or type(error).__name__
         if "cannot identify image file" in reason:
-            reason = "not an image (PNG, JPEG, GIF, BMP or WebP)"
+            reason = f"not an image ({FORMAT_NAMES})"
         raise ImageDecodeError(reason) from None
     return pixels[..., None] if len(shape) == 3 and pixels.ndim == 2 else pixels
 
 
-def read_image(path: str | os.PathLike, shape: Sequence[int]) -> np.ndarray:
-    """Reads and decodes one image file (`decode_image`).
+def read_image(
+    path: str | os.PathLike,
+    shape: Sequence[int],
+    *,
+    fd: int | None = None,
+    max_pixels: int = MAX_PIXELS,
+) -> np.ndarray:
+    """Reads and decodes one image file (`decode_image`), streamed from the
+    file: only its header is read before the pixel limit is checked.
+
+    Args:
+        path: the file (opened without blocking: a FIFO is refused).
+        shape, max_pixels: as `decode_image`'s.
+        fd: a descriptor already open on the file (`paths.open_in_folder`),
+            closed here; `path` then only names it in messages.
 
     Raises:
         ImageDecodeError: naming the path, for a file that is not a
             decodable image.
-        OSError: for a file that cannot be read.
+        OSError: for a file that cannot be read, or is not a regular file.
     """
     path = os.fspath(path)
-    with open(path, "rb") as handle:
-        data = handle.read()
-    try:
-        return decode_image(data, shape)
-    except ImageDecodeError as error:
-        raise ImageDecodeError(f"{error} ({path})") from None
+    if fd is None:
+        fd = open_regular(path)
+    with open(fd, "rb") as handle:
+        try:
+            return _decode(handle, shape, max_pixels, None)
+        except ImageTooLargeError as error:
+            raise ImageTooLargeError(f"{error} ({path})") from None
+        except ImageDecodeError as error:
+            raise ImageDecodeError(f"{error} ({path})") from None
 
 
 def fingerprint(pixels: np.ndarray) -> int:
@@ -159,104 +322,6 @@ def fingerprint(pixels: np.ndarray) -> int:
     digest = hashlib.blake2b(repr(pixels.shape).encode(), digest_size=8)
     digest.update(pixels.tobytes())
     return int.from_bytes(digest.digest(), "little")
-
-
-def check_folder(root: str | os.PathLike) -> str:
-    """`root` if it is a folder; otherwise the error that says what it is."""
-    root = os.fspath(root)
-    if not os.path.exists(root):
-        raise FileNotFoundError(2, "image folder not found", root)
-    if not os.path.isdir(root):
-        raise NotADirectoryError(20, "not a folder of images", root)
-    return root
-
-
-def find_files(root: str | os.PathLike) -> tuple[list[str], list[SkippedFile]]:
-    """Every regular file under `root`, recursively, as sorted relative paths.
-
-    Names starting with a dot (hidden files and folders) are passed over, as
-    `ls` does. Symbolic links are followed only where they stay inside
-    `root`: one that leads out of it, or nowhere, is skipped and reported, so
-    that nothing outside the folder is ever indexed (or served).
-
-    Returns:
-        `(paths, skipped)`: POSIX-style paths relative to `root`, and the
-        links that were not followed.
-
-    Raises:
-        NotADirectoryError, FileNotFoundError: `root` is not a folder.
-    """
-    root = check_folder(root)
-    real_root = os.path.realpath(root)
-    paths, skipped = [], []
-    for directory, folders, files in os.walk(root, followlinks=True):
-        relative_dir = os.path.relpath(directory, root)
-        kept = []
-        for name in sorted(folders):
-            if name.startswith("."):
-                continue
-            full = os.path.join(directory, name)
-            if os.path.islink(full) and not _inside(full, real_root):
-                skipped.append(
-                    SkippedFile(_relative(relative_dir, name), "link out of the folder")
-                )
-                continue
-            kept.append(name)
-        folders[:] = kept
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            full = os.path.join(directory, name)
-            relative = _relative(relative_dir, name)
-            if os.path.islink(full) and not _inside(full, real_root):
-                skipped.append(SkippedFile(relative, "link out of the folder"))
-            elif not _utf8(relative):
-                skipped.append(SkippedFile(repr(relative), "name is not UTF-8"))
-            elif not os.path.isfile(full):
-                skipped.append(SkippedFile(relative, "not a regular file"))
-            else:
-                paths.append(relative)
-    return sorted(paths), skipped
-
-
-def _utf8(name: str) -> bool:
-    # Python keeps undecodable bytes of a file name as surrogates.
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _relative(directory: str, name: str) -> str:
-    path = name if directory == os.curdir else os.path.join(directory, name)
-    return path.replace(os.sep, "/")
-
-
-def _inside(path: str, real_root: str) -> bool:
-    real = os.path.realpath(path)
-    return os.path.exists(real) and os.path.commonpath([real, real_root]) == real_root
-
-
-def resolve(root: str | os.PathLike, relative: str) -> str:
-    """The real path of `relative` under `root`, refused if it leads outside.
-
-    Raises:
-        PermissionError: for an absolute path, `..` components or a link
-            that leads out of `root`.
-        FileNotFoundError: the file does not exist (any more).
-    """
-    real_root = os.path.realpath(root)
-    parts = relative.split("/")
-    if os.path.isabs(relative) or any(part in ("", os.pardir) for part in parts):
-        raise PermissionError(13, "path outside the image folder", relative)
-    full = os.path.join(real_root, *parts)
-    real = os.path.realpath(full)
-    if os.path.commonpath([real, real_root]) != real_root:
-        raise PermissionError(13, "path outside the image folder", relative)
-    if not os.path.isfile(real):
-        raise FileNotFoundError(2, "image file not found", relative)
-    return real
 
 
 @dataclasses.dataclass
@@ -292,10 +357,11 @@ def image_batches(
     """
     shape = tuple(int(s) for s in shape)
     zero = np.zeros((0, *shape), np.uint8)
+    real_root = os.path.realpath(root)
 
     def load(relative: str):
         try:
-            return read_image(resolve(root, relative), shape)
+            return read_image(relative, shape, fd=open_in_folder(real_root, relative))
         except ImageDecodeError as error:
             return SkippedFile(relative, str(error).rsplit(" (", 1)[0])
         except OSError as error:
@@ -447,16 +513,27 @@ def labelled_files(
 ) -> tuple[list[str], list[str], list[SkippedFile]]:
     """The files of a class-per-subfolder tree, without decoding them.
 
+    Every folder directly under `root` is a class, an empty one (or one of
+    hidden files only) too, so that it is refused rather than silently
+    dropped from the classes.
+
     Returns:
         `(paths, class_names, skipped)`: relative paths in sorted order,
         the sorted class folder names, and the files left out (directly
         under `root`, or not regular files).
 
     Raises:
-        ValueError: fewer than two class folders.
+        ValueError: fewer than two class folders, or a class folder that
+            holds no file.
     """
     paths, skipped = find_files(root)
-    class_names = sorted({path.split("/", 1)[0] for path in paths if "/" in path})
+    with os.scandir(os.fspath(root)) as listing:
+        folders = {
+            entry.name
+            for entry in listing
+            if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False)
+        }
+    class_names = sorted(folders | {p.split("/", 1)[0] for p in paths if "/" in p})
     skipped += [SkippedFile(p, "not in a class folder") for p in paths if "/" not in p]
     paths = [path for path in paths if "/" in path]
     if len(class_names) < 2:
@@ -464,6 +541,7 @@ def labelled_files(
             "a labelled folder needs one subfolder per class, at least 2, "
             f"received {len(class_names)} ({class_names}) in {os.fspath(root)}"
         )
+    check_classes(class_ids(paths, class_names), class_names, root, "file")
     return paths, class_names, skipped
 
 
@@ -474,12 +552,15 @@ def class_ids(paths: Sequence[str], class_names: Sequence[str]) -> np.ndarray:
 
 
 def check_classes(
-    labels: np.ndarray, class_names: Sequence[str], root: str | os.PathLike
+    labels: np.ndarray,
+    class_names: Sequence[str],
+    root: str | os.PathLike,
+    what: str = "readable picture",
 ) -> None:
-    """Raises `ValueError` naming the classes without a readable picture."""
+    """Raises `ValueError` naming the classes without a `what`."""
     empty = [name for i, name in enumerate(class_names) if not np.any(labels == i)]
     if empty:
         raise ValueError(
-            f"class folders without a readable picture: {empty} (in "
+            f"class folders without a {what}: {empty} (in "
             f"{os.fspath(root)}); remove them or add pictures"
         )

@@ -251,9 +251,21 @@ class Split:
         )
 
 
-def check_data(images, labels, validation, num_classes=None, input_shape=None):
+def check_data(
+    images,
+    labels,
+    validation,
+    num_classes=None,
+    input_shape=None,
+    *,
+    classifies: bool = True,
+):
     """Checked `(training, validation, num_classes, input_shape)`: a stage's
-    data, arrays or streams, as two `Split`s."""
+    data, arrays or streams, as two `Split`s.
+
+    With `classifies` (a model with a softmax over the classes) and no
+    `num_classes`, validation classes that training lacks are refused: the
+    class count would silently grow to include them."""
     training = Split("training", images, labels)
     if not isinstance(validation, (tuple, list)) or len(validation) != 2:
         if not streams.is_stream(validation):
@@ -263,12 +275,22 @@ def check_data(images, labels, validation, num_classes=None, input_shape=None):
             )
         validation = (validation, None)
     held_out = Split("validation", *validation)
+    num_classes_given = num_classes
     if num_classes is None or not training.is_stream:
         # A stream's labels are read (one pass) only when the class count
         # is not given.
         num_classes = _num_classes(num_classes, training.labels, held_out.labels)
     else:
         num_classes = _num_classes(num_classes, held_out.labels)
+    labels_known = streams.known_summary(training.images) is not None
+    if classifies and (not training.is_stream or labels_known):
+        unknown = np.setdiff1d(held_out.labels, training.labels)
+        if len(unknown) and num_classes_given is None:
+            raise ValueError(
+                f"validation holds classes that training does not: "
+                f"{unknown[:10].tolist()}; a classifier cannot learn them (give "
+                "num_classes to train one anyway)"
+            )
     return training, held_out, num_classes, tuple(input_shape or training.input_shape)
 
 

@@ -18,6 +18,7 @@ from subic_keras import images as image_files
 from subic_keras import protocols, scoring
 from subic_keras.datasets import as_model_inputs as as_model_inputs
 from subic_keras.models import Subic
+from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
 from subic_keras.search.image_index import ImageIndex
 
@@ -84,7 +85,7 @@ def index_folder(
         NotADirectoryError, FileNotFoundError: `root` is not a folder.
     """
     shape = input_shape(subic)
-    paths, skipped = image_files.find_files(root)
+    paths, skipped = find_files(root)
     if index is None:
         index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
     else:

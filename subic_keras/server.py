@@ -14,7 +14,8 @@ One process holds one model and one `ImageIndex` and answers:
 - `POST /search/codes?k=10`, JSON `{"codes": [M ints]}`: stored pictures
   ranked by the number of blocks equal to the code.
 - `GET /items/{id}`: the picture's file.
-- `GET /health`, `GET /stats`: liveness; items, M, K, bits, model, query.
+- `GET /health`, `GET /stats`: liveness (and a failed or stuck reload);
+  items, M, K, bits, model, query.
 - `POST /reload` (or the signal `SIGHUP`): reads the index file again,
   without dropping requests.
 - `GET /`: the web page.
@@ -26,40 +27,63 @@ web service before.
 
 Concurrency: requests run in worker threads that share the model (a
 `tf.function`, safe to call from several threads) and the index (searches
-share its read lock). A reload builds the new index beside the old one and
-swaps a single reference, so a request sees either the old or the new
-index, whole. Every bad request gets a 4xx answer `{"error": "…"}`; the
-server never answers a user's mistake with a 500 or a traceback, and it only
-ever reads files inside the indexed folder.
+share its read lock). A reload reads the new index in a worker of its own,
+one reload at a time, and swaps a single reference when it is complete, so
+a request sees either the old or the new index, whole, and searches never
+wait for a reload. Every bad request gets a 4xx answer `{"error": "…"}`;
+the server never answers a user's mistake with a 500 or a traceback.
+
+What the server trusts (docs/pictures.md, "Threat model"): the model file
+and the folder it serves, both named when it starts. Requests are bounded
+(body size, JSON depth and number length, `k`, pixels and decoding memory
+shared by concurrent uploads); files are read only inside the folder,
+checked on the opened descriptor (`paths.open_in_folder`), so a link
+swapped in mid-request serves nothing outside; an index file, at start or
+at a reload, must record that very folder.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.resources
-import json
+import ipaddress
 import logging
 import math
 import os
 import signal
+import socket
+import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from fastapi import FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from subic_keras import images as image_files
 from subic_keras import retrieval
+from subic_keras._validation import load_json
+from subic_keras.paths import open_in_folder
 from subic_keras.search.image_index import ImageIndex
 
 LOG = logging.getLogger(__name__)
 
 MAX_K = 1000
+# Memory that concurrent uploads may take to decode, together (`DecodeBudget`).
+DECODE_BYTES = 128_000_000
+# How long `POST /reload` waits for its reload before answering that it is
+# still running; `/health` reports a reload running longer as stuck.
+RELOAD_SECONDS = 30.0
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_CHUNK = 64 * 1024  # bytes of a picture file sent at a time
 # Room for the multipart envelope around an uploaded picture.
 _MULTIPART_OVERHEAD = 64 * 1024
 _CONTENT_TYPES = {
@@ -81,10 +105,34 @@ class ApiError(Exception):
         self.message = message
 
 
+class ReloadBusyError(RuntimeError):
+    """A reload asked for while another one is still running."""
+
+
 @dataclasses.dataclass(frozen=True)
 class _Loaded:
     index: ImageIndex
     loaded_at: float
+
+
+def served_folder(folder: str | os.PathLike) -> str:
+    """The real path of the folder a server may read files from.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: `folder` is no folder.
+        ValueError: `folder` is the file system's root.
+    """
+    real = os.path.realpath(os.fspath(folder))
+    if not os.path.exists(real):
+        raise FileNotFoundError(2, "the pictures' folder does not exist", real)
+    if not os.path.isdir(real):
+        raise NotADirectoryError(20, "the pictures' folder is not a folder", real)
+    if os.path.dirname(real) == real:
+        raise ValueError(
+            f"refusing to serve the whole file system ({real!r}) as the folder of "
+            "pictures; build the index from the pictures' own folder"
+        )
+    return real
 
 
 class SearchService:
@@ -96,10 +144,16 @@ class SearchService:
         query: the query kind (`None`: the one saved with the model).
         max_upload_bytes: the largest picture a request may upload.
         scanner: what scans the index's codes (`SubicIndex`'s argument).
+        folder: the folder whose files may be served; `None`: the one the
+            index records, as it is when the service starts. Every index
+            loaded later (a reload) must record the same folder.
+        decode_bytes: memory all concurrent uploads may take to decode.
+        reload_seconds: how long `POST /reload` waits for its reload.
 
     Raises:
-        ValueError: for a model or index file that cannot be read, or an
-            index of other codes than the model's.
+        ValueError: for a model or index file that cannot be read, an index
+            of other codes than the model's, or of another folder.
+        OSError: the folder is missing or not a folder.
     """
 
     def __init__(
@@ -109,6 +163,9 @@ class SearchService:
         query: str | None = None,
         max_upload_bytes: int = 20_000_000,
         scanner: str = "auto",
+        folder: str | os.PathLike | None = None,
+        decode_bytes: int = DECODE_BYTES,
+        reload_seconds: float = RELOAD_SECONDS,
     ):
         import tensorflow as tf
 
@@ -118,6 +175,8 @@ class SearchService:
         self.index_path = index_path
         self.scanner = scanner
         self.max_upload_bytes = int(max_upload_bytes)
+        self.decode_budget = image_files.DecodeBudget(decode_bytes)
+        self.reload_seconds = float(reload_seconds)
         self.subic = load_subic(model_path)
         self.query_kind = query or self.subic.default_query
         self.class_names = getattr(self.subic.train_model, "class_names", None)
@@ -125,30 +184,92 @@ class SearchService:
         model = self.subic.query_model(self.query_kind)
         spec = tf.TensorSpec((None, *self.image_shape), tf.uint8)
         self._encode = tf.function(model, input_signature=[spec])
-        self._reload_lock = threading.Lock()
-        self._state = self._load()
+        index = ImageIndex.load(self.index_path, scanner=self.scanner)
+        self.folder = served_folder(index.root if folder is None else folder)
+        self._state = self._accept(index)
+        # One reload at a time, in a thread of its own: a reload that hangs
+        # (a slow disk) holds no thread that searches need.
+        self._reloader = ThreadPoolExecutor(1, thread_name_prefix="subic-reload")
+        self._reload_guard = threading.Lock()
+        self._reload: Future | None = None
+        self._reload_started = 0.0
+        self._reload_error: str | None = None
         self.encode(np.zeros((1, *self.image_shape), np.uint8))  # trace once now
 
     # The index ------------------------------------------------------------
 
-    def _load(self) -> _Loaded:
-        index = ImageIndex.load(self.index_path, scanner=self.scanner)
+    def _accept(self, index: ImageIndex) -> _Loaded:
+        """`index` checked against the model and the served folder."""
         retrieval.check_model_fits(index, self.subic, f"index {self.index_path}")
+        if os.path.realpath(index.root) != self.folder:
+            raise ValueError(
+                f"index {self.index_path} records the folder {index.root!r}, but "
+                f"this server serves {self.folder!r}; an index of another folder "
+                "is refused"
+            )
         return _Loaded(index, time.time())
 
     @property
     def index(self) -> ImageIndex:
         return self._state.index
 
-    def reload(self) -> dict:
+    def _reload_now(self) -> dict:
+        try:
+            state = self._accept(ImageIndex.load(self.index_path, scanner=self.scanner))
+        except BaseException as error:
+            self._reload_error = " ".join(str(error).split())[:500]
+            raise
+        self._state, self._reload_error = state, None
+        return {"status": "reloaded", "items": len(state.index)}
+
+    def start_reload(self) -> Future:
+        """Starts reading the index file again, in the reload worker.
+
+        Returns:
+            The reload's future: its result `{"status", "items"}`, or the
+            `ValueError`/`OSError` that kept the old index.
+
+        Raises:
+            ReloadBusyError: a reload is running already.
+        """
+        with self._reload_guard:
+            running = self._reload
+            if running is not None and not running.done():
+                seconds = time.time() - self._reload_started
+                raise ReloadBusyError(
+                    f"a reload is running already (for {seconds:.0f} s); the index "
+                    "in use answers meanwhile"
+                )
+            self._reload_started = time.time()
+            self._reload = self._reloader.submit(self._reload_now)
+            return self._reload
+
+    def reload(self, timeout: float | None = None) -> dict:
         """Reads the index file again; requests keep being answered meanwhile.
 
         Raises:
-            ValueError, OSError: the file cannot be read (the old index stays).
+            ValueError, OSError: the file cannot be read or is refused (the
+                old index stays).
+            ReloadBusyError: a reload is running already.
+            TimeoutError: the reload did not end within `timeout` seconds
+                (it goes on; `health()` tells when it ends).
         """
-        with self._reload_lock:
-            self._state = self._load()
-        return {"status": "reloaded", "items": len(self._state.index)}
+        return self.start_reload().result(timeout)
+
+    def health(self) -> dict:
+        """`{"status", "items", "reload"}`: "degraded" while the last reload
+        failed or one has run longer than `reload_seconds`."""
+        reload: dict = {"state": "idle"}
+        running = self._reload
+        if running is not None and not running.done():
+            seconds = time.time() - self._reload_started
+            stuck = seconds > self.reload_seconds
+            reload = {"state": "stuck" if stuck else "running"}
+            reload["seconds"] = round(seconds, 1)
+        elif self._reload_error is not None:
+            reload = {"state": "failed", "error": self._reload_error}
+        status = "ok" if reload["state"] in ("idle", "running") else "degraded"
+        return {"status": status, "items": len(self.index), "reload": reload}
 
     # Searching --------------------------------------------------------------
 
@@ -169,11 +290,17 @@ class SearchService:
         if not data:
             raise ApiError(400, "the request holds no picture (empty body)")
         try:
-            pixels = image_files.decode_image(data, self.image_shape)
+            pixels = image_files.decode_image(
+                data, self.image_shape, budget=self.decode_budget
+            )
+        except image_files.ImageTooLargeError as error:
+            raise ApiError(413, str(error)) from None
         except image_files.ImageDecodeError as error:
             raise ApiError(
                 415, f"not a picture this server can read: {error}"
             ) from None
+        except TimeoutError as error:
+            raise ApiError(503, str(error)) from None
         queries, probabilities = self.encode(pixels[None])
         answer = self._search(
             self._state.index, queries, k, image_files.fingerprint(pixels)
@@ -196,6 +323,15 @@ class SearchService:
         vector = _number_list(query, "query", width, float)
         if not all(math.isfinite(value) for value in vector):
             raise ApiError(422, "query must hold finite numbers")
+        # Each score adds M of them in float32: larger values overflow.
+        bound = _FLOAT32_MAX / index.num_blocks
+        largest = max(abs(value) for value in vector)
+        if largest > bound:
+            raise ApiError(
+                422, f"query values must lie within ±{bound:.4g}, so that a sum of "
+                f"{index.num_blocks} of them stays finite in float32; received "
+                f"{largest:.4g}",
+            )  # fmt: skip
         answer = self._search(index, np.array([vector], np.float32), k, 0)
         answer["milliseconds"] = round(1000 * (time.perf_counter() - start), 3)
         return answer
@@ -218,19 +354,25 @@ class SearchService:
         exact = set(index.exact_copies(fingerprint).tolist()) if fingerprint else set()
         return {"k": k, "results": _results(index, scores[0], ids[0], exact)}
 
-    def item_file(self, item_id: int) -> tuple[str, str]:
-        """`(real path, content type)` of a picture, inside the folder only."""
-        index = self._state.index
+    def open_item(self, item_id: int) -> tuple[int, str]:
+        """`(descriptor, content type)` of a picture's file, opened inside
+        the served folder only (`paths.open_in_folder`); the caller closes
+        the descriptor."""
         try:
-            path = index.file(item_id)
+            (relative,) = self._state.index.paths([item_id])
         except KeyError:
             raise ApiError(404, f"no item with id {item_id}") from None
+        try:
+            fd = open_in_folder(self.folder, relative)
         except PermissionError:
             raise ApiError(403, f"item {item_id} lies outside the folder") from None
         except FileNotFoundError:
             raise ApiError(404, f"the file of item {item_id} is gone") from None
-        extension = os.path.splitext(path)[1].lower()
-        return path, _CONTENT_TYPES.get(extension, "application/octet-stream")
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise ApiError(404, f"the file of item {item_id}: {reason}") from None
+        extension = os.path.splitext(relative)[1].lower()
+        return fd, _CONTENT_TYPES.get(extension, "application/octet-stream")
 
     def stats(self) -> dict:
         state = self._state
@@ -242,7 +384,7 @@ class SearchService:
             "bits": index.num_blocks * (index.block_size.bit_length() - 1),
             "model": os.path.basename(self.model_path),
             "index": os.path.basename(self.index_path),
-            "folder": os.path.basename(index.root.rstrip("/")) or index.root,
+            "folder": os.path.basename(self.folder),
             "query": self.query_kind,
             "image_shape": list(self.image_shape),
             "num_classes": self.subic.num_classes,
@@ -313,6 +455,12 @@ def create_app(service: SearchService) -> FastAPI:
         )
         return JSONResponse({"error": problems}, status_code=422)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, error: ClientDisconnect):
+        # Nobody is left to answer: one line in the log, no traceback.
+        LOG.warning("a client left during its request to %s", request.url.path)
+        return Response(status_code=400)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception):
         # A bug of ours, not the client's: logged with its traceback, and
@@ -331,7 +479,7 @@ def create_app(service: SearchService) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "items": len(service.index)}
+        return service.health()
 
     @app.get("/stats")
     async def stats():
@@ -359,19 +507,40 @@ def create_app(service: SearchService) -> FastAPI:
     async def item(item_id: int):
         if not 0 <= item_id < 2**63:  # ids are int64, never negative
             raise ApiError(404, f"no item with id {item_id}")
-        path, content_type = service.item_file(item_id)
-        return FileResponse(path, media_type=content_type)
+        fd, content_type = await run_in_threadpool(service.open_item, item_id)
+        return StreamingResponse(_file_chunks(fd), media_type=content_type)
 
     @app.post("/reload")
     async def reload():
         try:
-            return await run_in_threadpool(service.reload)
-        except (ValueError, OSError) as error:
+            future = service.start_reload()
+        except ReloadBusyError as error:
+            raise ApiError(409, str(error)) from None
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(future)), service.reload_seconds
+            )
+        except asyncio.TimeoutError:
             raise ApiError(
-                409, f"reload failed, the old index stays: {error}"
+                503, f"the reload is still running after {service.reload_seconds:g} "
+                "s; the index in use answers meanwhile (GET /health tells when "
+                "it ends)",
+            ) from None  # fmt: skip
+        except (ValueError, OSError, MemoryError) as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise ApiError(
+                409, f"reload failed, the old index stays: {reason}"
             ) from None
 
     return app
+
+
+def _file_chunks(fd: int):
+    """The bytes of an open file, a chunk at a time; closes it at the end
+    (or when the client leaves and the response is dropped)."""
+    with open(fd, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            yield chunk
 
 
 async def _read_limited(request, limit: int) -> bytes:
@@ -393,6 +562,12 @@ async def _picture(request, limit: int) -> bytes:
     if not content_type.startswith("multipart/form-data"):
         return await _read_limited(request, limit)
     body = await _read_limited(request, limit + _MULTIPART_OVERHEAD)
+    boundary = content_type.partition("boundary=")[2].split(";")[0].strip('" ')
+    if boundary and f"--{boundary}--".encode() not in body:
+        raise ApiError(
+            400, "malformed multipart upload: its closing boundary is missing "
+            "(a truncated upload?)",
+        )  # fmt: skip
 
     async def stream():
         yield body
@@ -417,34 +592,109 @@ async def _picture(request, limit: int) -> bytes:
 async def _json(request, field: str) -> dict:
     body = await _read_limited(request, 4 * 1024 * 1024)
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        value = load_json(body)
+    except ValueError as error:
         raise ApiError(400, f"the body is not JSON: {error}") from None
     if not isinstance(value, dict) or field not in value:
         raise ApiError(422, f'the body must be a JSON object with "{field}"')
     return value
 
 
-def run(service: SearchService, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serves `service` until interrupted; `SIGHUP` reloads the index."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on `host:port` (`port` 0: a free port).
+
+    Raises:
+        OSError: the address cannot be listened on (in use, not this
+            machine's, or not an address), naming it.
+    """
+    try:
+        (family, kind, proto, _, address), *_ = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        sock = socket.socket(family, kind, proto)
+    except OSError as error:
+        raise OSError(f"cannot listen on {host!r}: {error.strerror or error}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise OSError(f"cannot listen on {where}: {error.strerror or error}") from None
+    return sock
+
+
+def url(sock: socket.socket) -> str:
+    """The address a listening socket answers at, with the port it bound."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether `host` means every interface (`0.0.0.0`, `::`)."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def run(
+    service: SearchService,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serves `service` until interrupted; `SIGHUP` reloads the index.
+
+    Args:
+        service: what to answer with.
+        host, port: where to listen (`listen`), unless `sock` is given.
+        sock: a socket already listening (`listen`): the command line binds
+            it before the model loads, so a busy port is said at once.
+
+    Raises:
+        OSError: `host:port` cannot be listened on (before anything is
+            served or printed).
+    """
     import uvicorn
 
+    if sock is None:
+        sock = listen(host, port)
+    host = sock.getsockname()[0]
+
     def reload_on_signal(signum, frame):
-        def reload():
-            try:
-                service.reload()
+        def done(future: Future) -> None:
+            error = future.exception()
+            if error is None:
                 print(f"reloaded {service.index_path}: {len(service.index)} items")
-            except (ValueError, OSError) as error:
+            else:
                 print(f"reload failed, the old index stays: {error}")
 
-        threading.Thread(target=reload, daemon=True).start()
+        try:
+            service.start_reload().add_done_callback(done)
+        except ReloadBusyError as error:
+            print(f"reload not started: {error}")
 
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, reload_on_signal)
+    if is_wildcard(host):
+        print(
+            f"warning: listening on every network interface ({host}): anyone who "
+            "can reach this machine can search the index and read its pictures",
+            file=sys.stderr,
+            flush=True,
+        )
     stats = service.stats()
     print(
-        f"serving {stats['items']} pictures of {service.index.root} "
-        f"({stats['bits']}-bit codes) at http://{host}:{port}/  (Ctrl+C stops)",
+        f"serving {stats['items']} pictures of {service.folder} "
+        f"({stats['bits']}-bit codes) at {url(sock)}  (Ctrl+C stops)",
         flush=True,
     )
-    uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
+    config = uvicorn.Config(create_app(service), log_level="warning")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass  # Ctrl+C after uvicorn's own graceful shutdown: a normal stop
+    finally:
+        sock.close()

@@ -49,10 +49,17 @@ def as_dataset(data, name: str = "data") -> tf.data.Dataset:
 
     Raises:
         TypeError: `data` is neither a `tf.data.Dataset` nor a `PyDataset`.
+        ValueError: an endless `tf.data.Dataset` (one pass would never end).
     """
     import keras
 
     if isinstance(data, tf.data.Dataset):
+        if data.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise ValueError(
+                f"{name} is an endless stream (.repeat() without a count): the "
+                "recipe reads one pass of it per epoch; pass the stream without "
+                ".repeat(), or .take(n) of it"
+            )
         return data
     if data in _CONVERTED:
         return _CONVERTED[data]
@@ -133,8 +140,9 @@ def check_pixel_range(data, name: str = "data") -> None:
     Float pictures `(H, W, C)` must be in `[0, 1]` (uint8 ones are scaled
     inside the models). `keras.utils.image_dataset_from_directory` gives
     floats in `[0, 255]`, which would train silently on the wrong scale:
-    its first batch is read to tell. uint8 pictures and feature vectors are
-    not read.
+    its first batch is read to tell here, and every later batch is checked
+    in the graph as it is trained on (`checked_pixel_range`). uint8
+    pictures and feature vectors are not read.
 
     Raises:
         ValueError: float pictures beyond `[0, 1]`, with the fix.
@@ -151,6 +159,34 @@ def check_pixel_range(data, name: str = "data") -> None:
                 f"[{low:g}, {high:g}]; for keras.utils.image_dataset_from_directory "
                 "(0..255), map it with `lambda x, y: (tf.cast(x, tf.uint8), y)`"
             )
+
+
+PIXEL_RANGE_ERROR = "float pictures must be in [0, 1]"
+
+
+def checked_pixel_range(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` of `(images, labels)` batches, each batch of float pictures
+    `(b, H, W, C)` asserted in `[0, 1]` as it passes (a min and a max per
+    batch): a stream that changes scale after its first batch fails with
+    `tf.errors.InvalidArgumentError` naming `PIXEL_RANGE_ERROR`."""
+    images = dataset.element_spec[0]
+    if not images.dtype.is_floating or images.shape.rank != 4:
+        return dataset
+
+    def check(batch, labels):
+        message = f"{PIXEL_RANGE_ERROR} (a batch after the first left it)"
+        checks = [
+            tf.debugging.assert_greater_equal(
+                tf.reduce_min(batch), tf.cast(0, batch.dtype), message=message
+            ),
+            tf.debugging.assert_less_equal(
+                tf.reduce_max(batch), tf.cast(1, batch.dtype), message=message
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            return tf.identity(batch), labels
+
+    return dataset.map(check)
 
 
 @dataclasses.dataclass

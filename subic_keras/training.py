@@ -14,6 +14,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path
@@ -24,6 +25,7 @@ from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
+from subic_keras.folders import FolderChangedError, folder_failure
 from subic_keras.images import labelled_files as read_labelled_files
 from subic_keras.models import Subic, build_subic, float32_copy
 from subic_keras.recipe import MIN_VALIDATION, train_subic
@@ -114,6 +116,13 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         subic, run = _train_subic(
             config, data, shape, recipe, cache_dir, callbacks, verbose
         )
+    except tf.errors.OpError as error:
+        # A folder that lost a whole class mid-training: one line, not
+        # TensorFlow's traceback of the stream's Python call.
+        failure = folder_failure(error)
+        if failure is None:
+            raise
+        raise FolderChangedError(failure) from None
     finally:
         keras.mixed_precision.set_global_policy(policy)
     if config.mixed_precision:

@@ -197,8 +197,14 @@ def test_serve_mistakes_are_one_line_before_anything_loads(model, tmp_path, caps
     assert "index file not found" in err and seconds < 1
     err, _ = _error(capsys, "serve", model, tmp_path, "--port", "70000")
     assert "--port must be <= 65535, received 70000" in err
-    err, _ = _error(capsys, "serve", model, tmp_path, "--max-upload-mb", "0")
-    assert "--max-upload-mb must be > 0" in err
+    for value in ("0", "inf", "nan", "1e300"):
+        err, _ = _error(capsys, "serve", model, tmp_path, "--max-upload-mb", value)
+        assert "--max-upload-mb must be a number of MB in [0.001, 100000]" in err
+    err, _ = _error(capsys, "serve", model, tmp_path, "--max-decode-mb", "inf")
+    assert "--max-decode-mb must be a number of MB in [1, 100000]" in err
+    for host in ("", "  "):
+        err, _ = _error(capsys, "serve", model, tmp_path, "--host", host)
+        assert "--host must name an address" in err
 
 
 def test_special_files_are_refused_at_once(model, tmp_path, capsys):
@@ -333,3 +339,83 @@ def test_a_keras_application_backbone_trains_and_loads_local_weights(tmp_path, c
     expected = base.get_layer("conv").get_weights()[0]
     loaded = subic.backbone.get_layer("conv").get_weights()[0]
     np.testing.assert_array_equal(loaded, expected)
+
+
+def test_hostile_folders_and_index_files_are_one_line_or_safe(model, tmp_path, capsys):
+    """Link loops, escape sequences in names, a moved folder, forged
+    counters and deep metadata: each ends in a bounded time, prints nothing
+    raw, and removes nothing by mistake."""
+    root = tmp_path / "photos"
+    paths = picture_folder(root, n=6)
+    (root / "self").symlink_to(".")
+    (root / "a" / "up").symlink_to("..")
+    evil = "a/\x1b[31mred\nfake.png"
+    (root / evil).write_bytes((root / paths[0]).read_bytes())
+    output = str(tmp_path / "photos.subic")
+    start = time.perf_counter()
+    assert main(["index", "build", model, str(root), "--output", output]) == 0
+    assert time.perf_counter() - start < 60
+    captured = capsys.readouterr()
+    assert "indexed 7 pictures" in captured.out
+    assert "skipped self: a folder already walked" in captured.err
+    main(["search", model, output, str(root / evil), "-k", "2"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b[31mred\\nfake.png" in out
+    # The folder moved away: --missing refuses to empty the index.
+    moved = tmp_path / "moved"
+    os.rename(root, moved)
+    err, _ = _error(capsys, "index", "remove", output, "--missing")
+    assert "the indexed folder is gone" in err and "none removed" in err
+    assert len(ImageIndex.load(output)) == 7
+    os.rename(moved, root)
+    for name in [*paths, evil]:
+        os.remove(root / name)
+    err, _ = _error(capsys, "index", "remove", output, "--missing")
+    assert "every one of the 7 pictures is missing" in err
+    assert main(["index", "remove", output, "--missing", "--force"]) == 0
+    assert len(ImageIndex.load(output)) == 0
+    # Stored counters and metadata beyond what a real index holds.
+    index = ImageIndex.load(output)
+    index._next_id = 2**63 + 5
+    index.save(output)
+    err, _ = _error(capsys, "index", "add", model, output)
+    assert "next_id" in err and "is not a count" in err
+    deep = '{"x": ' * 100_000 + "0" + "}" * 100_000
+    metadata = f'{{"format": "subic.image-index", "root": "/x", "deep": {deep}}}'
+    query = tmp_path / "query.png"
+    query.write_bytes(_a_picture())
+    for command in (
+        ["index", "add", model, output],
+        ["search", model, output, str(query)],
+        ["serve", model, output],
+    ):
+        _write_metadata(output, metadata)
+        err, _ = _error(capsys, *command)
+        assert "metadata is not valid JSON (JSON nested 100001 deep" in err
+
+
+def _a_picture() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _write_metadata(path: str, metadata_json: str) -> None:
+    """Rewrites an empty index file with raw metadata JSON (checksum kept
+    right), as a forger would."""
+    import hashlib
+    import struct
+
+    data = open(path, "rb").read()
+    header = data[:40]
+    (n,) = struct.unpack_from("<Q", header, 24)
+    assert n == 0
+    json_bytes = metadata_json.encode()
+    body = struct.pack("<Q", len(json_bytes)) + json_bytes + struct.pack("<Q", 0)
+    content = header + body
+    with open(path, "wb") as handle:
+        handle.write(content + hashlib.sha256(content).digest())

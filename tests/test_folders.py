@@ -1,12 +1,14 @@
 """`datasets.image_folder`: a labelled folder as streams."""
 
 import os
+import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 
-from subic_keras import datasets, images, streams
+from subic_keras import datasets, folders, images, streams
 
 
 def _folder(root, n=24, size=8):
@@ -86,8 +88,27 @@ def test_bad_files_are_reported_not_raised(tmp_path):
     for path in (tmp_path / "eel").iterdir():
         path.unlink()
     with pytest.warns(UserWarning, match="skipped eel/"):
-        with pytest.raises(Exception, match="no readable picture is left in the class"):
+        with pytest.raises(tf.errors.OpError) as raised:
             _decoded(folder.training)
+    # Training turns TensorFlow's error into its one line.
+    assert folders.folder_failure(raised.value) == (
+        "no readable picture is left in the class of eel/eel_00002.png (in "
+        f"{tmp_path}): its files were removed or broke during training"
+    )
+    assert folders.folder_failure(ValueError("other")) is None
+
+
+def test_files_that_become_fifos_during_training_are_replaced(tmp_path):
+    _folder(tmp_path)
+    folder = datasets.image_folder(tmp_path, 8)
+    for name in ("cat/cat_00000.png", "dog/dog_00001.png"):
+        os.remove(tmp_path / name)
+        os.mkfifo(tmp_path / name)
+    start = time.perf_counter()
+    with pytest.warns(UserWarning, match="not a regular file"):
+        pixels, labels = _decoded(folder.training)
+    assert time.perf_counter() - start < 30
+    assert len(pixels) == 24 and np.bincount(labels).tolist() == [8, 8, 8]
 
 
 def test_folders_that_cannot_train_are_named(tmp_path):

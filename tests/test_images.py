@@ -2,6 +2,8 @@
 
 import io
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -110,49 +112,6 @@ def test_fingerprint_tells_pictures_apart(picture):
     assert images.fingerprint(picture[:, :, :1]) != images.fingerprint(picture[:, :, 0])
 
 
-def test_find_files_skips_hidden_names_and_links_out_of_the_folder(tmp_path):
-    root = tmp_path / "photos"
-    (root / "a" / "b").mkdir(parents=True)
-    (root / ".cache").mkdir()
-    for name in ("x.png", "a/y.jpg", "a/b/z.txt", ".hidden.png", ".cache/w.png"):
-        (root / name).write_bytes(b"data")
-    outside = tmp_path / "secret.png"
-    outside.write_bytes(b"secret")
-    (root / "a" / "out.png").symlink_to(outside)
-    (root / "a" / "dangling.png").symlink_to(tmp_path / "gone.png")
-    (root / "in.png").symlink_to(root / "x.png")
-    (root / "outdir").symlink_to(tmp_path)
-    os.mkfifo(root / "fifo.png")
-    open(os.fsencode(root) + b"/caf\xe9.png", "wb").close()  # Latin-1 name
-    paths, skipped = images.find_files(root)
-    assert paths == ["a/b/z.txt", "a/y.jpg", "in.png", "x.png"]
-    assert {(s.path, s.reason) for s in skipped} == {
-        ("a/out.png", "link out of the folder"),
-        ("a/dangling.png", "link out of the folder"),
-        ("outdir", "link out of the folder"),
-        ("fifo.png", "not a regular file"),
-        (repr("caf\udce9.png"), "name is not UTF-8"),
-    }
-    with pytest.raises(NotADirectoryError):
-        images.find_files(root / "x.png")
-    with pytest.raises(FileNotFoundError, match="image folder not found"):
-        images.find_files(tmp_path / "missing")
-
-
-def test_resolve_refuses_every_way_out(tmp_path):
-    root = tmp_path / "photos"
-    root.mkdir()
-    (root / "x.png").write_bytes(b"data")
-    (tmp_path / "secret.png").write_bytes(b"secret")
-    (root / "link.png").symlink_to(tmp_path / "secret.png")
-    assert images.resolve(root, "x.png") == str((root / "x.png").resolve())
-    for bad in ("../secret.png", "/etc/passwd", "a/../../secret.png", "link.png", ""):
-        with pytest.raises(PermissionError):
-            images.resolve(root, bad)
-    with pytest.raises(FileNotFoundError):
-        images.resolve(root, "gone.png")
-
-
 def test_image_batches_stream_and_report_bad_files(tmp_path, picture):
     paths = images.write_image_folder(
         np.stack([picture] * 5), [0, 1, 0, 1, 0], tmp_path
@@ -228,3 +187,111 @@ def test_read_image_folder_refuses_what_cannot_train(
         (tmp_path / path).write_bytes(data if good else data[:20])
     with pytest.raises(ValueError, match=message):
         images.read_image_folder(tmp_path, (8, 8, 3))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP", "WEBP", "JPEG"])
+def test_the_pixel_limit_is_checked_from_the_header_for_every_format(fmt):
+    buffer = io.BytesIO()
+    Image.new("RGB", (300, 200)).save(buffer, fmt)
+    data = buffer.getvalue()
+    assert images.decode_image(data, (8, 8, 3), max_pixels=60_000).shape == (8, 8, 3)
+    with pytest.raises(images.ImageTooLargeError, match="300x200 = 60,000 pixels"):
+        images.decode_image(data, (8, 8, 3), max_pixels=59_999)
+
+
+def test_max_pixels_means_what_it_says_before_anything_is_decoded():
+    from benchmarks.bombs import png_bomb
+
+    # 225 Mpx: more than MAX_PIXELS (179 Mpx), less than twice Pillow's limit.
+    data = png_bomb(15_000, 15_000)
+    start = time.perf_counter()
+    with pytest.raises(images.ImageTooLargeError, match="225,000,000 pixels"):
+        images.decode_image(data, (32, 32, 3))
+    assert time.perf_counter() - start < 1
+
+
+def test_other_formats_are_refused_before_a_parser_runs():
+    buffer = io.BytesIO()
+    Image.new("RGB", (10, 10)).save(buffer, "TIFF")
+    with pytest.raises(images.ImageDecodeError, match="PNG, JPEG, GIF, BMP or WebP"):
+        images.decode_image(buffer.getvalue(), (8, 8, 3))
+
+
+@pytest.mark.parametrize("mode", ["L", "1", "I;16", "I", "F", "LA", "RGBA", "P"])
+def test_memory_lean_conversions_give_pillows_pixels(mode):
+    """Grey pictures resized before they become RGB, and 16-bit, float and
+    transparent ones converted a strip at a time, give the pixels of the
+    whole-picture conversion then the resize."""
+    rng = np.random.default_rng(0)
+    size = (700, 600)  # more rows than one strip
+    if mode in ("I;16", "I"):
+        values = rng.integers(0, 65536, size[::-1]).astype(np.uint16)
+        image = Image.fromarray(values).convert(mode) if mode == "I" else None
+        image = image or Image.fromarray(values)
+        whole = Image.fromarray((np.asarray(image, np.int64) >> 8).astype(np.uint8))
+    elif mode == "F":
+        values = rng.random(size[::-1]).astype(np.float32) * 300 - 20
+        image = Image.fromarray(values, "F")
+        whole = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8))
+    else:
+        bands = {"L": 1, "1": 1, "LA": 2, "RGBA": 4, "P": 1}[mode]
+        pixels = rng.integers(0, 256, (*size[::-1], bands), dtype=np.uint8)
+        image = Image.fromarray(pixels.squeeze(-1) if bands == 1 else pixels)
+        image = image.convert(mode)
+        whole = image
+        if mode in ("LA", "RGBA"):
+            white = Image.new("RGBA", size, (255, 255, 255, 255))
+            whole = Image.alpha_composite(white, image.convert("RGBA"))
+    buffer = io.BytesIO()
+    image.save(buffer, "TIFF" if mode in ("I", "F") else "PNG")
+    reference = whole.convert("RGB").resize((40, 30), Image.Resampling.BILINEAR)
+    if mode in ("I", "F"):  # not a format we read: the conversion alone
+        decoded = images._to_mode(Image.open(buffer), 3)
+        decoded = decoded.resize((40, 30), Image.Resampling.BILINEAR).convert("RGB")
+        np.testing.assert_array_equal(np.asarray(decoded), np.asarray(reference))
+        return
+    decoded = images.decode_image(buffer.getvalue(), (30, 40, 3))
+    np.testing.assert_array_equal(decoded, np.asarray(reference))
+
+
+def test_a_decode_budget_is_shared_and_refuses_what_cannot_fit():
+    budget = images.DecodeBudget(10 << 20, timeout=0.2)
+    with pytest.raises(images.ImageTooLargeError, match="more than the 10 MB"):
+        with budget.reserve(11 << 20):
+            pass
+    order = []
+
+    def hold(name, seconds):
+        with budget.reserve(6 << 20):
+            order.append(f"{name} in")
+            time.sleep(seconds)
+            order.append(f"{name} out")
+
+    first = threading.Thread(target=hold, args=("first", 0.1))
+    first.start()
+    time.sleep(0.02)
+    hold("second", 0)  # waits for the first: 6 + 6 MB do not fit in 10
+    first.join()
+    assert order == ["first in", "first out", "second in", "second out"]
+    with budget.reserve(6 << 20):
+        with pytest.raises(TimeoutError, match="busy decoding"):
+            with budget.reserve(6 << 20):
+                pass
+    with pytest.raises(ValueError, match="total_bytes"):
+        images.DecodeBudget(0)
+
+
+def test_reading_a_fifo_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "q.png")
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="not a regular file"):
+        images.read_image(tmp_path / "q.png", (8, 8, 3))
+    assert time.perf_counter() - start < 1
+
+
+def test_an_empty_class_folder_is_refused_not_dropped(tmp_path):
+    images.write_image_folder(np.zeros((4, 8, 8, 3), np.uint8), [0, 1, 0, 1], tmp_path)
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / ".hidden.png").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"class folders without a file: \['2'\]"):
+        images.labelled_files(tmp_path)

@@ -1,7 +1,12 @@
 """Tests for subic_keras.server: the REST API of `subic serve`, over real HTTP."""
 
+import http.client
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +21,7 @@ from served import (
     request_json,
     save_model,
 )
+from swapping import link_swapped
 
 from subic_keras import retrieval
 from subic_keras.export import load_subic
@@ -119,7 +125,10 @@ def test_items_are_the_indexed_files(photos, served):
 
 def test_health_stats_and_page(served):
     port, _ = served
-    assert request_json(port, "GET", "/health") == (200, {"status": "ok", "items": 60})
+    assert request_json(port, "GET", "/health") == (
+        200,
+        {"status": "ok", "items": 60, "reload": {"state": "idle"}},
+    )
     status, stats = request_json(port, "GET", "/stats")
     assert status == 200
     assert {k: stats[k] for k in ("items", "num_blocks", "block_size", "bits")} == {
@@ -140,7 +149,7 @@ def _bad_requests(photos):
     body, headers = multipart("photo", data)
     broken = headers | {"Content-Type": "multipart/form-data; boundary=zzz"}
     huge = os.urandom(UPLOAD_LIMIT + 1)
-    nan_query = json.dumps({"query": [1.0] * 63 + [float("nan")]})
+    nan_query = json.dumps({"query": [1.0] * 63 + [float("nan")]})  # not JSON
     return [
         ("POST", "/search", b"not a picture", png, 415, "not a picture"),
         ("POST", "/search", data[: len(data) // 2], png, 415, "truncated"),
@@ -155,7 +164,7 @@ def _bad_requests(photos):
         ("POST", "/search/query", b"[1, 2]", {}, 422, '"query"'),
         ("POST", "/search/query", b'{"query": [1]}', {}, 422, "list of 64 numbers"),
         ("POST", "/search/query", b'{"query": "x"}', {}, 422, "received str"),
-        ("POST", "/search/query", nan_query, {}, 422, "finite"),
+        ("POST", "/search/query", nan_query, {}, 400, "finite"),
         ("POST", "/search/query", json.dumps({"query": [True] * 64}), {}, 422, "float"),
         ("POST", "/search/codes", b'{"codes": [0, 1, 2, 16]}', {}, 422, "[0, 16)"),
         ("POST", "/search/codes", b'{"codes": [0.5, 1, 2, 3]}', {}, 422, "int"),
@@ -317,3 +326,222 @@ def test_a_bug_of_ours_is_still_a_json_answer(served, monkeypatch, caplog):
     )
     assert (status, answer) == (500, {"error": "internal error (RuntimeError)"})
     assert request(port, "GET", "/health")[0] == 200
+
+
+def _folder_index(photos, root, n=6):
+    """A fresh folder of `n` pictures under `root` and its index file."""
+    names = picture_folder(root, n=n)
+    index, _ = retrieval.index_folder(load_subic(photos["model"]), root)
+    index.save(root.parent / "folder.subic")
+    return names, str(root.parent / "folder.subic")
+
+
+def test_a_link_swapped_during_requests_serves_no_outside_byte(photos, tmp_path):
+    root = tmp_path / "photos"
+    names, index_path = _folder_index(photos, root)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"SECRET" * 1000)
+    target = root / names[0]
+    inside = target.read_bytes()
+    service = SearchService(photos["model"], index_path)
+    (item,) = service.index.ids(names[:1])
+    statuses: dict[int, int] = {}
+    with ThreadServer(service) as port, link_swapped(target, inside, secret):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(3000):
+            connection.request("GET", f"/items/{item}")
+            response = connection.getresponse()
+            body = response.read()
+            assert b"SECRET" not in body
+            if response.status == 200:
+                assert body == inside
+            statuses[response.status] = statuses.get(response.status, 0) + 1
+        connection.close()
+    assert set(statuses) <= {200, 403, 404} and statuses.get(200), statuses
+
+
+def _forged(photos, tmp_path, root: str, relative: str) -> str:
+    """An index file whose stored folder and path are `root` and `relative`."""
+    from subic_keras.search import file_format, packing
+
+    header = file_format.Header(4, 16, True, 1, None)
+    metadata = {"format": "subic.image-index", "root": root, "next_id": 1}
+    metadata["image_shape"] = [32, 32, 3]
+    items = file_format.ItemTable([relative], np.zeros(1, np.uint64), metadata)
+    packed = packing.pack(np.zeros((1, 4), np.int64), 4)
+    path = str(tmp_path / f"forged{abs(hash(root)) % 1000}.subic")
+    file_format.write(path, header, [packed], np.zeros(1, np.int64), items)
+    return path
+
+
+def test_forged_stored_folders_are_refused_at_load_and_reload(photos, tmp_path):
+    with pytest.raises(ValueError, match="whole file system"):
+        SearchService(photos["model"], _forged(photos, tmp_path, "/", "etc/passwd"))
+    with pytest.raises(ValueError, match="not an absolute path"):
+        SearchService(photos["model"], _forged(photos, tmp_path, "", "etc/passwd"))
+    with pytest.raises(ValueError, match="not an absolute path"):
+        SearchService(photos["model"], _forged(photos, tmp_path, "/tmp\0x", "a.png"))
+    # --folder confirms the folder: an index of another one is refused.
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ValueError, match="records the folder"):
+        SearchService(photos["model"], str(photos["index"]), folder=other)
+    root = tmp_path / "photos"
+    _, index_path = _folder_index(photos, root)
+    service = SearchService(photos["model"], index_path, folder=root)
+    with ThreadServer(service) as port:
+        forged = _forged(photos, tmp_path, str(tmp_path), "photos/../../etc/passwd")
+        os.replace(forged, index_path)
+        status, answer = request_json(port, "POST", "/reload")
+        assert status == 409 and "the old index stays" in answer["error"]
+        os.replace(_forged(photos, tmp_path, "/", "etc/passwd"), index_path)
+        status, answer = request_json(port, "POST", "/reload")
+        assert status == 409 and "records the folder '/'" in answer["error"]
+        health = request_json(port, "GET", "/health")[1]
+        assert health["status"] == "degraded" and health["items"] == 6
+        assert health["reload"]["state"] == "failed"
+        status, _, data = request(port, "GET", "/items/0")
+        assert status == 200 and b"root:" not in data
+
+
+def test_reloads_cannot_wedge_the_server(photos, tmp_path, monkeypatch):
+    root = tmp_path / "photos"
+    names, index_path = _folder_index(photos, root)
+    service = SearchService(photos["model"], index_path, reload_seconds=1)
+    query = (root / names[2]).read_bytes()
+    png = {"Content-Type": "image/png"}
+    with ThreadServer(service) as port:
+        # A FIFO in the index file's place: refused at once.
+        os.remove(index_path)
+        os.mkfifo(index_path)
+        start = time.perf_counter()
+        status, answer = request_json(port, "POST", "/reload")
+        assert status == 409 and "not a regular file" in answer["error"]
+        assert time.perf_counter() - start < 5
+        # A reload that hangs (a slow disk): answered after reload_seconds,
+        # then every further reload is refused at once, and searches go on.
+        os.remove(index_path)
+        release = threading.Event()
+        load = ImageIndex.load
+
+        def slow_load(*args, **kwargs):
+            release.wait(60)
+            return load(*args, **kwargs)
+
+        monkeypatch.setattr(ImageIndex, "load", slow_load)
+        status, answer = request_json(port, "POST", "/reload")
+        assert status == 503 and "still running" in answer["error"]
+        start = time.perf_counter()
+        for _ in range(45):
+            status, answer = request_json(port, "POST", "/reload")
+            assert status == 409 and "running already" in answer["error"]
+        for _ in range(5):
+            status, answer = request_json(port, "POST", "/search?k=2", query, png)
+            assert status == 200 and answer["results"][0]["path"] == names[2]
+            status, _, _ = request(port, "GET", "/items/1")
+            assert status == 200
+        assert time.perf_counter() - start < 20
+        health = request_json(port, "GET", "/health")[1]
+        assert health["status"] == "degraded" and health["reload"]["state"] == "stuck"
+        release.set()  # the disk answers: the reload ends, failing (no file)
+        deadline = time.time() + 30
+        while request_json(port, "GET", "/health")[1]["reload"]["state"] != "failed":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert request_json(port, "GET", "/health")[1]["items"] == 6
+
+
+def test_large_pictures_are_refused_from_the_header(photos):
+    from benchmarks.bombs import GREY, png_bomb
+
+    service = SearchService(photos["model"], str(photos["index"]))
+    png = {"Content-Type": "image/png"}
+    for data, message in (
+        (png_bomb(10_000, 10_000, 16, GREY), "more than the 128 MB"),
+        (png_bomb(15_000, 15_000), "225,000,000 pixels"),
+    ):
+        with ThreadServer(service) as port:
+            start = time.perf_counter()
+            status, answer = request_json(port, "POST", "/search", data, png)
+            assert status == 413 and message in answer["error"], answer
+            assert time.perf_counter() - start < 2
+
+
+def test_requests_beyond_the_parsers_limits_are_4xx(photos, served, caplog):
+    port, _ = served
+    deep = b"[" * 100_000 + b"]" * 100_000
+    cases = [
+        (b'{"query": ' + deep + b"}", 400, "nested"),
+        (b'{"query": [' + b"9" * 5000 + b"]}", 400, "characters"),
+        (json.dumps({"query": [1e39] + [0.0] * 63}), 422, "float32"),
+        (json.dumps({"query": [3.4e38] * 64}), 422, "float32"),
+        (json.dumps({"query": [1e308] + [0.0] * 63}), 422, "float32"),
+        (json.dumps({"query": [10**300] + [0] * 63}), 400, "characters"),
+        (json.dumps({"query": [1e300] + [0] * 63}), 422, "float32"),
+        (b'{"query": [NaN]}', 400, "not JSON"),
+    ]
+    for body, expected, message in cases:
+        status, answer = request_json(port, "POST", "/search/query", body)
+        assert status == expected and message in answer["error"], answer
+    data = _picture(photos, photos["paths"][0])
+    body, headers = multipart("image", data)
+    status, answer = request_json(port, "POST", "/search", body[:-40], headers)
+    assert status == 400 and "closing boundary" in answer["error"]
+    # A client that leaves mid-upload: one line in the log, no traceback.
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.sendall(
+            b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+            b"Content-Length: 40000\r\n\r\n" + data[:1000]
+        )
+    time.sleep(0.5)
+    assert request(port, "GET", "/health")[0] == 200
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+
+def test_serve_listens_where_it_says(photos, tmp_path):
+    """--port 0 prints the port it bound; a wildcard host warns; a busy port
+    is one line and exit 2 before anything is served."""
+    command = [
+        sys.executable, "-m", "subic_keras.cli", "serve", photos["model"],
+        str(photos["index"]),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [*command, "--port", "0", "--host", "0.0.0.0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        port = int(line.split("http://0.0.0.0:")[1].split("/")[0])
+        assert port > 0 and request(port, "GET", "/health")[0] == 200
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            taken = busy.getsockname()[1]
+            start = time.perf_counter()
+            refused = subprocess.run(
+                [*command, "--port", str(taken)],
+                capture_output=True, text=True, env=env, timeout=120,
+            )  # fmt: skip
+        assert refused.returncode == 2 and "serving" not in refused.stdout
+        assert refused.stderr.strip().splitlines() == [
+            f"subic serve: error: cannot listen on 127.0.0.1:{taken}: Address "
+            "already in use"
+        ]
+        assert time.perf_counter() - start < 60
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert "warning: listening on every network interface (0.0.0.0)" in err
+    assert process.returncode == 0 and "Traceback" not in err
+
+
+def test_bombs_one_and_three_at_once_stay_within_200_mb_of_idle(tmp_path):
+    from benchmarks import decode_memory
+
+    rows = decode_memory.run(str(tmp_path))
+    assert len(rows) == 6
+    for row in rows:
+        assert row["peak_over_idle_mb"] <= decode_memory.LIMIT_MB, row
+        expected = 200 if row["picture"] == "RGB PNG 5000x2000" else 413
+        assert row["statuses"] == [expected] * row["copies"], row

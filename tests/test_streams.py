@@ -1,6 +1,8 @@
 """Streams (`tf.data`, `PyDataset`) through the recipe, the baselines and the
 evaluation: the same results as arrays, nothing read more than needed."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -266,3 +268,30 @@ def test_float_pictures_on_the_0_255_scale_are_refused(pictures):
         (np.full((8, 5), 300.0), np.zeros(8, int))
     )
     streams.check_pixel_range(features)  # feature vectors: any range
+
+
+def test_an_endless_stream_is_refused_in_one_line():
+    pairs = tf.data.Dataset.from_tensor_slices(
+        (np.zeros((4, 8, 8, 3), np.uint8), np.arange(4) % 2)
+    ).repeat()
+    with pytest.raises(ValueError, match="training is an endless stream"):
+        recipe.check_data(pairs, None, (np.zeros((2, 8, 8, 3), np.uint8), [0, 1]))
+
+
+def test_every_batch_of_float_pictures_is_range_checked():
+    good = np.full((256, 4, 4, 3), 0.5, np.float32)
+    pairs = tf.data.Dataset.from_tensor_slices(
+        (np.concatenate([good, good[:4] * 255]), np.arange(260) % 2)
+    )
+    recipe.Split("training", pairs, None)  # the first batch is in [0, 1]
+    batches = datasets.make_stream_dataset(pairs, 256).as_numpy_iterator()
+    next(batches)
+    message = re.escape(streams.PIXEL_RANGE_ERROR)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        next(batches)
+
+
+def test_validation_classes_unknown_to_training_are_refused():
+    x = np.zeros((6, 8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"classes that training does not: \[9\]"):
+        recipe.check_data(x, np.arange(6) % 3, (x[:2], np.array([0, 9])))

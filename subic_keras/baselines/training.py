@@ -74,7 +74,7 @@ def train_hashing(
         )
     recipe = Recipe() if recipe is None else recipe
     start = time.time()
-    training, held_out, _, _ = check_data(images, labels, validation)
+    training, held_out, _, _ = check_data(images, labels, validation, classifies=False)
     validator = RetrievalValidation(
         network, held_out.images, held_out.fit_labels, queries=None
     )

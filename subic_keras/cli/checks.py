@@ -9,14 +9,18 @@ standard library only.
 
 from __future__ import annotations
 
+import math
 import os
 
 from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
-from subic_keras.images import check_folder
+from subic_keras.paths import check_folder
 from subic_keras.search import scanners
 from subic_keras.search.milvus import check_database_exists
 from subic_keras.search.uri import is_database
+
+# The largest upload or decoding memory a server is told to allow, in MB.
+_MAX_MEGABYTES = 100_000.0
 
 
 def check(args) -> None:
@@ -107,6 +111,8 @@ def _index_remove(args) -> None:
     check_file(args.index, "index file")
     if not args.paths and not args.missing:
         raise ValueError("give the paths to remove, or --missing")
+    if args.force and not args.missing:
+        raise ValueError("--force goes with --missing")
 
 
 def _scanner(args) -> None:
@@ -128,15 +134,30 @@ def _search(args) -> None:
         check_file(path, "query image file")
 
 
+def _megabytes(name: str, value: float, minimum: float) -> None:
+    if not (math.isfinite(value) and minimum <= value <= _MAX_MEGABYTES):
+        raise ValueError(
+            f"{name} must be a number of MB in [{minimum:g}, {_MAX_MEGABYTES:g}], "
+            f"received {value}"
+        )
+
+
 def _serve(args) -> None:
     _scanner(args)
     port = check_int("--port", args.port, minimum=0)
     if port > 65535:
         raise ValueError(f"--port must be <= 65535, received {port}")
-    if not args.max_upload_mb > 0:
-        raise ValueError(f"--max-upload-mb must be > 0, received {args.max_upload_mb}")
+    if not args.host.strip():
+        raise ValueError(
+            "--host must name an address (127.0.0.1: this machine only; 0.0.0.0 or "
+            f":: every interface), received {args.host!r}"
+        )
+    _megabytes("--max-upload-mb", args.max_upload_mb, 0.001)
+    _megabytes("--max-decode-mb", args.max_decode_mb, 1)
     check_keras_file(args.model, members=False)
     check_file(args.index, "index file")
+    if args.folder is not None:
+        check_folder(args.folder)
 
 
 def _evaluate(args) -> None:

@@ -18,10 +18,11 @@ import numpy as np
 from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, check_file
-from subic_keras.cli.console import debug_requested, quiet_imports
+from subic_keras.cli.console import debug_requested, printable, quiet_imports
 from subic_keras.cli.parser import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
+from subic_keras.paths import check_folder
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.training import train
@@ -250,7 +251,8 @@ def _list_skipped(skipped: list) -> None:
     for entry in skipped:
         if not isinstance(entry, dict):
             entry = dataclasses.asdict(entry)
-        print(f"skipped {entry['path']}: {entry['reason']}", file=sys.stderr)
+        path, reason = printable(entry["path"]), printable(entry["reason"])
+        print(f"skipped {path}: {reason}", file=sys.stderr)
 
 
 def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
@@ -259,7 +261,7 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
         f", {report.already_indexed} already indexed" if report.already_indexed else ""
     )
     print(
-        f"indexed {report.added} pictures of {index.root}{known}; skipped "
+        f"indexed {report.added} pictures of {printable(index.root)}{known}; skipped "
         f"{len(report.skipped)} files (listed with the reason on stderr); "
         f"{len(index)} pictures in {output}"
     )
@@ -268,7 +270,7 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
 def run_index_add(args) -> int:
     index = ImageIndex.load(args.index)
     folder = index.root if args.folder is None else args.folder
-    image_files.check_folder(folder)
+    check_folder(folder)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
         subic, folder, index=index, batch_size=args.batch_size, progress=True
@@ -288,15 +290,37 @@ def run_index_remove(args) -> int:
             f"{', '.join(unknown[:5])}"
         )
     if args.missing:
-        paths += [
-            path
-            for path in index.get_paths()
-            if not os.path.isfile(os.path.join(index.root, path))
-        ]
+        paths += _missing_files(index, args.force)
     removed = index.remove(paths)
     index.save(args.index)
     print(f"removed {removed} pictures; {len(index)} left in {args.index}")
     return 0
+
+
+def _missing_files(index: ImageIndex, force: bool) -> list[str]:
+    """The paths whose files are gone; refused (unless `force`) when the
+    folder itself is gone or every picture would go: more likely a moved or
+    unmounted folder than pictures deleted one by one."""
+    if not os.path.isdir(index.root):
+        if not force:
+            raise FileNotFoundError(
+                2,
+                f"the indexed folder is gone, so --missing would remove all "
+                f"{len(index)} pictures; none removed (--force removes them)",
+                index.root,
+            )
+        return index.get_paths()
+    missing = [
+        path
+        for path in index.get_paths()
+        if not os.path.isfile(os.path.join(index.root, path))
+    ]
+    if missing and len(missing) == len(index) and not force:
+        raise ValueError(
+            f"every one of the {len(index)} pictures is missing from "
+            f"{printable(index.root)}; none removed (--force removes them)"
+        )
+    return missing
 
 
 def _read_npy(path: str, shape) -> np.ndarray:
@@ -424,9 +448,10 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
         for match in matches:
             print(json.dumps(match))
         return
-    print(name)
+    print(printable(name))
     for match in matches:
-        where = match["path"] if match["path"] is not None else f"id {match['id']}"
+        path = match["path"]
+        where = printable(path) if path is not None else f"id {match['id']}"
         note = "  (the query itself)" if match["exact"] else ""
         print(f"  {match['rank']:>4}  {match['score']:>10.4f}  {where}{note}")
 
@@ -434,14 +459,17 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 def run_serve(args) -> int:
     from subic_keras import server
 
+    sock = server.listen(args.host, args.port)  # a busy port: said at once
     service = server.SearchService(
         args.model,
         args.index,
         query=args.query,
         max_upload_bytes=int(args.max_upload_mb * 1e6),
         scanner=args.scanner,
+        folder=args.folder,
+        decode_bytes=int(args.max_decode_mb * 1e6),
     )
-    server.run(service, host=args.host, port=args.port)
+    server.run(service, sock=sock)
     return 0
 
 

@@ -82,3 +82,12 @@ def describe(error: BaseException) -> str:
     if isinstance(error, MemoryError) and not str(error):
         return "out of memory"
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: control characters (escape
+    sequences, newlines, carriage returns), format characters and the
+    surrogates that stand for undecodable bytes are shown escaped, as
+    Python writes them (`\\x1b`, `\\n`, `\\udce9`), so a file name cannot
+    move the cursor, recolour the screen or fake a line of output."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

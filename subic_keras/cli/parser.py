@@ -479,7 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument(
         "--missing",
         action="store_true",
-        help="also remove every picture whose file is gone (default: off)",
+        help="also remove every picture whose file is gone; refused when the "
+        "folder itself is gone or every picture would go (default: off)",
+    )
+    remove.add_argument(
+        "--force",
+        action="store_true",
+        help="with --missing, remove them even then (default: off)",
     )
     remove.set_defaults(run="run_index_remove", command_name="index remove")
 
@@ -522,19 +528,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_and_index(serve)
     _add_scanner_argument(serve)
     serve.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on; 0.0.0.0 opens it to the network "
-        "(default: %(default)s)",
+        "--folder",
+        metavar="DIR",
+        default=None,
+        help="the folder of the pictures, the only one whose files are served; "
+        "the index must record it (default: the folder the index records)",
     )
     serve.add_argument(
-        "--port", type=int, default=8000, help="TCP port (default: %(default)s)"
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 or :: opens it to every network "
+        "interface, with a warning (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="TCP port; 0 picks a free one, printed at start (default: %(default)s)",
     )
     serve.add_argument(
         "--max-upload-mb",
         type=float,
         default=20.0,
         help="largest picture a request may upload, in MB (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-decode-mb",
+        type=float,
+        default=128.0,
+        help="memory all uploads being decoded at once may take, in MB; a "
+        "larger picture is refused with 413 (default: %(default)s)",
     )
     _add_query_argument(serve)
     serve.set_defaults(run="run_serve", command_name="serve")

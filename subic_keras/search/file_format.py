@@ -50,6 +50,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from subic_keras._io import atomic_path
+from subic_keras._validation import load_json
+from subic_keras.paths import open_regular
 from subic_keras.search import packing
 from subic_keras.search.base import MAX_BLOCK_SIZE, duplicates
 
@@ -177,7 +179,9 @@ def read(
     def fail(reason: str) -> ValueError:
         return ValueError(f"{path!r} is not a valid SuBiC index file: {reason}")
 
-    with open(path, "rb") as f:
+    # Opened without blocking and refused unless a regular file: a FIFO or a
+    # device put in an index file's place would hang a reader for good.
+    with open(open_regular(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         raw_header = f.read(_HEADER.size)
         if len(raw_header) < len(MAGIC) or raw_header[: len(MAGIC)] != MAGIC:
@@ -262,9 +266,9 @@ def _read_items(body: bytes | bytearray, start: int, end: int, n: int) -> ItemTa
 
     raw_metadata, offset = section(start)
     try:
-        metadata = json.loads(raw_metadata.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"metadata is not UTF-8 JSON ({error})") from None
+        metadata = load_json(raw_metadata)
+    except ValueError as error:
+        raise ValueError(f"metadata is not valid JSON ({error})") from None
     if not isinstance(metadata, dict):
         raise ValueError("metadata is not a JSON object")
     if end - offset < 8 * n + _LENGTH.size:

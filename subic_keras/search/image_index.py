@@ -26,6 +26,8 @@ from subic_keras.search.base import ReadWriteLock, check_ids, preview
 from subic_keras.search.subic_index import SubicIndex
 
 FORMAT = "subic.image-index"
+# Ids are int64 and never negative.
+MAX_ID = 2**63 - 1
 
 
 def _check_paths(name: str, paths) -> list[str]:
@@ -219,6 +221,11 @@ class ImageIndex:
                     f"codes and paths must have the same length, received "
                     f"{len(codes)} codes and {len(paths)} paths"
                 )
+            if self._next_id + len(paths) > MAX_ID:
+                raise ValueError(
+                    f"the index has no ids left for {len(paths)} more pictures "
+                    f"(next id {self._next_id}, the last is {MAX_ID})"
+                )
             ids = np.arange(self._next_id, self._next_id + len(paths), dtype=np.int64)
             self._index.add(codes, ids=ids)
             self._next_id += len(paths)
@@ -328,7 +335,7 @@ class ImageIndex:
             PermissionError: the path leads out of the folder (a link).
             FileNotFoundError: the file is gone.
         """
-        from subic_keras.images import resolve
+        from subic_keras.paths import resolve
 
         (relative,) = self.paths([item_id])
         return resolve(self._root, relative)
@@ -431,6 +438,12 @@ def load_index(
             f"{os.fspath(path)!r} is not a valid SuBiC index file: its item "
             f"table is not an image index's (metadata {str(metadata)[:200]})"
         )
+    root = metadata["root"]
+    if "\0" in root or not os.path.isabs(root):
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a valid SuBiC index file: its folder "
+            f"{root[:200]!r} is not an absolute path"
+        )
     shape = metadata.get("image_shape")
     if shape is not None and (
         not isinstance(shape, list)
@@ -447,9 +460,9 @@ def load_index(
         raise ValueError(
             f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
         ) from None
-    image_index = ImageIndex(header.num_blocks, header.block_size, metadata["root"])
+    image_index = ImageIndex(header.num_blocks, header.block_size, root)
     next_id = metadata.get("next_id", 0)
-    if not isinstance(next_id, int) or next_id < 0:
+    if not isinstance(next_id, int) or not 0 <= next_id <= MAX_ID:
         raise ValueError(
             f"{os.fspath(path)!r} is not a valid SuBiC index file: next_id "
             f"{next_id!r} is not a count"

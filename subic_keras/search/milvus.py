@@ -48,6 +48,7 @@ import contextlib
 import logging
 import os
 import threading
+import urllib.parse
 from typing import Any
 
 import numpy as np
@@ -94,14 +95,53 @@ def _pymilvus():
     return pymilvus
 
 
+# How a Milvus server's address starts; `grpc://` is recognised only to be
+# refused with the forms pymilvus takes.
+SERVER_PREFIXES = ("http://", "https://", "tcp://", "unix:", "grpc://")
+
+
 def _is_local(uri: str) -> bool:
-    return "://" not in uri
+    return not uri.startswith(SERVER_PREFIXES)
+
+
+def check_server_uri(uri: str) -> str:
+    """`uri` if it is a Milvus server address pymilvus can connect to.
+
+    Raises:
+        ValueError: naming what is wrong with the address: its scheme, a
+            missing host or socket path, or a bad port.
+    """
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.scheme == "unix":
+        if not parsed.path:
+            raise ValueError(
+                "a unix: address names the server's socket, e.g. "
+                f"unix:/run/milvus.sock, received {uri!r}"
+            )
+        return uri
+    if parsed.scheme not in ("http", "https", "tcp"):
+        raise ValueError(
+            f"{parsed.scheme}:// is not an address pymilvus takes: use http://, "
+            f"https:// or tcp://HOST:PORT, or unix:PATH, received {uri!r}"
+        )
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if not parsed.hostname or any(ch.isspace() for ch in parsed.netloc):
+        raise ValueError(f"the Milvus address names no valid host: {uri!r}")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"the Milvus address's port must be in [1, 65535]: {uri!r}")
+    return uri
 
 
 def check_database_exists(uri: str | os.PathLike, collection: str) -> None:
     """Raises `ValueError` where `uri` is a Milvus Lite path with no database
-    (opening one: Milvus Lite would make an empty database there)."""
+    (opening one: Milvus Lite would make an empty database there), or a
+    server address that is not one (`check_server_uri`)."""
     uri = os.fspath(uri)
+    if not _is_local(uri):
+        check_server_uri(uri)
     if _is_local(uri) and not os.path.exists(uri):
         raise ValueError(
             f"collection {collection!r} does not exist at {uri!r}: there is no "
@@ -172,6 +212,8 @@ class MilvusIndex(Searcher):
                 "uri must be a Milvus Lite path ending in .db or a server URL "
                 f"such as http://localhost:19530, received {uri!r}"
             )
+        if not _is_local(uri):
+            check_server_uri(uri)
         self._shards = (
             None if shards is None else check_int("shards", shards, minimum=1)
         )

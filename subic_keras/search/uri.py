@@ -5,8 +5,8 @@ An index is named by a URI:
 - a path to a `.subic` file (`SubicIndex.save`, or `ImageIndex.save` for
   a folder's pictures): opened in memory;
 - a path ending in `.db`: a Milvus Lite database (embedded, local);
-- `http://host:19530`, `https://...`, `tcp://...` or `unix:...`: a Milvus
-  server or cluster.
+- `http://host:19530`, `https://...`, `tcp://host:port` or
+  `unix:/path/to/milvus.sock`: a Milvus server or cluster.
 
 Milvus holds several collections at one address; `collection` names one.
 """
@@ -19,16 +19,16 @@ import numpy as np
 
 from subic_keras.search.base import Searcher
 from subic_keras.search.image_index import ImageIndex, load_index
+from subic_keras.search.milvus import SERVER_PREFIXES
 from subic_keras.search.subic_index import SubicIndex
 
 DEFAULT_COLLECTION = "subic"
-_SERVER_SCHEMES = ("http://", "https://", "tcp://", "grpc://", "unix:")
 
 
 def is_database(uri: str | os.PathLike) -> bool:
     """Whether `uri` names a Milvus database (else a `.subic` file)."""
     uri = os.fspath(uri)
-    return uri.startswith(_SERVER_SCHEMES) or uri.endswith(".db")
+    return uri.startswith(SERVER_PREFIXES) or uri.endswith(".db")
 
 
 def open(  # the package's `open`: `sk.search.open(uri)`

@@ -166,7 +166,7 @@ def test_crafted_item_tables_are_refused_with_the_reason(filled, tmp_path):
     length_at = slice(table_start, table_start + 8)
     cases = [
         ("overruns", lambda d: d.__setitem__(length_at, (2**40).to_bytes(8, "little"))),
-        ("not UTF-8 JSON", lambda d: d.__setitem__(table_start + 8, ord("[") + 1)),
+        ("not valid JSON", lambda d: d.__setitem__(table_start + 8, ord("[") + 1)),
         ("does not hold 300 paths", lambda d: d.__setitem__(len(d) - 1, ord("x"))),
         ("overruns", lambda d: d.__delitem__(slice(len(d) - 4000, len(d)))),
         ("truncated", lambda d: d.__delitem__(slice(table_start, len(d)))),
