@@ -71,7 +71,7 @@ def _pillow():
     return Image, ImageOps
 
 
-def decode_bytes(image) -> int:
+def decoding_memory(image) -> int:
     """The memory, in bytes, that decoding an opened (not yet loaded) Pillow
     image takes at its peak here: the decoded picture and one converted copy
     (`_to_mode` works in strips), and for a WebP the decoder's own buffer."""
@@ -86,7 +86,7 @@ class DecodeBudget:
     """Memory that concurrent decodes share: a counting semaphore on bytes.
 
     `subic serve` decodes uploads in parallel threads; each reserves what
-    `decode_bytes` says it needs before it starts, so that several large
+    `decoding_memory` says it needs before it starts, so that several large
     pictures at once wait for each other instead of adding up.
 
     Args:
@@ -251,7 +251,7 @@ def _decode(stream, shape, max_pixels: int, budget: DecodeBudget | None):
                 # twice the target size, so the resize below still antialiases.
                 image.draft(image.mode, (2 * width, 2 * height))
             reserved = (
-                budget.reserve(decode_bytes(image))
+                budget.reserve(decoding_memory(image))
                 if budget is not None
                 else contextlib.nullcontext()
             )

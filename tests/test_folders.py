@@ -91,9 +91,10 @@ def test_bad_files_are_reported_not_raised(tmp_path):
         with pytest.raises(tf.errors.OpError) as raised:
             _decoded(folder.training)
     # Training turns TensorFlow's error into its one line.
-    assert folders.folder_failure(raised.value) == (
-        "no readable picture is left in the class of eel/eel_00002.png (in "
-        f"{tmp_path}): its files were removed or broke during training"
+    failure = folders.folder_failure(raised.value)
+    assert failure.startswith("no readable picture is left in the class of eel/")
+    assert failure.endswith(
+        f"(in {tmp_path}): its files were removed or broke during training"
     )
     assert folders.folder_failure(ValueError("other")) is None
 
