@@ -56,7 +56,7 @@ import socket
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 from fastapi import FastAPI, Query, Request
@@ -187,9 +187,9 @@ class SearchService:
         index = ImageIndex.load(self.index_path, scanner=self.scanner)
         self.folder = served_folder(index.root if folder is None else folder)
         self._state = self._accept(index)
-        # One reload at a time, in a thread of its own: a reload that hangs
-        # (a slow disk) holds no thread that searches need.
-        self._reloader = ThreadPoolExecutor(1, thread_name_prefix="subic-reload")
+        # One reload at a time, each in a daemon thread of its own: a reload
+        # that hangs (a slow disk) holds no thread that searches need, and
+        # does not keep the process from exiting.
         self._reload_guard = threading.Lock()
         self._reload: Future | None = None
         self._reload_started = 0.0
@@ -241,8 +241,18 @@ class SearchService:
                     "in use answers meanwhile"
                 )
             self._reload_started = time.time()
-            self._reload = self._reloader.submit(self._reload_now)
-            return self._reload
+            future: Future = Future()
+            future.set_running_or_notify_cancel()
+            self._reload = future
+
+        def work() -> None:
+            try:
+                future.set_result(self._reload_now())
+            except BaseException as error:
+                future.set_exception(error)
+
+        threading.Thread(target=work, name="subic-reload", daemon=True).start()
+        return future
 
     def reload(self, timeout: float | None = None) -> dict:
         """Reads the index file again; requests keep being answered meanwhile.
