@@ -18,6 +18,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 
@@ -99,6 +100,16 @@ def run_metadata(module: str, *packages: str) -> dict:
         "machine": machine(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def run_threads(threads: list[threading.Thread]) -> float:
+    """Starts `threads` together and waits for them all; the wall seconds."""
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
 
 
 def command(module: str) -> str:

@@ -29,7 +29,7 @@ import threading
 import time
 
 from benchmarks.bombs import GREY, RGB, png_bomb
-from benchmarks.common import log, run_metadata, write_json
+from benchmarks.common import log, run_metadata, run_threads, write_json
 from benchmarks.serve_load import build_index, build_model, free_port, start_server
 
 LIMIT_MB = 200  # the goal: peak within this much of the idle server
@@ -73,16 +73,12 @@ def measure(pid: int, port: int, data: bytes, copies: int) -> dict:
         clear.write("5")  # resets the peak (VmHWM) to the current RSS
     idle = _status_kb(pid, "VmRSS")
     statuses: list[int] = []
-    threads = [
-        threading.Thread(target=lambda: statuses.append(_post(port, data)))
-        for _ in range(copies)
-    ]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - start
+    seconds = run_threads(
+        [
+            threading.Thread(target=lambda: statuses.append(_post(port, data)))
+            for _ in range(copies)
+        ]
+    )
     peak = _status_kb(pid, "VmHWM")
     return {
         "copies": copies,

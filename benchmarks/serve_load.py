@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import log, run_metadata, simd_flags, write_json
+from benchmarks.common import log, run_metadata, run_threads, simd_flags, write_json
 
 M, K = 8, 64
 CONCURRENCY = (1, 4, 16)
@@ -184,13 +184,9 @@ def load(port: int, make_request, clients: int, requests: int, seconds: float) -
                     errors.append(response.status)
         connection.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
+    wall = run_threads(
+        [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    )
     latencies.sort()
     return {
         "clients": clients,

@@ -23,6 +23,8 @@ import dataclasses
 import hashlib
 import io
 import os
+import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -60,8 +62,6 @@ class ImageTooLargeError(ImageDecodeError):
 
 
 def _pillow():
-    import warnings
-
     from PIL import Image, ImageOps
 
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
@@ -95,8 +95,6 @@ class DecodeBudget:
     """
 
     def __init__(self, total_bytes: int, timeout: float = 30.0):
-        import threading
-
         if not total_bytes >= 1 << 20:
             raise ValueError(f"total_bytes must be >= 1 MiB, received {total_bytes}")
         self.total = int(total_bytes)
@@ -138,11 +136,10 @@ def _eight_bits(image):
     when they exceed 255, floats are rounded and clipped."""
     Image, _ = _pillow()
     width, height = image.size
-    shift = 0
-    if image.mode.startswith("I;16"):
-        shift = 8
-    elif image.mode == "I" and image.getextrema()[1] > 255:
-        shift = 8
+    wide = image.mode.startswith("I;16") or (
+        image.mode == "I" and image.getextrema()[1] > 255
+    )
+    shift = 8 if wide else 0
     out = np.empty((height, width), np.uint8)
     for top in range(0, height, _STRIP_ROWS):
         strip = image.crop((0, top, width, min(top + _STRIP_ROWS, height)))
@@ -284,14 +281,13 @@ def read_image(
     shape: Sequence[int],
     *,
     fd: int | None = None,
-    max_pixels: int = MAX_PIXELS,
 ) -> np.ndarray:
     """Reads and decodes one image file (`decode_image`), streamed from the
     file: only its header is read before the pixel limit is checked.
 
     Args:
         path: the file (opened without blocking: a FIFO is refused).
-        shape, max_pixels: as `decode_image`'s.
+        shape: as `decode_image`'s.
         fd: a descriptor already open on the file (`paths.open_in_folder`),
             closed here; `path` then only names it in messages.
 
@@ -305,11 +301,9 @@ def read_image(
         fd = open_regular(path)
     with open(fd, "rb") as handle:
         try:
-            return _decode(handle, shape, max_pixels, None)
-        except ImageTooLargeError as error:
-            raise ImageTooLargeError(f"{error} ({path})") from None
-        except ImageDecodeError as error:
-            raise ImageDecodeError(f"{error} ({path})") from None
+            return _decode(handle, shape, MAX_PIXELS, None)
+        except ImageDecodeError as error:  # the same kind, naming the path
+            raise type(error)(f"{error} ({path})") from None
 
 
 def fingerprint(pixels: np.ndarray) -> int:

@@ -30,6 +30,9 @@ import stat
 # How a descriptor's path is read back: Linux's /proc, or macOS's F_GETPATH.
 _PROC_FD = "/proc/self/fd"
 _F_GETPATH = 50
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +63,18 @@ def open_regular(path: str | os.PathLike) -> int:
         OSError: the file cannot be opened, or is not a regular file
             (`EINVAL`, "not a regular file").
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
+    return _regular(os.open(path, _READ | _NONBLOCK), path)
+
+
+def _regular(fd: int, name: str | os.PathLike) -> int:
+    """`fd` set back to blocking reads if it is a regular file; otherwise
+    closed, and the error that says what `name` is."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(
-                errno.EINVAL, "not a regular file (a FIFO, socket or device)", path
+                errno.EINVAL, "not a regular file (a FIFO, socket or device)", name
             )
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
+        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
@@ -143,13 +149,12 @@ def open_in_folder(real_root: str, relative: str, *, follow: bool = True) -> int
 
 
 def _open_without_links(real_root: str, parts: list[str], relative: str) -> int:
-    nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    directory = os.open(real_root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    directory = os.open(real_root, _READ | os.O_DIRECTORY)
     try:
         for part in parts[:-1]:
             try:
                 inner = os.open(
-                    part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=directory
+                    part, _READ | os.O_DIRECTORY | _NOFOLLOW, dir_fd=directory
                 )
             except OSError as error:
                 if error.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -159,9 +164,8 @@ def _open_without_links(real_root: str, parts: list[str], relative: str) -> int:
                 raise
             os.close(directory)
             directory = inner
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow
         try:
-            fd = os.open(parts[-1], flags, dir_fd=directory)
+            fd = os.open(parts[-1], _READ | _NONBLOCK | _NOFOLLOW, dir_fd=directory)
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise PermissionError(
@@ -170,11 +174,7 @@ def _open_without_links(real_root: str, parts: list[str], relative: str) -> int:
             raise
     finally:
         os.close(directory)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", relative)
-    os.set_blocking(fd, True)
-    return fd
+    return _regular(fd, relative)
 
 
 def resolve(root: str | os.PathLike, relative: str) -> str:

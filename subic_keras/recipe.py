@@ -275,22 +275,21 @@ def check_data(
             )
         validation = (validation, None)
     held_out = Split("validation", *validation)
-    num_classes_given = num_classes
+    if classifies and num_classes is None:
+        # Training's labels are read here anyway, for the class count.
+        unknown = np.setdiff1d(held_out.labels, training.labels)
+        if len(unknown):
+            raise ValueError(
+                f"validation holds classes that training does not: "
+                f"{unknown[:10].tolist()}; a classifier cannot learn them (give "
+                "num_classes to train one anyway)"
+            )
     if num_classes is None or not training.is_stream:
         # A stream's labels are read (one pass) only when the class count
         # is not given.
         num_classes = _num_classes(num_classes, training.labels, held_out.labels)
     else:
         num_classes = _num_classes(num_classes, held_out.labels)
-    labels_known = streams.known_summary(training.images) is not None
-    if classifies and (not training.is_stream or labels_known):
-        unknown = np.setdiff1d(held_out.labels, training.labels)
-        if len(unknown) and num_classes_given is None:
-            raise ValueError(
-                f"validation holds classes that training does not: "
-                f"{unknown[:10].tolist()}; a classifier cannot learn them (give "
-                "num_classes to train one anyway)"
-            )
     return training, held_out, num_classes, tuple(input_shape or training.input_shape)
 
 
