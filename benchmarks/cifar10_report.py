@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from benchmarks import common
-from benchmarks.make_results import cifar_label, render_cifar10_comparison
+from benchmarks.render_paper import cifar_label, render_cifar10_comparison
 
 SUBIC_BLOCK_SIZES = {"subic": 64, "subic16": 16}
 # SuBiC models are also scored with the class-posterior query

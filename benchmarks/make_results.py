@@ -19,608 +19,23 @@ import json
 import os
 
 from benchmarks import common
-from benchmarks.markdown import fmt, header, render_generic, runnable, table
+from benchmarks.markdown import header, render_generic, table
+from benchmarks.render_paper import render_cifar10, render_cross_domain
+from benchmarks.render_systems import (
+    render_encode_speed,
+    render_export_parity,
+    render_filter_speed,
+    render_folder_training,
+    render_milvus_speed,
+    render_omp_policy,
+    render_search_speed,
+    render_serve_load,
+    render_stream_training,
+    render_train_overhead,
+    render_train_recipe,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_PAPER_BITS = (12, 24, 36, 48)
-
-# ---------------------------------------------------------------------------
-# Known files.
-
-
-def _epochs_text(row: dict) -> str:
-    """`"P + E"` for E epochs after P of classifier pre-training, else `"E"`."""
-    pretrain = row["hparams"].get("pretrain_epochs")
-    return f"{pretrain} + {row['epochs']}" if pretrain else f"{row['epochs']}"
-
-
-def cifar_label(row: dict) -> str:
-    """A table row's method, epochs and, for SuBiC, entropy weights."""
-    label = f"{row.get('label', row['method'])}, {_epochs_text(row)} epochs"
-    for name, symbol in (("gamma", "γ"), ("mu", "μ")):
-        if name in row["hparams"]:
-            label += f", {symbol} = {row['hparams'][name]:g}"
-    return label
-
-
-def _map_cell(cell: dict | None, key: str = "map") -> str | None:
-    """A mean mAP, with `± std (n seeds)` for the strict one over seeds."""
-    if cell is None or cell.get(key) is None:
-        return None
-    if key == "map" and cell.get("map_std") is not None:
-        return f"{cell['map']:.4f} ± {cell['map_std']:.4f} (n={len(cell['seeds'])})"
-    return f"{cell[key]:.4f}"
-
-
-def render_cifar10_comparison(comparison: dict) -> list[str]:
-    """SuBiC's current recipe against the paper and our baselines, per bit-rate."""
-    h = comparison["subic_hparams"]
-    lines = [
-        f"**SuBiC against the paper and our baselines** (paper protocol; the CNN "
-        f"pre-trained {comparison['pretrain_epochs']} epochs as a classifier, then "
-        f"{comparison['epochs']} epochs per model; SuBiC γ = {h['gamma']:g}, "
-        f"μ = {h['mu']:g}; mean over seeds). Strict is the definition of the "
-        "tables below; 21-point is the SuBiC authors' AP, the definition behind "
-        "the paper's numbers.",
-        "",
-    ]
-    body = []
-    for entry in comparison["bits"]:
-        met = entry["met"]
-        body.append(
-            [
-                entry["bits"],
-                entry["paper_subic"],
-                _map_cell(entry["subic"]),
-                _map_cell(entry["subic"], "map_expected"),
-                _map_cell(entry["subic"], "map_21point"),
-                _map_cell(entry["subic_cq"]),
-                _map_cell(entry.get("subic_z")),
-                _map_cell(entry["subic16"]),
-                _map_cell(entry["dsh"]),
-                _map_cell(entry["dlbhc"]),
-                met["subic_21point_vs_paper"],
-                met["subic_strict_vs_paper"],
-                met["subic_vs_our_dsh"],
-            ]
-        )
-    lines += table(
-        [
-            "bits",
-            "SuBiC (paper)",
-            "SuBiC (ours, query chosen on validation), strict",
-            "expected ties",
-            "21-point",
-            "class-posterior query, strict",
-            "z* query, strict",
-            "SuBiC K=16, strict",
-            "DSH (ours), strict",
-            "DLBHC (ours), strict",
-            "≥ paper, 21-point",
-            "≥ paper, strict",
-            "> our DSH, strict",
-        ],
-        body,
-    )
-    return lines
-
-
-def render_cifar10(data: dict) -> list[str]:
-    rows = data["rows"]
-    paper = data.get("paper_table2", {})
-    bits = sorted({r["bits"] for r in rows} | set(_PAPER_BITS))
-    lines = [
-        f"mAP: {data.get('map_definition', 'see the benchmark')}. Model selection: "
-        f"{data.get('selection_metric', 'see the benchmark')}.",
-        "",
-    ]
-    if data.get("comparison"):
-        lines += render_cifar10_comparison(data["comparison"])
-    if data.get("training_commands"):
-        lines += ["Models trained by:", ""]
-        lines += [f"- `{runnable(c)}`" for c in data["training_commands"]] + [""]
-    protocols = []
-    for row in rows:
-        for name in row["test"]:
-            if name not in protocols:
-                protocols.append(name)
-    titles = {
-        "paper": "Paper protocol (1,000 queries, 9,000 database)",
-        "dsh": "DSH protocol (10,000 queries against the whole test set)",
-    }
-    configs: dict = {}
-    for row in rows:
-        key = (
-            row["method"],
-            json.dumps([row["epochs"], row["hparams"]], sort_keys=True),
-        )
-        configs.setdefault(key, {})[row["bits"]] = row
-    # Rows come in the benchmark's order (`cifar10_retrieval.aggregate`).
-    for name in protocols:
-        body = []
-        if name == "paper":
-            for method, values in paper.items():
-                body.append([f"{method} (paper)"] + [values.get(str(b)) for b in bits])
-        for by_bits in configs.values():
-            cells = []
-            for b in bits:
-                cell = by_bits.get(b, {}).get("test", {}).get(name)
-                if cell is None:
-                    cells.append(None)
-                elif cell.get("map_std") is None:
-                    cells.append(cell["map_mean"])
-                else:
-                    cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
-            body.append([cifar_label(next(iter(by_bits.values()))), *cells])
-        lines += [f"**{titles.get(name, name)}**", ""]
-        lines += table(["method", *(f"{b}-bit" for b in bits)], body)
-    cost = []
-    for (method, _), by_bits in configs.items():
-        for b, row in sorted(by_bits.items()):
-            cost.append(
-                [
-                    row.get("label", method),
-                    b,
-                    _epochs_text(row),
-                    row["seeds"],
-                    ", ".join(f"{t:.0f}" for t in row["train_seconds"]),
-                    row["best_epoch"],
-                ]
-            )
-    definitions = [
-        [
-            cifar_label(row),
-            b,
-            row["test"]["paper"]["map_mean"],
-            row["test"]["paper"]["map_expected_mean"],
-            row["test"]["paper"]["map_21point_mean"],
-        ]
-        for by_bits in configs.values()
-        for b, row in sorted(by_bits.items())
-        if row["test"].get("paper", {}).get("map_21point_mean") is not None
-    ]
-    if definitions:
-        lines += [
-            "**Other mAP definitions, paper protocol** (strict = the tables above; "
-            "expected = exact mean over random orders of equal scores; 21-point = "
-            "the SuBiC authors' code, the definition behind the paper's numbers)",
-            "",
-        ]
-        lines += table(
-            ["method", "bits", "strict", "expected ties", "21-point"], definitions
-        )
-    if data.get("pretraining"):
-        lines += [
-            "**Classifier pre-training of the CNN** (one per seed, shared by "
-            "every method; selected by validation accuracy)",
-            "",
-        ]
-        lines += table(
-            ["seed", "epochs", "validation accuracy", "training time (s)"],
-            [
-                [
-                    r["seed"],
-                    r["epochs"],
-                    r["best_validation_accuracy"],
-                    f"{r['train_seconds']:.0f}",
-                ]
-                for r in data["pretraining"]
-            ],
-        )
-    lines += ["**Training time per model**", ""]
-    lines += table(
-        ["method", "bits", "epochs", "seeds", "training time (s)", "selected epoch"],
-        cost,
-    )
-    if data.get("sweep"):
-        sweep = [
-            [
-                s["bits"],
-                s["epochs"],
-                *(
-                    f"{s['hparams'][k]:.3g}" if k in s["hparams"] else None
-                    for k in ("gamma", "mu", "warmup_fraction", "learning_rate")
-                ),
-                s["validation_map"],
-                f"{s['train_seconds']:.0f}",
-            ]
-            for s in data["sweep"]
-        ]
-        lines += ["**SuBiC validation sweep (validation mAP; no test data)**", ""]
-        lines += table(
-            [
-                "bits",
-                "epochs",
-                "γ",
-                "μ",
-                "warm-up fraction",
-                "learning rate",
-                "validation mAP",
-                "training time (s)",
-            ],
-            sweep,
-        )
-    if data.get("figure"):
-        lines += [f"Fig. 5: `benchmarks/results/{data['figure']}`.", ""]
-    return lines
-
-
-def render_cross_domain(data: dict) -> list[str]:
-    methods = data["methods"]
-    datasets = []
-    for method in methods.values():
-        for name in method["summary"]:
-            if name not in datasets:
-                datasets.append(name)
-    body, total = [], 0.0
-    for name, method in methods.items():
-        cells = []
-        for dataset in datasets:
-            cell = method["summary"].get(dataset)
-            if cell is None:
-                cells.append(None)
-            elif cell.get("num_seeds", 1) > 1:
-                cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
-            else:
-                cells.append(cell["map_mean"])
-        seeds = method.get("per_seed", {}).values()
-        validation = [s["validation_map"] for s in seeds if "validation_map" in s]
-        wall = sum(s.get("wall_seconds", 0.0) for s in seeds)
-        total += wall
-        body.append([name, *cells, validation or None, f"{wall:.0f}"])
-    lines = []
-    for key in ("description", "metric", "protocol"):
-        if isinstance(data.get(key), str):
-            lines += [f"{key.capitalize()}: {data[key]}", ""]
-    lines += table(
-        ["method", *(f"{d} mAP" for d in datasets), "validation mAP", "wall time (s)"],
-        body,
-    )
-    lines += [f"Sum of the per-method wall times: {total:,.0f} s.", ""]
-    paper = data.get("paper_table3")
-    if isinstance(paper, dict) and paper.get("rows"):
-        lines += [
-            "**Paper's Table 3 (other datasets: VOC2007, Caltech-101, ImageNet)**",
-            "",
-        ]
-        lines += table(
-            ["method", *paper["columns"]],
-            [[name, *values] for name, values in paper["rows"].items()],
-        )
-    return lines
-
-
-def render_search_speed(data: dict) -> list[str]:
-    results = data["results"]
-    batches = sorted({r["batch"] for r in results})
-    grouped: dict = {}
-    for r in results:
-        key = (
-            r.get("data", "random"),
-            r.get("num_items"),
-            r["bits"],
-            r["num_blocks"],
-            r["block_size"],
-            r["method"],
-        )
-        grouped.setdefault(key, {})[r["batch"]] = r
-    body = []
-    for (source, items, bits, m, k, method), by_batch in grouped.items():
-        first = next(iter(by_batch.values()))
-        mark = " (extrapolated)" if first.get("extrapolated") else ""
-        if first.get("kernel"):
-            mark += f" [{first['kernel']}]"
-        body.append(
-            [source, items, bits, m, k, method + mark]
-            + [by_batch[b]["qps"] if b in by_batch else None for b in batches]
-            + [first.get("recall_at_100"), first.get("bytes_per_item")]
-        )
-    settings = data.get("settings", {})
-    machine = data.get("machine", {})
-    flags = ", ".join(machine.get("simd_flags") or []) or "unrecorded"
-    lines = [
-        f"Queries per second, k = {fmt(settings.get('k'))}, on "
-        f"{machine.get('cpu', 'an unrecorded CPU')} (SIMD flags: {flags}) with "
-        f"{fmt(machine.get('search_threads', machine.get('faiss_threads')))} "
-        f"threads, OMP_WAIT_POLICY {machine.get('omp_wait_policy') or 'unset'} "
-        f"(faiss SIMD level {machine.get('faiss_simd_level', 'unrecorded')}). "
-        "`native-*`: `SubicIndex` with that native kernel forced; `faiss`, "
-        "`faiss-fastscan`: with faiss's scans. `random`: uniform random codes "
-        "and ReLU-Gaussian queries; a model's run directory: all 60,000 "
-        "CIFAR-10 images encoded by that model, queried with 1,000 test "
-        "images. recall@100 is against a float64 brute force with equal "
-        "scores ordered by position; scans that cut ties otherwise (faiss's "
-        "float32 sums, NumPy's `argpartition`) lose recall on the trained "
-        "codes, which tie often.",
-        "",
-    ]
-    lines += table(
-        ["data", "items", "bits", "M", "K", "method"]
-        + [f"queries/s @ batch {b}" for b in batches]
-        + ["recall@100", "bytes/item"],
-        body,
-    )
-    if data.get("targets"):
-        lines += table(
-            ["target", "ratio (wall)", "ratio (per CPU-second)", "met"],
-            [
-                [t["target"], t["ratio"], t.get("ratio_per_cpu_second"), t["met"]]
-                for t in data["targets"]
-            ],
-        )
-    return lines
-
-
-def render_omp_policy(data: dict) -> list[str]:
-    lines = [
-        "`benchmarks/search_speed.py` run twice, with `OMP_WAIT_POLICY` unset "
-        "and `PASSIVE`: each native kernel's ratio to faiss's Hamming scan in "
-        "both runs, and how far apart they are (the goal: within 20% at "
-        f"batches of 1,000; largest gap {data['largest_apart_at_1000']:.0%}). "
-        "The native scan uses no OpenMP; faiss's scans do.",
-        "",
-    ]
-    return lines + table(
-        ["data", "K", "kernel", "batch", "unset", "PASSIVE", "apart"],
-        [
-            [
-                r["data"],
-                r["block_size"],
-                r["method"],
-                r["batch"],
-                r["ratio_unset"],
-                r["ratio_passive"],
-                f"{r['apart']:.0%}",
-            ]
-            for r in data["rows"]
-        ],
-    )
-
-
-def render_milvus_speed(data: dict) -> list[str]:
-    settings = data.get("settings", {})
-    lines = [
-        f"Uniform random codes of {fmt(settings.get('num_blocks'))} blocks of "
-        f"{fmt(settings.get('block_size'))}, ReLU-Gaussian queries, "
-        f"k = {fmt(settings.get('k'))}; Milvus Lite in a local file against "
-        "SubicIndex in memory, on "
-        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')}.",
-        "",
-    ]
-    body = []
-    for row in data["results"]:
-        for name, label in (
-            ("milvus_lite", "Milvus Lite"),
-            ("subic_index", "SubicIndex"),
-        ):
-            entry = row[name]
-            body.append(
-                [
-                    row["num_items"],
-                    label,
-                    entry["insert_items_per_second"],
-                    entry["qps_batch_1"],
-                    entry["qps_batch"],
-                    row["milvus_recall_at_100_vs_subic_index"]
-                    if name == "milvus_lite"
-                    else None,
-                ]
-            )
-    lines += table(
-        [
-            "items",
-            "backend",
-            "inserts/s",
-            "queries/s @ batch 1",
-            f"queries/s @ batch {fmt(settings.get('batch'))}",
-            "recall@100 vs SubicIndex",
-        ],
-        body,
-    )
-    return lines
-
-
-def render_encode_speed(data: dict) -> list[str]:
-    results = data["results"]
-    batches = sorted({r["batch"] for r in results})
-    methods = []
-    for r in results:
-        if r["method"] not in methods:
-            methods.append(r["method"])
-    rate = {(r["method"], r["batch"]): r["images_per_second"] for r in results}
-    lines = ["Images encoded per second.", ""]
-    lines += table(
-        ["method", *(f"batch {b}" for b in batches)],
-        [[m, *(rate.get((m, b)) for b in batches)] for m in methods],
-    )
-    if isinstance(data.get("size_bytes"), dict):
-        lines += table(
-            ["artifact", "size (bytes)"],
-            [[k, v] for k, v in data["size_bytes"].items()],
-        )
-    return lines
-
-
-def render_export_parity(data: dict) -> list[str]:
-    results = data["results"]
-    columns = [
-        "block_agreement",
-        "images_with_all_blocks_equal",
-        "mismatched_blocks",
-        "max_abs_z_diff",
-        "relative_z_error",
-    ]
-    lines = table(
-        ["export", *columns],
-        [[name, *(r.get(c) for c in columns)] for name, r in results.items()],
-    )
-    if isinstance(data.get("retrieval_map"), dict):
-        lines += table(
-            ["encoder", "retrieval mAP"], list(map(list, data["retrieval_map"].items()))
-        )
-    if isinstance(data.get("targets"), dict):
-        lines += table(["target", "met"], list(map(list, data["targets"].items())))
-    return lines
-
-
-def render_train_overhead(data: dict) -> list[str]:
-    best = data["best_images_per_second"]
-    seconds = data.get("seconds_per_cifar10_epoch", {})
-    lines = [
-        f"{data.get('backbone', '')} on {data.get('dataset', '')}, batch "
-        f"{fmt(data.get('batch_size'))}, {fmt(data.get('bits'))} bits, measured on "
-        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')}; "
-        f"`subic train` / plain classifier = "
-        f"{fmt(data.get('subic_train_over_plain_classifier'))}.",
-        "",
-    ]
-    lines += table(
-        ["training", "best images/s", "seconds per CIFAR-10 epoch"],
-        [[kind, rate, seconds.get(kind)] for kind, rate in best.items()],
-    )
-    return lines
-
-
-def render_train_recipe(data: dict) -> list[str]:
-    lines = [
-        f"`subic train` with its defaults at {fmt(data.get('bits'))} bits, then "
-        f"`subic evaluate --protocol paper`; {data.get('map_definition', '')}; "
-        f"measured on {data.get('machine', {}).get('cpu', 'an unrecorded CPU')}.",
-        "",
-    ]
-    rows = []
-    for run in data["runs"]:
-        test = run["test_map"]
-        rows.append(
-            [
-                run["seed"],
-                run["summary"]["query"],
-                test["saved"]["map"],
-                test["fc0"]["map"],
-                test["class_posterior"]["map"],
-                run["train_wall_seconds"],
-                run["load_average_1min"]["start"],
-            ]
-        )
-    lines += table(
-        [
-            "seed",
-            "query chosen",
-            "mAP (chosen query)",
-            "mAP z*",
-            "mAP class-posterior",
-            "training s",
-            "load at start",
-        ],
-        rows,
-    )
-    lines.append(
-        f"Mean mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f} "
-        f"over {len(data['runs'])} seed(s); the paper: {fmt(data.get('paper_map'))}."
-    )
-    return lines
-
-
-def render_serve_load(data: dict) -> list[str]:
-    single = data["in_process"]
-    goals = data["goals"]
-    lines = [
-        f"`subic serve` on {data['items']:,} random {data['bits']}-bit codes "
-        f"(M = {data['num_blocks']}, K = {data['block_size']}, k = {data['k']}), "
-        "clients on the same machine over loopback (keep-alive HTTP), on "
-        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')} "
-        f"(SIMD flags: {', '.join(data.get('cpu_flags') or ['none recorded'])}; "
-        f"{data.get('machine', {}).get('cpu_count', '?')} cores shared by "
-        "server and clients; "
-        + (
-            f"scanner {data['scanner']}). "
-            if data.get("scanner")
-            else f"native kernel {data['native_kernel']}). "
-            if data.get("native_kernel")
-            else "faiss's scan, the native one off or not built). "
-        )
-        + "`query`: `POST /search/query` with a query vector; `image`: `POST "
-        "/search` with a 32x32 PNG, decoded and encoded by the model. In the "
-        f"same run, in-process `SubicIndex.search` of one query took "
-        f"{fmt(single['p50_ms'])} ms (p50), {fmt(single['p99_ms'])} ms (p99); "
-        f"a query request's p50 at one client is "
-        f"{fmt(goals['query_p50_over_in_process_p50'])}x that.",
-        "",
-    ]
-    lines += table(
-        ["request", "clients", "p50 (ms)", "p99 (ms)", "requests/s", "errors"],
-        [
-            [
-                r["kind"],
-                r["clients"],
-                r["p50_ms"],
-                r["p99_ms"],
-                r["requests_per_second"],
-                r["errors"],
-            ]
-            for r in data["load"]
-        ],
-    )
-    return lines
-
-
-def render_stream_training(data: dict) -> list[str]:
-    ratios = data["ratios"]
-    lines = [
-        f"One SuBiC epoch ({data.get('model', '')}) from PNG files in class "
-        "folders, streamed by `datasets.image_folder`, and from in-memory "
-        f"arrays, each in its own process, on "
-        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')} "
-        f"({data.get('machine', {}).get('cpu_count', '?')} cores). Peak RSS "
-        f"of 50,000 files over 5,000: {fmt(ratios['rss_50000_over_5000'])}x; "
-        "training pictures/s from the 50,000 files over the arrays: "
-        f"{fmt(ratios['speed_folder_over_arrays'])}x.",
-        "",
-    ]
-    lines += table(
-        [
-            "source",
-            "backbone",
-            "training pictures",
-            "pictures/s",
-            "peak RSS (MB)",
-            "check s",
-        ],
-        [
-            [
-                name.split("_")[0] + " " + name.split("_")[1],
-                case.get("backbone", "DSH CNN at 32x32"),
-                case["num_train"],
-                case["images_per_second"],
-                round(case["peak_rss_kb"] / 1024),
-                case["prepare_seconds"],
-            ]
-            for name, case in data["cases"].items()
-        ],
-    )
-    return lines
-
-
-def render_folder_training(data: dict) -> list[str]:
-    budget = data["budget"]
-    lines = [
-        f"`subic train --images` on CIFAR-10's training set written as PNG "
-        f"class folders, against `subic train --dataset cifar10`, at "
-        f"{budget['pretrain_epochs']} + {budget['epochs']} epochs and "
-        f"{budget['bits']} bits; {data.get('map_definition', '')}; measured on "
-        f"{data.get('machine', {}).get('cpu', 'an unrecorded CPU')}. Mean "
-        f"difference {data['difference']:+.4f}; the largest range between "
-        f"seeds of one kind {data['largest_seed_range']:.4f}.",
-        "",
-    ]
-    rows = [
-        [kind, run["seed"], run["test_map"], run["query"], run["train_seconds"]]
-        for kind, runs in data["runs"].items()
-        for run in runs
-    ]
-    lines += table(["trained from", "seed", "test mAP", "query", "training s"], rows)
-    return lines
-
 
 KNOWN = {
     "cifar10_retrieval.json": ("CIFAR-10 category retrieval (Table 2)", render_cifar10),
@@ -629,6 +44,7 @@ KNOWN = {
         render_cross_domain,
     ),
     "search_speed.json": ("Search speed", render_search_speed),
+    "filter_speed.json": ("Filtered search", render_filter_speed),
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),
     "encode_speed.json": ("Encoding speed", render_encode_speed),
     "export_parity.json": ("Export parity", render_export_parity),
@@ -705,6 +121,18 @@ def _summary_search_speed(data: dict) -> tuple[str, str]:
     return "exact search against faiss Hamming at equal bits, 1M codes", figure
 
 
+def _summary_filter_speed(data: dict) -> tuple[str, str]:
+    best = [r for r in data["rows"] if r["scanner"] == data["rows"][0]["scanner"]]
+    figure = ", ".join(
+        f"{100 * r['share']:g} %: {r['time_vs_unfiltered']:.2f}x" for r in best
+    )
+    what = (
+        f"filtered search (`where=`), time against unfiltered, "
+        f"{best[0]['scanner']}, {data['settings']['num_items']:,} codes"
+    )
+    return what, figure
+
+
 def search_kernel_table(data: dict) -> list[str]:
     """Each native kernel against Hamming, batches of 1,000 queries."""
     rows = {}
@@ -765,6 +193,7 @@ _SUMMARIES = {
     "cifar10_retrieval.json": _summary_cifar10,
     "train_recipe.json": _summary_train_recipe,
     "search_speed.json": _summary_search_speed,
+    "filter_speed.json": _summary_filter_speed,
     "serve_load.json": _summary_serve_load,
     "stream_training.json": _summary_stream_training,
     "folder_training.json": _summary_folder_training,
@@ -792,7 +221,44 @@ def render_summary(results: dict) -> str:
     lines += table(["result", "figure", "CPU (2 cores)"], _summary_rows(results))
     if "search_speed.json" in results:
         lines += ["", *search_kernel_table(results["search_speed.json"])]
+    if "filter_speed.json" in results:
+        lines += ["", *filter_table(results["filter_speed.json"])]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def filter_table(data: dict) -> list[str]:
+    """Filtered search against unfiltered and search-then-filter, per kernel."""
+    settings, machine = data["settings"], data.get("machine", {})
+    shares = sorted({r["share"] for r in data["rows"]}, reverse=True)
+    by_scanner: dict = {}
+    for r in data["rows"]:
+        by_scanner.setdefault(r["scanner"], {})[r["share"]] = r
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "—"
+        after = r["post_filter_time_vs_unfiltered"]
+        text = f"{after:,.0f}" if after >= 100 else f"{after:.3g}"
+        return f"{r['time_vs_unfiltered']:.2f}x ({text}x)"
+
+    lines = [
+        f"Filtered search (`where=`, inside the scan), time as a multiple of the "
+        f"same scanner's unfiltered search, and in parentheses search-then-"
+        f"filter with k / share (batches of {settings['batch']:,}, k = "
+        f"{settings['k']}, {settings['num_items']:,} codes of M = "
+        f"{settings['num_blocks']}, K = {settings['block_size']}, one run of "
+        f"`python -m benchmarks.filter_speed` on {machine.get('cpu', 'a CPU')}; "
+        "every result checked exact):",
+        "",
+    ]
+    lines += table(
+        ["scanner"] + [f"{100 * s:g} % kept" for s in shares],
+        [
+            [scanner] + [cell(rows.get(s)) for s in shares]
+            for scanner, rows in by_scanner.items()
+        ],
+    )
+    return lines
 
 
 def render(name: str, data) -> list[str]:

@@ -21,7 +21,7 @@ item for:
 - `hamming`: faiss `IndexBinaryFlat` on random hashes of the same number of
   bits (recall is not applicable: different codes);
 
-faiss's indexes run as the library runs faiss (`scanners.in_threads`: the
+faiss's indexes run as the library runs faiss (`faiss_scanners.in_threads`: the
 queries split over the machine's cores, one OpenMP thread each), which is as
 fast as faiss's own OpenMP threads under libgomp's default wait policy and
 does not depend on `OMP_WAIT_POLICY` (faiss's own threads do: its Hamming
@@ -61,7 +61,14 @@ import faiss
 import numpy as np
 
 from benchmarks import common
-from subic_keras.search import SubicIndex, scanners
+from benchmarks.scan_baselines import (
+    brute_force,
+    identity_pq,
+    numpy_gather_scan,
+    numpy_scan,
+    recall,
+)
+from subic_keras.search import SubicIndex, faiss_scanners, scanner, scanners
 
 K_NEIGHBOURS = 100
 BATCHES = (1, 100, 1000)
@@ -218,57 +225,6 @@ def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, d
     return rate(wall), rate(cpu), found
 
 
-def identity_pq(num_blocks: int, block_size: int) -> faiss.IndexPQ:
-    """faiss IndexPQ whose centroid j of every sub-quantizer is e_j."""
-    nbits = block_size.bit_length() - 1
-    index = faiss.IndexPQ(
-        num_blocks * block_size, num_blocks, nbits, faiss.METRIC_INNER_PRODUCT
-    )
-    eye = np.tile(np.eye(block_size, dtype=np.float32), (num_blocks, 1, 1))
-    faiss.copy_array_to_vector(eye.ravel(), index.pq.centroids)
-    index.is_trained = True
-    return index
-
-
-def numpy_scan(codes_by_block: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
-    """Top-k ids for one query: one `np.take` per block (block-major codes)."""
-    block_size = len(query) // len(codes_by_block)
-    scores = np.take(query[:block_size], codes_by_block[0])
-    for m in range(1, len(codes_by_block)):
-        table = query[m * block_size : (m + 1) * block_size]
-        scores += np.take(table, codes_by_block[m])
-    return top_k(scores, k)
-
-
-def numpy_gather_scan(offsets: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
-    """Top-k ids for one query: gather `query[offsets]` `(n, M)`, sum rows."""
-    return top_k(np.take(query, offsets).sum(axis=1), k)
-
-
-def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    top = np.argpartition(-scores, k - 1)[:k]
-    return top[np.argsort(-scores[top], kind="stable")]
-
-
-def brute_force(codes: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
-    """Exact top-k ids in float64, equal scores by position (the reference)."""
-    num_blocks = codes.shape[1]
-    block_size = queries.shape[1] // num_blocks
-    columns = codes.astype(np.int64) + np.arange(num_blocks) * block_size
-    found = []
-    for query in queries.astype(np.float64):
-        scores = np.zeros(len(codes))
-        for m in range(num_blocks):
-            scores += query[columns[:, m]]
-        found.append(np.lexsort((np.arange(len(codes)), -scores))[:k])
-    return np.stack(found)
-
-
-def recall(found: np.ndarray, truth: np.ndarray) -> float:
-    hits = [len(np.intersect1d(a, b)) for a, b in zip(found, truth)]
-    return float(np.mean(hits) / truth.shape[1])
-
-
 def run_config(bits, num_blocks, block_size, args, rng) -> list[dict]:
     """Random codes and ReLU queries."""
     codes = rng.integers(0, block_size, (args.num_items, num_blocks), dtype=np.uint8)
@@ -300,14 +256,14 @@ def measure(bits, codes, queries, args, rng, data: str) -> list[dict]:
         name: (lambda q, index=index: index.search(q, k), queries)
         for name, index in indexes.items()
     }
-    # faiss's own indexes run as the library runs faiss (`scanners.in_threads`):
+    # faiss's own indexes run as the library runs faiss (`faiss_scanners.in_threads`):
     # as fast as faiss's OpenMP at its default wait policy, whatever the policy.
     searches["faiss_pq"] = (
-        lambda q: scanners.in_threads(lambda part: pq.search(part, k), q),
+        lambda q: faiss_scanners.in_threads(lambda part: pq.search(part, k), q),
         queries,
     )
     searches["hamming"] = (
-        lambda q: scanners.in_threads(lambda part: hamming.search(part, k), q),
+        lambda q: faiss_scanners.in_threads(lambda part: hamming.search(part, k), q),
         hash_queries,
     )
     reps, singles = (1, 5) if args.quick else (args.repetitions, 20)
@@ -559,7 +515,7 @@ def main(argv=None) -> dict:
             "faiss_compile_options": faiss.get_compile_options().strip(),
             "scanners": scanners.available(8, 16),
             "faiss_threads": args.threads,
-            "search_threads": scanners.threads(),
+            "search_threads": scanner.threads(),
             # OpenMP's wait policy of the run (unset: libgomp spins a while
             # after each parallel region before it sleeps).
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

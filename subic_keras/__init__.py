@@ -18,8 +18,10 @@ import sys
 __version__ = "0.1.0"
 
 _SUBMODULES = (
+    "applications",
     "backbones",
     "baselines",
+    "building",
     "callbacks",
     "config",
     "datasets",
@@ -27,16 +29,21 @@ _SUBMODULES = (
     "export",
     "images",
     "layers",
+    "litert_features",
     "losses",
     "metrics",
     "models",
+    "pipelines",
     "pixels",
+    "preprocessing",
     "protocols",
     "recipe",
     "retrieval",
     "scoring",
     "search",
     "streams",
+    "tfds_loaders",
+    "train_model",
     "training",
 )
 _NAMES = {
@@ -53,8 +60,8 @@ _NAMES = {
     "ShardedSubicIndex": "search",
     "Subic": "models",
     "SubicIndex": "search",
-    "SubicTrainModel": "models",
-    "build_subic": "models",
+    "SubicTrainModel": "train_model",
+    "build_subic": "building",
     "merge_results": "search",
     "pretrain_backbone": "recipe",
     "train_subic": "recipe",
@@ -67,6 +74,7 @@ __all__ = sorted([*_NAMES, *_SUBMODULES])
 # loads all, so that every SuBiC `.keras` file (a DSH backbone's local response
 # normalization, a baseline's `Binarize`) deserializes without custom_objects.
 _KERAS_MODULES = (
+    "applications",
     "backbones",
     "baselines.dlbhc",
     "baselines.dsh",
@@ -76,6 +84,7 @@ _KERAS_MODULES = (
     "metrics",
     "models",
     "pixels",
+    "train_model",
 )
 
 

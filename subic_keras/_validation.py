@@ -156,3 +156,15 @@ def load_json(data: bytes | bytearray | str):
         raise ValueError(f"not UTF-8 ({error})") from None
     except RecursionError:
         raise ValueError(f"JSON nested too deep (at most {MAX_JSON_DEPTH})") from None
+
+
+def check_image_shape(name: str, shape) -> tuple[int, int, int]:
+    """Returns `shape` as a `(height, width, channels)` tuple of positive ints."""
+    if not isinstance(shape, (tuple, list)) or len(shape) != 3:
+        raise ValueError(
+            f"{name} must be a (height, width, channels) tuple, received {shape!r}"
+        )
+    height, width, channels = (
+        check_int(f"{name}[{i}]", v, minimum=1) for i, v in enumerate(shape)
+    )
+    return height, width, channels

@@ -137,7 +137,7 @@ class TrainConfig:
             tensorflow-datasets (network needed once) for CIFAR-10 and
             Fashion-MNIST.
         images: a folder of your own pictures, one subfolder per class
-            (`subic_keras.images.read_image_folder`), trained on instead of
+            (`subic_keras.folders.image_folder`), trained on instead of
             `dataset`; the validation split is held out of it.
         validation_images: a labelled folder of the same classes to validate
             on instead of a split of `images`.

@@ -1,13 +1,14 @@
-"""Dataset loaders, `tf.data` input pipelines and deterministic splits.
+"""Dataset loaders: CIFAR-10, Fashion-MNIST and scikit-learn's digits.
 
 Local loaders read the official distribution layouts (CIFAR-10 binary or
 python batches, Fashion-MNIST IDX files) so that everything works offline;
-with `data_dir=None` they fall back to `tensorflow_datasets`, which may need
-the network. Preprocessing used for training is per-channel standardisation,
-`(x / 255 - mean) / std`, with `mean` and `std` from `channel_statistics` on
-the training images (see `standardize` and `make_dataset`).
+with `data_dir=None` they fall back to `tensorflow_datasets`
+(`subic_keras.tfds_loaders`), which may need the network.
 
-The deterministic splits are in `subic_keras.protocols`.
+Preprocessing for training (`channel_statistics`, `standardize`) is in
+`subic_keras.preprocessing`, the `tf.data` pipelines (`make_dataset`,
+`make_stream_dataset`) in `subic_keras.pipelines`, the deterministic splits
+in `subic_keras.protocols`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,23 +16,30 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
-import shutil
-import socket
 import struct
 
 import numpy as np
-import tensorflow as tf
 
 from subic_keras._validation import check_int
 from subic_keras.config import DATASETS as DATASETS
 from subic_keras.folders import LabelledFolder as LabelledFolder
 from subic_keras.folders import image_folder as image_folder
-from subic_keras.pixels import PIXEL_LEVELS, scale_pixels
+
+# The pipelines, preprocessing and tensorflow-datasets loaders live in
+# modules of their own; re-exported here, where earlier releases had them.
+from subic_keras.pipelines import make_dataset as make_dataset
+from subic_keras.pipelines import make_stream_dataset as make_stream_dataset
+from subic_keras.pixels import PIXEL_LEVELS
+from subic_keras.preprocessing import channel_statistics as channel_statistics
+from subic_keras.preprocessing import standardize as standardize
+from subic_keras.preprocessing import to_rgb as to_rgb
 
 # The splits live in `protocols` (NumPy only); re-exported here, where
 # earlier releases defined them.
 from subic_keras.protocols import query_database_split as query_database_split
 from subic_keras.protocols import train_validation_split as train_validation_split
+from subic_keras.tfds_loaders import _load_tfds_arrays
+from subic_keras.tfds_loaders import load_tfds_images as load_tfds_images
 
 _CIFAR_SIZE = 32
 _CIFAR_PIXELS = 3 * _CIFAR_SIZE * _CIFAR_SIZE
@@ -51,17 +59,6 @@ _FASHION_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-
-# Labels produced by `load_tfds_images`: "multi_hot" over `num_classes`
-# classes from the objects' labels, or the "label" class id.
-_TFDS_IMAGE_DATASETS = {
-    "voc/2007": ("multi_hot", 20),
-    "caltech101": ("label", 102),
-    "imagenet2012": ("label", 1000),
-}
-
-_SHIFT = 4  # Maximum random shift, in pixels, of `make_dataset`'s augmentation.
-_CHUNK = 1024  # Images per chunk in `channel_statistics`.
 
 
 # --------------------------------------------------------------------------
@@ -456,536 +453,6 @@ def load_digits(
     return (images[train], labels[train]), (images[test], labels[test])
 
 
-# Where tensorflow-datasets downloads the small sets from, and the layout
-# `data_dir` takes instead (for the error that says what to do offline).
-_TFDS_SOURCES = {
-    "cifar10": (
-        "www.cs.toronto.edu",
-        "cifar-10-batches-bin/ (or cifar-10-batches-py/) from "
-        "https://www.cs.toronto.edu/~kriz/cifar.html",
-    ),
-    "fashion_mnist": (
-        "fashion-mnist.s3-website.eu-central-1.amazonaws.com",
-        "the four files train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz from "
-        "https://github.com/zalandoresearch/fashion-mnist",
-    ),
-}
-_NETWORK_TIMEOUT = 10.0  # seconds to reach a download host before giving up
-
-
-def _check_reachable(name: str) -> None:
-    """Fails fast, naming `data_dir`, when `name`'s download host is unreachable
-    (tensorflow-datasets itself would retry for minutes)."""
-    if name not in _TFDS_SOURCES:
-        return
-    host, layout = _TFDS_SOURCES[name]
-    try:
-        socket.create_connection((host, 443), timeout=_NETWORK_TIMEOUT).close()
-    except OSError as error:
-        raise ConnectionError(
-            f"cannot download {name} with tensorflow-datasets: {host} is not "
-            f"reachable ({error}); download it elsewhere and pass its directory "
-            f"as data_dir (--data-dir DIR on the command line), DIR holding "
-            f"{layout}"
-        ) from None
-
-
-def _prepare_tfds(builder, name: str) -> None:
-    """`builder.download_and_prepare()`, leaving nothing behind if it fails.
-
-    tensorflow-datasets writes into `incomplete.*` directories and `*.tmp.*`
-    downloads and leaves them when interrupted; those this call created are
-    removed, and so are the dataset's directories if this call made them.
-    """
-    _check_reachable(name)
-    root = os.fspath(builder.data_dir_root)
-    places = [os.path.join(root, builder.name), os.path.join(root, "downloads")]
-    existed = {place: os.path.isdir(place) for place in [root, *places]}
-    before = {
-        place: set(os.listdir(place)) if existed[place] else set() for place in places
-    }
-    try:
-        builder.download_and_prepare()
-    except BaseException:
-        for place in reversed([root, *places]):
-            if not existed[place]:
-                shutil.rmtree(place, ignore_errors=True)
-        for place in places:
-            if not existed[place] or not os.path.isdir(place):
-                continue
-            for entry in set(os.listdir(place)) - before[place]:
-                entry = os.path.join(place, entry)
-                if os.path.isdir(entry):
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    os.remove(entry)
-        raise
-
-
-def _load_tfds_arrays(name: str, limit: int | None, download: bool):
-    """Both splits of a small tfds dataset as NumPy arrays."""
-    import tensorflow_datasets as tfds
-
-    builder = tfds.builder(name)
-    if not builder.is_prepared():
-        if not download:
-            raise FileNotFoundError(
-                f"tensorflow_datasets dataset {name!r} is not prepared in "
-                f"{os.fspath(builder.data_dir)!r}; pass download=True, or the "
-                "directory of the official files as data_dir"
-            )
-        _prepare_tfds(builder, name)
-    splits = (
-        ["train", "test"] if limit is None else [f"train[:{limit}]", f"test[:{limit}]"]
-    )
-    loaded = tfds.as_numpy(
-        builder.as_dataset(split=splits, batch_size=-1, as_supervised=True)
-    )
-    return tuple(
-        (np.asarray(images, dtype=np.uint8), np.asarray(labels, dtype=np.int64))
-        for images, labels in loaded
-    )
-
-
-def load_tfds_images(
-    name: str,
-    split: str,
-    data_dir: str | os.PathLike | None = None,
-    image_size: tuple[int, int] | None = (224, 224),
-    download: bool = False,
-) -> tf.data.Dataset:
-    """An unbatched dataset of `(image, label)` from a `tensorflow_datasets` set.
-
-    For the paper's cross-domain experiments: `"voc/2007"` (labels multi-hot
-    over its 20 classes, from the objects' labels), `"caltech101"` and
-    `"imagenet2012"` (class ids). Images are resized (bilinear, antialiased,
-    aspect ratio not kept) and rounded back to uint8.
-
-    Example:
-
-    Reads what `tensorflow-datasets` has prepared in `data_dir`, downloading
-    it first where the network allows:
-
-    ``load_tfds_images("caltech101", "test", data_dir="~/tfds").batch(64)``
-
-    Args:
-        name: `"voc/2007"`, `"caltech101"` or `"imagenet2012"`.
-        split: a tfds split, slicing allowed (`"train[:10%]"`).
-        data_dir: the tfds data directory (`None`: tfds's default).
-        image_size: `(height, width)` of the output, or `None` to keep the
-            original sizes.
-        download: download and prepare the data when it is not prepared
-            (ImageNet needs its archives placed by hand first).
-
-    Returns:
-        A `tf.data.Dataset` of `(uint8 image (h, w, 3), label)`: int64 class
-        id, or int64 multi-hot vector `(20,)` for VOC.
-
-    Raises:
-        ValueError: unsupported `name` or bad `image_size`.
-        FileNotFoundError: the data is not prepared and `download` is False.
-    """
-    if name not in _TFDS_IMAGE_DATASETS:
-        raise ValueError(
-            f"name must be one of {sorted(_TFDS_IMAGE_DATASETS)}, received {name!r}"
-        )
-    image_size = _check_image_size(image_size)
-    import tensorflow_datasets as tfds
-
-    if data_dir is not None:
-        data_dir = os.path.expanduser(os.fspath(data_dir))
-    builder = tfds.builder(name, data_dir=data_dir)
-    if not builder.is_prepared():
-        if not download:
-            raise FileNotFoundError(
-                f"tensorflow_datasets dataset {name!r} is not prepared in "
-                f"data_dir={data_dir!r} (looked for {os.fspath(builder.data_dir)!r}); "
-                "prepare it with `tfds build` or pass download=True"
-            )
-        _prepare_tfds(builder, name)
-    dataset = builder.as_dataset(split=split, shuffle_files=False)
-    return dataset.map(
-        lambda example: _tfds_example_to_pair(example, name, image_size),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-
-
-def _tfds_example_to_pair(
-    example: dict, name: str, image_size: tuple[int, int] | None
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """Converts one tfds example dict to `(uint8 image, label)`."""
-    kind, num_classes = _TFDS_IMAGE_DATASETS[name]
-    image = tf.convert_to_tensor(example["image"])
-    if image_size is not None:
-        image = tf.image.resize(image, image_size, antialias=True)
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-    if kind == "multi_hot":
-        label = _multi_hot(example["objects"]["label"], num_classes)
-    else:
-        label = tf.cast(example["label"], tf.int64)
-    return image, label
-
-
-def _multi_hot(label_ids, num_classes: int) -> tf.Tensor:
-    """`(num_classes,)` int64 vector with ones at `label_ids` (repeats allowed)."""
-    label_ids = tf.cast(tf.reshape(label_ids, [-1]), tf.int64)
-    # tf.one_hot maps an out-of-range id to a zero row: fail loudly instead.
-    with tf.control_dependencies(
-        [
-            tf.debugging.assert_non_negative(label_ids, message="negative label id"),
-            tf.debugging.assert_less(
-                label_ids, tf.constant(num_classes, tf.int64), message="label id >= C"
-            ),
-        ]
-    ):
-        counts = tf.reduce_sum(tf.one_hot(label_ids, num_classes, dtype=tf.int64), 0)
-    return tf.minimum(counts, 1)
-
-
-# --------------------------------------------------------------------------
-# Image preprocessing
-
-
-def to_rgb(images) -> np.ndarray:
-    """Grey images to RGB by replicating the single channel; RGB unchanged.
-
-    Example:
-
-    >>> to_rgb(np.zeros((5, 28, 28), np.uint8)).shape
-    (5, 28, 28, 3)
-
-    Args:
-        images: `(n, H, W)` or `(n, H, W, 1)` grey, or `(n, H, W, 3)` RGB.
-
-    Returns:
-        `(n, H, W, 3)` array of the same dtype (the input itself if RGB).
-
-    Raises:
-        ValueError: any other shape.
-    """
-    images = np.asarray(images)
-    if images.ndim == 3:
-        return np.repeat(images[..., np.newaxis], 3, axis=-1)
-    if images.ndim == 4 and images.shape[-1] == 3:
-        return images
-    if images.ndim == 4 and images.shape[-1] == 1:
-        return np.repeat(images, 3, axis=-1)
-    raise ValueError(
-        "images must have shape (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
-        f"received shape {images.shape}"
-    )
-
-
-def channel_statistics(images) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and standard deviation of uint8 images, in [0, 1] units.
-
-    `mean_c = mean(x[..., c] / 255)`, `std_c = sqrt(mean((x[..., c] / 255 -
-    mean_c)^2))` (population). The images are read in chunks into exact
-    per-channel histograms of the 256 grey levels; the moments are then
-    taken in float64 from the histograms, so the result does not depend on
-    the number of images or their order, and memory stays small.
-
-    Example:
-
-    >>> mean, std = channel_statistics(images)  # CIFAR-10's: mean ≈ [0.491,
-    >>> mean.shape, std.shape                   #   0.482, 0.447]
-    ((3,), (3,))
-
-    Args:
-        images: uint8 `(n, H, W, C)`, or `(n, H, W)` (one channel), or a
-            stream of `(image, label)` pairs (`subic_keras.streams`), read
-            in one pass.
-
-    Returns:
-        `(mean, std)`: float64 arrays of shape `(C,)`.
-
-    Raises:
-        TypeError: `images` is not uint8.
-        ValueError: bad shape or no images.
-    """
-    from subic_keras import streams
-
-    if streams.is_stream(images):
-        summary = streams.summarize(images, "images")
-        if summary.histogram is None:
-            raise TypeError(
-                f"images must be uint8 (0..255), received a stream of {summary.dtype}"
-            )
-        return streams.histogram_moments(summary.histogram)
-    images = _check_images(images)
-    histogram = None
-    for start in range(0, images.shape[0], _CHUNK):
-        histogram = streams.add_histogram(histogram, images[start : start + _CHUNK])
-    assert histogram is not None
-    return streams.histogram_moments(histogram)
-
-
-def standardize(images, mean, std) -> np.ndarray:
-    """Per-channel standardisation of uint8 images: `(x / 255 - mean) / std`.
-
-    Example:
-
-    >>> mean, std = channel_statistics(images)
-    >>> x = standardize(images, mean, std)
-    >>> x.dtype, bool(np.allclose(x.mean(axis=(0, 1, 2)), 0, atol=1e-5))
-    (dtype('float32'), True)
-
-    Args:
-        images: uint8 `(n, H, W, C)` or `(n, H, W)` (one channel, kept 3-D).
-        mean: scalar or `(C,)`, in [0, 1] units (see `channel_statistics`).
-        std: scalar or `(C,)`, all > 0.
-
-    Returns:
-        float32 array of the shape of `images`.
-    """
-    images = np.asarray(images)
-    grey = images.ndim == 3
-    images = _check_images(images)
-    mean, std = _check_mean_std(mean, std, images.shape[-1])
-    out = (images.astype(np.float32) / np.float32(255.0) - mean) / std
-    return out[..., 0] if grey else out
-
-
-def _check_images(images) -> np.ndarray:
-    """uint8 `(n, H, W, C)` view of `images`, or raises."""
-    images = np.asarray(images)
-    if images.dtype != np.uint8:
-        raise TypeError(f"images must be uint8 (0..255), received {images.dtype}")
-    if images.ndim not in (3, 4) or 0 in images.shape:
-        raise ValueError(
-            "images must be a non-empty array of shape (n, H, W, C) or (n, H, W), "
-            f"received shape {images.shape}"
-        )
-    return images[..., np.newaxis] if images.ndim == 3 else images
-
-
-def _check_mean_std(mean, std, channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """`mean` and `std` as float32 `(C,)`, or raises."""
-    checked = []
-    for name, value in (("mean", mean), ("std", std)):
-        value = np.asarray(value, dtype=np.float64)
-        if value.ndim == 0:
-            value = np.full(channels, value)
-        if value.shape != (channels,):
-            raise ValueError(
-                f"{name} must be a scalar or have shape ({channels},) to match the "
-                f"images' channels, received shape {value.shape}"
-            )
-        if not np.all(np.isfinite(value)):
-            raise ValueError(f"{name} must be finite, received {value}")
-        checked.append(value.astype(np.float32))
-    if np.any(checked[1] <= 0):
-        raise ValueError(f"std must be > 0, received {checked[1]}")
-    return checked[0], checked[1]
-
-
-# --------------------------------------------------------------------------
-# tf.data pipeline
-
-
-def make_dataset(
-    images,
-    labels,
-    batch_size: int,
-    *,
-    shuffle: bool = False,
-    augment: bool = False,
-    seed: int = 0,
-    mean=None,
-    std=None,
-    drop_remainder: bool = False,
-    repeat: bool = False,
-) -> tf.data.Dataset:
-    """A batched `tf.data` pipeline of standardised images for `model.fit`.
-
-    Images stay uint8 in memory; each batch is gathered by index, optionally
-    augmented, then standardised: `(x / 255 - mean) / std` (just `x / 255`
-    when `mean` and `std` are `None`). Augmentation is vectorised over the
-    batch: a random horizontal flip (probability 1/2) and a random shift of up
-    to 4 pixels in each direction (zero-pad by 4, then crop back). With the
-    same `seed`, two pipelines yield the same batches; each new pass over the
-    data (each epoch) is shuffled and augmented afresh. Give `fit` the
-    argument `shuffle=False`: the pipeline shuffles itself, and Keras warns
-    when its default `shuffle=True` meets a `tf.data.Dataset`.
-
-    Example:
-
-    >>> mean, std = channel_statistics(images)
-    >>> train = make_dataset(images, labels, 16, shuffle=True, augment=True,
-    ...                      mean=mean, std=std)
-    >>> batch_images, batch_labels = next(iter(train))
-    >>> tuple(batch_images.shape), batch_images.dtype.name
-    ((16, 32, 32, 3), 'float32')
-
-    Pass it to `model.fit(train, epochs=10, shuffle=False)`: the dataset
-    shuffles itself.
-
-    Args:
-        images: uint8 `(n, H, W, C)`, or `(n, H, W)` (given one channel).
-        labels: `(n,)` class ids or `(n, C)` (e.g. multi-hot) targets.
-        batch_size: images per batch, >= 1.
-        shuffle: shuffle the examples (all `n` of them) on every pass.
-        augment: random flip and shift.
-        seed: seed of shuffling and augmentation.
-        mean: per-channel mean in [0, 1] units (`channel_statistics`).
-        std: per-channel standard deviation, > 0.
-        drop_remainder: drop the last incomplete batch.
-        repeat: repeat forever (pass `steps_per_epoch` to `fit`).
-
-    Returns:
-        A `tf.data.Dataset` of `(float32 images (b, H, W, C), labels (b, ...))`.
-
-    Raises:
-        TypeError: `images` is not uint8, or a non-integer count or seed.
-        ValueError: mismatched lengths, bad shapes, `mean`/`std` given alone
-            or not matching the channels, or no complete batch.
-    """
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    seed = check_int("seed", seed, minimum=0)
-    images = _check_images(images)
-    labels = np.asarray(labels)
-    if labels.ndim == 0 or labels.shape[0] != images.shape[0]:
-        raise ValueError(
-            f"images and labels must have the same length, received "
-            f"{images.shape[0]} images and labels of shape {labels.shape}"
-        )
-    if (mean is None) != (std is None):
-        raise ValueError(
-            "mean and std must be given together (or both None), received "
-            f"mean={mean!r} and std={std!r}"
-        )
-    channels = images.shape[-1]
-    if mean is None:
-        mean, std = np.zeros(channels, np.float32), np.ones(channels, np.float32)
-    else:
-        mean, std = _check_mean_std(mean, std, channels)
-    n = images.shape[0]
-    if drop_remainder and n < batch_size:
-        raise ValueError(
-            f"drop_remainder=True with {n} images and batch_size={batch_size} "
-            "would yield no batch"
-        )
-
-    images_t = tf.convert_to_tensor(images)
-    labels_t = tf.convert_to_tensor(labels)
-    mean_t = tf.constant(mean, tf.float32)
-    std_t = tf.constant(std, tf.float32)
-
-    def standardize_batch(batch):
-        return (scale_pixels(batch) - mean_t) / std_t
-
-    # Shuffle indices, not images: the buffer is small and each batch is one
-    # vectorised gather.
-    indices = tf.data.Dataset.range(n)
-    if shuffle:
-        indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        indices = indices.repeat()
-    indices = indices.batch(batch_size, drop_remainder=drop_remainder)
-
-    if augment:
-        # One random int64 per batch seeds stateless ops: deterministic under
-        # parallel map, and fresh on every pass over the dataset.
-        batch_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        dataset = tf.data.Dataset.zip((indices, batch_seeds))
-    else:
-        dataset = indices
-
-    def load(idx, batch_seed=None):
-        batch = tf.gather(images_t, idx)
-        if batch_seed is not None:
-            batch = _augment_batch(batch, batch_seed)
-        return standardize_batch(batch), tf.gather(labels_t, idx)
-
-    dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def make_stream_dataset(
-    data, batch_size: int, *, augment: bool = False, seed: int = 0
-) -> tf.data.Dataset:
-    """`make_dataset` for a stream of `(image, label)` pairs, in its own order.
-
-    The stream (`subic_keras.streams`: a `tf.data.Dataset` or `PyDataset`,
-    batched or not) is batched by `batch_size` if its elements are single
-    examples, augmented as `make_dataset` does (one random seed per batch
-    from `seed`), and uint8 pixels are scaled to `[0, 1]`. With a stream that
-    yields what `make_dataset`'s index shuffle picks, the batches are the
-    same: e.g. `Dataset.from_tensor_slices((images, labels)).shuffle(n,
-    seed)` against `make_dataset(images, labels, shuffle=True, seed=seed)`
-    under the same global seed.
-
-    Example:
-
-    >>> pairs = tf.data.Dataset.from_tensor_slices((images, labels))
-    >>> batch, batch_labels = next(iter(make_stream_dataset(pairs, 16, augment=True)))
-    >>> tuple(batch.shape), batch.dtype.name
-    ((16, 32, 32, 3), 'float32')
-
-    Args:
-        data: the stream.
-        batch_size: examples per batch, for a stream of single examples.
-        augment: random flip and shift (uint8 images only).
-        seed: seed of the augmentation.
-
-    Returns:
-        A `tf.data.Dataset` of `(float32 inputs, labels)` batches.
-
-    Raises:
-        ValueError: `augment` with float inputs, or a stream that does not
-            give `(image, label)` pairs.
-    """
-    from subic_keras import streams
-
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    seed = check_int("seed", seed, minimum=0)
-    dataset = streams.checked_pixel_range(streams.labelled_batches(data, batch_size))
-    uint8 = dataset.element_spec[0].dtype == tf.uint8
-    if augment and not uint8:
-        raise ValueError(
-            "augment=True needs uint8 images, received a stream of "
-            f"{dataset.element_spec[0].dtype.name}"
-        )
-    if augment and dataset.element_spec[0].shape.rank != 4:
-        raise ValueError(
-            "augment=True needs images (H, W, C), received elements of shape "
-            f"{dataset.element_spec[0].shape}"
-        )
-    if augment:
-        batch_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        dataset = tf.data.Dataset.zip((dataset, batch_seeds)).map(
-            lambda pair, batch_seed: (_augment_batch(pair[0], batch_seed), pair[1]),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-    dataset = dataset.map(
-        lambda images, labels: (
-            scale_pixels(images) if uint8 else tf.cast(images, tf.float32),
-            labels,
-        ),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def _augment_batch(batch: tf.Tensor, batch_seed: tf.Tensor) -> tf.Tensor:
-    """Random horizontal flip and random shift by up to `_SHIFT` pixels."""
-    size = tf.shape(batch)[0]
-    height, width = tf.shape(batch)[1], tf.shape(batch)[2]
-    seed = tf.stack([batch_seed, tf.constant(0x5EB1C, tf.int64)])
-    draws = tf.random.stateless_uniform([size, 3], seed=seed)
-    flip = draws[:, 0] < 0.5
-    batch = tf.where(flip[:, None, None, None], tf.reverse(batch, axis=[2]), batch)
-    # Offsets in [0, 2 * _SHIFT] into the padded image: a shift in
-    # [-_SHIFT, _SHIFT]; the min guards against a draw of exactly 1.0.
-    offsets = tf.minimum(tf.cast(draws[:, 1:] * (2 * _SHIFT + 1), tf.int32), 2 * _SHIFT)
-    padded = tf.pad(batch, [[0, 0], [_SHIFT, _SHIFT], [_SHIFT, _SHIFT], [0, 0]])
-    rows = offsets[:, 0:1] + tf.range(height)[None, :]
-    cols = offsets[:, 1:2] + tf.range(width)[None, :]
-    shifted = tf.gather(padded, rows, axis=1, batch_dims=1)
-    return tf.gather(shifted, cols, axis=2, batch_dims=1)
-
-
 # --------------------------------------------------------------------------
 # Model inputs
 
@@ -1056,20 +523,6 @@ def _check_limit(max_per_split) -> int | None:
     if max_per_split is None:
         return None
     return check_int("max_per_split", max_per_split, minimum=1)
-
-
-def _check_image_size(image_size) -> tuple[int, int] | None:
-    if image_size is None:
-        return None
-    if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
-        raise ValueError(
-            f"image_size must be a (height, width) pair or None, received "
-            f"{image_size!r}"
-        )
-    return (
-        check_int("image_size[0]", image_size[0], minimum=1),
-        check_int("image_size[1]", image_size[1], minimum=1),
-    )
 
 
 def _check_labels_range(path: str, labels: np.ndarray, num_classes: int) -> None:

@@ -446,62 +446,6 @@ def write_image_folder(
     return written
 
 
-@dataclasses.dataclass
-class ImageFolder:
-    """The pictures of a class-per-subfolder tree, decoded to one size."""
-
-    images: np.ndarray  # uint8 (n, H, W, C)
-    labels: np.ndarray  # int64 (n,), indices into class_names
-    class_names: list[str]
-    paths: list[str]  # relative to the folder, in the order of images
-    skipped: list[SkippedFile]
-
-
-def read_image_folder(
-    root: str | os.PathLike, shape: Sequence[int], batch_size: int = 256
-) -> ImageFolder:
-    """Reads a labelled folder: one subfolder per class, pictures inside.
-
-    The layout of `keras.utils.image_dataset_from_directory`: `root/cat/…`,
-    `root/dog/…`, classes in the sorted order of their folder names, each
-    folder searched recursively. Files directly under `root`, hidden names
-    and files that are not pictures are skipped and reported, never raised.
-
-    Example:
-
-    >>> import tempfile
-    >>> root = tempfile.mkdtemp()
-    >>> _ = write_image_folder(np.zeros((4, 8, 8, 3), np.uint8), [0, 1, 1, 0],
-    ...                        root, ["cat", "dog"])
-    >>> folder = read_image_folder(root, (16, 16, 3))
-    >>> folder.images.shape, folder.labels.tolist(), folder.class_names
-    ((4, 16, 16, 3), [0, 0, 1, 1], ['cat', 'dog'])
-
-    Args:
-        root: the folder.
-        shape: the model's input shape `(H, W, C)`.
-        batch_size: pictures decoded at a time (in parallel threads).
-
-    Returns:
-        An `ImageFolder`.
-
-    Raises:
-        ValueError: fewer than two class folders, or a class folder with no
-            picture that decodes (the message names them).
-        NotADirectoryError, FileNotFoundError: `root` is not a folder.
-    """
-    paths, class_names, skipped = labelled_files(root)
-    kept: list[str] = []
-    batches = []
-    for batch in image_batches(root, paths, shape, batch_size):
-        kept += batch.paths
-        batches.append(batch.pixels)
-        skipped += batch.skipped
-    labels = class_ids(kept, class_names)
-    check_classes(labels, class_names, root)
-    return ImageFolder(np.concatenate(batches), labels, class_names, kept, skipped)
-
-
 def labelled_files(
     root: str | os.PathLike,
 ) -> tuple[list[str], list[str], list[SkippedFile]]:

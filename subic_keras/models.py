@@ -28,11 +28,11 @@ import numpy as np
 # Registers the backbones' Keras layers (local response normalization,
 # application preprocessing), which SuBiC `.keras` files may hold.
 import subic_keras.backbones  # noqa: F401
-from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras._validation import check_non_negative
 from subic_keras.callbacks import PredictionProgress
 from subic_keras.config import QUERY_KINDS as QUERY_KINDS
 from subic_keras.datasets import as_model_inputs
-from subic_keras.layers import BlockArgmax, BlockOneHot, BlockSoftmax
+from subic_keras.layers import BlockArgmax, BlockOneHot
 from subic_keras.losses import ScaledCrossEntropy, SubicEntropyLoss
 from subic_keras.metrics import (
     BinUsage,
@@ -58,76 +58,6 @@ def check_query_kind(name: str, kind) -> str:
     if kind not in QUERY_KINDS:
         raise ValueError(f"{name} must be one of {QUERY_KINDS}, received {kind!r}")
     return kind
-
-
-@keras.saving.register_keras_serializable(package="subic_keras")
-class SubicTrainModel(ImageModel):
-    """SuBiC's functional train graph, outputs `class_probs` and `block_probs`.
-
-    A functional `ImageModel` (it takes uint8 pixels or `[0, 1]` floats) with
-    two conveniences: when `y` is a single tensor of class labels, it is
-    given as the target of every output, so `fit(images, labels)` works
-    although the entropy losses and the code metrics on `block_probs` need no
-    target; and it carries `default_query`, the query kind (`QUERY_KINDS`)
-    chosen for this model on validation data, saved with it in its `.keras`
-    file (`"fc0"` when never set), `class_names`, the names of its
-    classes when they are known (`None` otherwise), and `data_source`, the
-    data it was trained on (`{"dataset": …, "data_dir": …, "images": …}`,
-    recorded by `subic train`, which the other commands default to), saved
-    likewise.
-    """
-
-    default_query = QUERY_KINDS[0]
-    # The names of the classes, when known (a folder's subfolders).
-    class_names: list[str] | None = None
-    data_source: dict | None = None
-
-    def get_config(self):
-        config = super().get_config()
-        config["default_query"] = self.default_query
-        config["class_names"] = self.class_names
-        config["data_source"] = self.data_source
-        return config
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        query = check_query_kind(
-            "default_query", config.pop("default_query", QUERY_KINDS[0])
-        )
-        names = config.pop("class_names", None)
-        source = config.pop("data_source", None)
-        if source is not None and not (
-            isinstance(source, dict)
-            and all(
-                isinstance(k, str) and (v is None or isinstance(v, str))
-                for k, v in source.items()
-            )
-        ):
-            raise ValueError(f"data_source must map str to str, received {source!r}")
-        if names is not None and not (
-            isinstance(names, list) and all(isinstance(n, str) for n in names)
-        ):
-            raise ValueError(f"class_names must be a list of str, received {names!r}")
-        model = super().from_config(config, custom_objects=custom_objects)
-        model.default_query = query
-        model.class_names = names
-        model.data_source = source
-        return model
-
-    def _targets(self, y, y_pred):
-        if isinstance(y_pred, dict) and y is not None and not isinstance(y, dict):
-            return {name: y for name in y_pred}
-        return y
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, **kwargs):
-        y = self._targets(y, y_pred)
-        return super().compute_loss(x, y, y_pred, sample_weight, **kwargs)
-
-    def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        return super().compute_metrics(
-            x, self._targets(y, y_pred), y_pred, sample_weight
-        )
 
 
 class Subic(Scorer):
@@ -207,11 +137,11 @@ class Subic(Scorer):
         )
         binary = BlockOneHot(m, k, name="block_one_hot")(z)
         self.classifier = ImageModel(
-            inputs, _softmax(fc1(binary), "binary_class_probs"), name="classifier"
+            inputs, softmax(fc1(binary), "binary_class_probs"), name="classifier"
         )
         codes = keras.Input((m * k,), name="one_hot_codes")
         self.code_classifier = keras.Model(
-            codes, _softmax(fc1(codes), "code_class_probs"), name="code_classifier"
+            codes, softmax(fc1(codes), "code_class_probs"), name="code_classifier"
         )
 
     @classmethod
@@ -599,6 +529,13 @@ def float32_copy(subic: Subic) -> Subic:
     return Subic(copy, gamma=subic.gamma, mu=subic.mu)
 
 
+def softmax(logits, name: str):
+    """A softmax layer of float32 output (Keras's advice under mixed
+    precision), applied to `logits`."""
+    # float32 class probabilities under mixed precision, as Keras advises.
+    return keras.layers.Activation("softmax", dtype="float32", name=name)(logits)
+
+
 def leaf_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """The layers of a possibly nested model, depth first, in order.
 
@@ -612,126 +549,3 @@ def leaf_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     if not children:
         return [layer]
     return [leaf for child in children for leaf in leaf_layers(child)]
-
-
-def _softmax(logits, name: str):
-    # float32 class probabilities under mixed precision, as Keras advises.
-    return keras.layers.Activation("softmax", dtype="float32", name=name)(logits)
-
-
-def attach_backbone(
-    backbone: keras.layers.Layer,
-    input_shape: tuple[int, ...] | None = None,
-    preprocessing: keras.layers.Layer | None = None,
-):
-    """`(inputs, features)`: a new input through `preprocessing` and `backbone`.
-
-    Shared by SuBiC and the hashing baselines, so that every head sits on a
-    backbone the same way.
-
-    Raises:
-        TypeError: if `backbone` is not a Keras layer or model.
-        ValueError: if the input shape is unknown or the backbone's output is
-            not a batch of vectors.
-    """
-    if not isinstance(backbone, keras.layers.Layer):
-        raise TypeError(
-            "backbone must be a Keras model or layer, received "
-            f"{type(backbone).__name__}"
-        )
-    if input_shape is None:
-        try:
-            input_shape = tuple(backbone.input_shape[1:])
-        except (AttributeError, ValueError) as error:
-            raise ValueError(
-                f"input_shape is required for backbone {backbone.name!r}, which "
-                "defines no input shape"
-            ) from error
-    inputs = keras.Input(shape=tuple(input_shape), name="images")
-    features = backbone(inputs if preprocessing is None else preprocessing(inputs))
-    if len(features.shape) != 2:
-        raise ValueError(
-            "backbone must output feature vectors (batch, d), received shape "
-            f"{tuple(features.shape)}; add pooling or Flatten to the backbone"
-        )
-    return inputs, features
-
-
-def build_subic(
-    backbone: keras.layers.Layer,
-    num_blocks: int,
-    block_size: int,
-    num_classes: int,
-    gamma: float = 0.3,
-    mu: float = 0.3,
-    *,
-    input_shape: tuple[int, ...] | None = None,
-    preprocessing: keras.layers.Layer | None = None,
-    optimizer="adam",
-    name: str = "subic",
-) -> Subic:
-    """Puts SuBiC's encoder and classifier on a backbone.
-
-    The train graph is `backbone → FC0 (M·K, ReLU) → BlockSoftmax → FC1 (C,
-    softmax)`, with outputs `class_probs` and `block_probs`; the test views
-    (`encoder`, `query_encoder`, `classifier`, `code_classifier`) share its
-    weights. Codes carry `M·log2 K` bits.
-
-    Example:
-
-    >>> subic = build_subic(backbones.dsh_cnn(), num_blocks=8, block_size=64,
-    ...                     num_classes=10)
-    >>> history = subic.train_model.fit(images, labels, epochs=1, verbose=0)
-    >>> codes = subic.encode(images)    # uint8 images `(n, 32, 32, 3)`
-    >>> codes.shape, codes.dtype, int(codes.max()) < 64
-    ((64, 8), dtype('int32'), True)
-
-    Images are uint8 pixels in `[0, 255]` or floats in `[0, 1]`: every model
-    it builds scales uint8 itself (`subic_keras.pixels.ImageModel`), so uint8
-    `x` gives exactly the outputs of `x.astype("float32") / 255`, in `fit`,
-    `predict`, `encode`, `query` and the exported signatures.
-
-    Args:
-        backbone: a Keras model or layer mapping inputs to feature vectors
-            `(batch, d)`.
-        num_blocks: number of blocks `M >= 1`.
-        block_size: block size `K >= 2`.
-        num_classes: number of classes `C >= 2` of FC1.
-        gamma: weight `γ >= 0` of the mean block entropy (Eq. 8). The paper
-            uses `γ = μ = 1` (Sec. 4, chosen by cross-validating `γ/μ`); our
-            default, 0.3, won a validation sweep over {0.03, 0.1, 0.3} (and
-            an earlier one over {0.1, 0.3, 1, 3}) on CIFAR-10 after classifier
-            pre-training, and is the setting of `subic_keras.recipe.Recipe`.
-        mu: weight `μ >= 0` of the batch block entropy (Eq. 8); see `gamma`.
-        input_shape: the input shape without batch dimension; required when
-            the backbone does not define one.
-        preprocessing: an optional layer applied to the inputs before the
-            backbone (e.g. `keras.layers.Normalization` with the training
-            set's channel statistics), so that the saved model and its
-            exports take plain images.
-        optimizer: the optimizer `train_model` is compiled with; `None`
-            leaves it uncompiled.
-        name: the train model's name.
-
-    Returns:
-        A `Subic` holding the train model and its views.
-    """
-    num_blocks, block_size = check_block_shape(num_blocks, block_size)
-    num_classes = check_int("num_classes", num_classes, minimum=2)
-    gamma = check_non_negative("gamma", gamma)
-    mu = check_non_negative("mu", mu)
-    inputs, features = attach_backbone(backbone, input_shape, preprocessing)
-    z = keras.layers.Dense(num_blocks * block_size, activation="relu", name=FC0)(
-        features
-    )
-    # float32 block probabilities under mixed precision: their entropies
-    # (Eq. 8) and codes need more than float16's 11 bits.
-    soft_codes = BlockSoftmax(
-        num_blocks, block_size, dtype="float32", name=BLOCK_PROBS
-    )(z)
-    logits = keras.layers.Dense(num_classes, name=FC1)(soft_codes)
-    outputs = {CLASS_PROBS: _softmax(logits, CLASS_PROBS), BLOCK_PROBS: soft_codes}
-    subic = Subic(SubicTrainModel(inputs, outputs, name=name), gamma=gamma, mu=mu)
-    if optimizer is not None:
-        subic.compile(optimizer)
-    return subic

@@ -131,7 +131,7 @@ def check_model_fits(index, subic: Subic, where: str = "the index") -> None:
             f"{index.block_size}, but the model makes {subic.num_blocks} blocks of "
             f"{subic.block_size}"
         )
-    shape = getattr(index, "image_shape", None)
+    shape = index.image_shape
     if shape is not None and tuple(shape) != input_shape(subic):
         raise ValueError(
             f"{where} holds pictures decoded to {tuple(shape)}, but the model "

@@ -4,13 +4,18 @@ One process holds one model and one `ImageIndex` and answers:
 
 - `POST /search?k=10`: a picture as the request body (`Content-Type:
   image/png`, `image/jpeg`, ...) or as the multipart field `image`. Answers
-  `{"results": [{"rank", "score", "id", "path", "exact"}, ...],
-  "predicted_class", "class_name", "probability", "k", "milliseconds"}`;
-  `exact` marks a stored picture identical to the query, and `class_name`
-  is the predicted class's name when the model knows it (trained on a
-  folder), else `null`.
+  `{"results": [{"rank", "score", "id", "path", "class", "added",
+  "attributes", "exact"}, ...], "predicted_class", "class_name",
+  "probability", "k", "where", "milliseconds"}` (the rows of
+  `subic_keras.search.answer_rows`, as the command line and Python give
+  them); `exact` marks a stored picture identical to the query, and
+  `class_name` is the predicted class's name when the model knows it
+  (trained on a folder), else `null`. `&where=EXPR` keeps the pictures a
+  filter expression keeps (`subic_keras.search.filters`; e.g.
+  `path under "holidays"`), inside the scan: the exact `k` best of them.
 - `POST /search/query?k=10`, JSON `{"query": [M·K floats]}`: the same
-  `results` for a query vector computed elsewhere (`Subic.query`).
+  `results` for a query vector computed elsewhere (`Subic.query`); `where`
+  as above.
 - `POST /search/codes?k=10`, JSON `{"codes": [M ints]}`: stored pictures
   ranked by the number of blocks equal to the code.
 - `GET /items/{id}`: the picture's file.
@@ -44,48 +49,34 @@ at a reload, must record that very folder.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import importlib.resources
-import ipaddress
 import logging
 import math
 import os
-import signal
-import socket
-import sys
 import threading
 import time
 from concurrent.futures import Future
 
 import numpy as np
-from fastapi import FastAPI, Query, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import ClientDisconnect
-from starlette.responses import Response
 
 from subic_keras import images as image_files
 from subic_keras import retrieval
-from subic_keras._validation import load_json
 from subic_keras.paths import open_in_folder
+from subic_keras.search import filters
+from subic_keras.search.base import answer_rows
 from subic_keras.search.image_index import ImageIndex
 
 LOG = logging.getLogger(__name__)
 
 MAX_K = 1000
+# Folders the page offers as filters (the first, in order).
+MAX_FOLDERS = 1000
 # Memory that concurrent uploads may take to decode, together (`DecodeBudget`).
 DECODE_BYTES = 128_000_000
 # How long `POST /reload` waits for its reload before answering that it is
 # still running; `/health` reports a reload running longer as stuck.
 RELOAD_SECONDS = 30.0
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_CHUNK = 64 * 1024  # bytes of a picture file sent at a time
-# Room for the multipart envelope around an uploaded picture.
-_MULTIPART_OVERHEAD = 64 * 1024
 _CONTENT_TYPES = {
     ".bmp": "image/bmp",
     ".gif": "image/gif",
@@ -293,10 +284,20 @@ class SearchService:
             raise ApiError(422, f"k must be in [1, {MAX_K}], received {k}")
         return k
 
-    def search_image(self, data: bytes, k: int) -> dict:
+    def check_where(self, where: str | None):
+        """A filter expression parsed (422 naming the problem), or None."""
+        if where is None or not where.strip():
+            return None
+        try:
+            return filters.parse(where)
+        except ValueError as error:
+            raise ApiError(422, str(error)) from None
+
+    def search_image(self, data: bytes, k: int, where: str | None = None) -> dict:
         """Searches with an encoded picture (PNG, JPEG, GIF, BMP, WebP)."""
         start = time.perf_counter()
         k = self.check_k(k)
+        condition = self.check_where(where)
         if not data:
             raise ApiError(400, "the request holds no picture (empty body)")
         try:
@@ -313,7 +314,7 @@ class SearchService:
             raise ApiError(503, str(error)) from None
         queries, probabilities = self.encode(pixels[None])
         answer = self._search(
-            self._state.index, queries, k, image_files.fingerprint(pixels)
+            self._state.index, queries, k, condition, image_files.fingerprint(pixels)
         )
         best = int(np.argmax(probabilities[0]))
         answer.update(
@@ -324,10 +325,11 @@ class SearchService:
         )
         return answer
 
-    def search_query(self, query, k: int) -> dict:
+    def search_query(self, query, k: int, where: str | None = None) -> dict:
         """Searches with a query vector `z*` (`M·K` floats)."""
         start = time.perf_counter()
         k = self.check_k(k)
+        condition = self.check_where(where)
         index = self._state.index
         width = index.num_blocks * index.block_size
         vector = _number_list(query, "query", width, float)
@@ -342,7 +344,7 @@ class SearchService:
                 f"{index.num_blocks} of them stays finite in float32; received "
                 f"{largest:.4g}",
             )  # fmt: skip
-        answer = self._search(index, np.array([vector], np.float32), k, 0)
+        answer = self._search(index, np.array([vector], np.float32), k, condition, 0)
         answer["milliseconds"] = round(1000 * (time.perf_counter() - start), 3)
         return answer
 
@@ -356,13 +358,19 @@ class SearchService:
                 422, f"codes must be integers in [0, {index.block_size}), "
                 f"received {values[:16]}",
             )  # fmt: skip
-        scores, ids = index.index.search_codes(np.array([values]), k)
-        return {"k": k, "results": _results(index, scores[0], ids[0], set())}
+        scores, ids = index.search_codes(np.array([values]), k)
+        return {"k": k, "results": answer_rows(index, scores, ids)[0]}
 
-    def _search(self, index: ImageIndex, queries, k: int, fingerprint: int) -> dict:
-        scores, ids = index.search(queries, k, fingerprints=[fingerprint])
-        exact = set(index.exact_copies(fingerprint).tolist()) if fingerprint else set()
-        return {"k": k, "results": _results(index, scores[0], ids[0], exact)}
+    def _search(self, index: ImageIndex, queries, k: int, where, fingerprint: int):
+        try:
+            rows = index.answer(queries, k, where=where, fingerprints=[fingerprint])
+        except ValueError as error:  # a filter on a field this index lacks
+            raise ApiError(422, str(error)) from None
+        return {
+            "k": k,
+            "where": None if where is None else str(where),
+            "results": rows[0],
+        }
 
     def open_item(self, item_id: int) -> tuple[int, str]:
         """`(descriptor, content type)` of a picture's file, opened inside
@@ -402,6 +410,7 @@ class SearchService:
             "loaded_at": state.loaded_at,
             "max_k": MAX_K,
             "max_upload_bytes": self.max_upload_bytes,
+            "folders": index.folders()[:MAX_FOLDERS],
         }
 
 
@@ -420,291 +429,3 @@ def _number_list(values, name: str, length: int, kind) -> list:
     if not ok:
         raise ApiError(422, f"{name} must hold only {kind.__name__} numbers")
     return [kind(v) for v in values]
-
-
-def _results(index: ImageIndex, scores, ids, exact: set) -> list[dict]:
-    paths = index.paths(ids)
-    return [
-        {
-            "rank": rank,
-            "score": round(float(score), 6),
-            "id": int(item),
-            "path": path,
-            "exact": int(item) in exact,
-        }
-        for rank, (score, item, path) in enumerate(zip(scores, ids, paths), start=1)
-    ]
-
-
-def _page() -> str:
-    return (
-        importlib.resources.files("subic_keras")
-        .joinpath("static/index.html")
-        .read_text(encoding="utf-8")
-    )
-
-
-def create_app(service: SearchService) -> FastAPI:
-    """The FastAPI application answering for `service` (module docstring)."""
-    app = FastAPI(
-        title="SuBiC image search",
-        description="Search a folder of pictures with a SuBiC model.",
-        version="1",
-    )
-    page = _page()
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, error: ApiError):
-        return JSONResponse({"error": error.message}, status_code=error.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, error: RequestValidationError):
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}"
-            for e in error.errors()
-        )
-        return JSONResponse({"error": problems}, status_code=422)
-
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(request: Request, error: ClientDisconnect):
-        # Nobody is left to answer: one line in the log, no traceback.
-        LOG.warning("a client left during its request to %s", request.url.path)
-        return Response(status_code=400)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception):
-        # A bug of ours, not the client's: logged with its traceback, and
-        # answered in JSON like every other error.
-        LOG.exception("unexpected error answering %s", request.url.path)
-        message = f"internal error ({type(error).__name__})"
-        return JSONResponse({"error": message}, status_code=500)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, error: HTTPException):
-        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def home():
-        return HTMLResponse(page)
-
-    @app.get("/health")
-    async def health():
-        return service.health()
-
-    @app.get("/stats")
-    async def stats():
-        return service.stats()
-
-    @app.post("/search")
-    async def search(request: Request, k: int = Query(10)):
-        service.check_k(k)
-        data = await _picture(request, service.max_upload_bytes)
-        return JSONResponse(await run_in_threadpool(service.search_image, data, k))
-
-    @app.post("/search/query")
-    async def search_query(request: Request, k: int = Query(10)):
-        body = await _json(request, "query")
-        answer = await run_in_threadpool(service.search_query, body["query"], k)
-        return JSONResponse(answer)
-
-    @app.post("/search/codes")
-    async def search_codes(request: Request, k: int = Query(10)):
-        body = await _json(request, "codes")
-        answer = await run_in_threadpool(service.search_codes, body["codes"], k)
-        return JSONResponse(answer)
-
-    @app.get("/items/{item_id}")
-    async def item(item_id: int):
-        if not 0 <= item_id < 2**63:  # ids are int64, never negative
-            raise ApiError(404, f"no item with id {item_id}")
-        fd, content_type = await run_in_threadpool(service.open_item, item_id)
-        return StreamingResponse(_file_chunks(fd), media_type=content_type)
-
-    @app.post("/reload")
-    async def reload():
-        try:
-            future = service.start_reload()
-        except ReloadBusyError as error:
-            raise ApiError(409, str(error)) from None
-        try:
-            return await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(future)), service.reload_seconds
-            )
-        except asyncio.TimeoutError:
-            raise ApiError(
-                503, f"the reload is still running after {service.reload_seconds:g} "
-                "s; the index in use answers meanwhile (GET /health tells when "
-                "it ends)",
-            ) from None  # fmt: skip
-        except (ValueError, OSError, MemoryError) as error:
-            reason = " ".join(str(error).split()) or type(error).__name__
-            raise ApiError(
-                409, f"reload failed, the old index stays: {reason}"
-            ) from None
-
-    return app
-
-
-def _file_chunks(fd: int):
-    """The bytes of an open file, a chunk at a time; closes it at the end
-    (or when the client leaves and the response is dropped)."""
-    with open(fd, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            yield chunk
-
-
-async def _read_limited(request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise ApiError(413, f"the upload is larger than {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the upload is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _picture(request, limit: int) -> bytes:
-    """The uploaded picture: the raw body, or the multipart field `image`."""
-    content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
-        return await _read_limited(request, limit)
-    body = await _read_limited(request, limit + _MULTIPART_OVERHEAD)
-    boundary = content_type.partition("boundary=")[2].split(";")[0].strip('" ')
-    if boundary and f"--{boundary}--".encode() not in body:
-        raise ApiError(
-            400, "malformed multipart upload: its closing boundary is missing "
-            "(a truncated upload?)",
-        )  # fmt: skip
-
-    async def stream():
-        yield body
-
-    parser = MultiPartParser(
-        request.headers, stream(), max_files=1, max_fields=10, max_part_size=limit
-    )
-    try:
-        form = await parser.parse()
-    except MultiPartException as error:
-        raise ApiError(400, f"malformed multipart upload: {error.message}") from None
-    upload = form.get("image")
-    if upload is None or isinstance(upload, str):
-        raise ApiError(400, "a multipart upload needs the picture in the field 'image'")
-    data = await upload.read()
-    await form.close()  # the upload's spooled temporary file
-    if len(data) > limit:
-        raise ApiError(413, f"the upload is larger than {limit} bytes")
-    return data
-
-
-async def _json(request, field: str) -> dict:
-    body = await _read_limited(request, 4 * 1024 * 1024)
-    try:
-        value = load_json(body)
-    except ValueError as error:
-        raise ApiError(400, f"the body is not JSON: {error}") from None
-    if not isinstance(value, dict) or field not in value:
-        raise ApiError(422, f'the body must be a JSON object with "{field}"')
-    return value
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on `host:port` (`port` 0: a free port).
-
-    Raises:
-        OSError: the address cannot be listened on (in use, not this
-            machine's, or not an address), naming it.
-    """
-    try:
-        (family, kind, proto, _, address), *_ = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        sock = socket.socket(family, kind, proto)
-    except OSError as error:
-        raise OSError(f"cannot listen on {host!r}: {error.strerror or error}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError as error:
-        sock.close()
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise OSError(f"cannot listen on {where}: {error.strerror or error}") from None
-    return sock
-
-
-def url(sock: socket.socket) -> str:
-    """The address a listening socket answers at, with the port it bound."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
-
-
-def is_wildcard(host: str) -> bool:
-    """Whether `host` means every interface (`0.0.0.0`, `::`)."""
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
-
-
-def run(
-    service: SearchService,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    sock: socket.socket | None = None,
-) -> None:
-    """Serves `service` until interrupted; `SIGHUP` reloads the index.
-
-    Args:
-        service: what to answer with.
-        host, port: where to listen (`listen`), unless `sock` is given.
-        sock: a socket already listening (`listen`): the command line binds
-            it before the model loads, so a busy port is said at once.
-
-    Raises:
-        OSError: `host:port` cannot be listened on (before anything is
-            served or printed).
-    """
-    import uvicorn
-
-    if sock is None:
-        sock = listen(host, port)
-    host = sock.getsockname()[0]
-
-    def reload_on_signal(signum, frame):
-        def done(future: Future) -> None:
-            error = future.exception()
-            if error is None:
-                print(f"reloaded {service.index_path}: {len(service.index)} items")
-            else:
-                print(f"reload failed, the old index stays: {error}")
-
-        try:
-            service.start_reload().add_done_callback(done)
-        except ReloadBusyError as error:
-            print(f"reload not started: {error}")
-
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, reload_on_signal)
-    if is_wildcard(host):
-        print(
-            f"warning: listening on every network interface ({host}): anyone who "
-            "can reach this machine can search the index and read its pictures",
-            file=sys.stderr,
-            flush=True,
-        )
-    stats = service.stats()
-    print(
-        f"serving {stats['items']} pictures of {service.folder} "
-        f"({stats['bits']}-bit codes) at {url(sock)}  (Ctrl+C stops)",
-        flush=True,
-    )
-    config = uvicorn.Config(create_app(service), log_level="warning")
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass  # Ctrl+C after uvicorn's own graceful shutdown: a normal stop
-    finally:
-        sock.close()

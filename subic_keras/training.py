@@ -19,6 +19,7 @@ import tensorflow as tf
 from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path
 from subic_keras.backbones import mlp_backbone
+from subic_keras.building import build_subic
 from subic_keras.callbacks import EpochTensorBoard
 from subic_keras.config import APPLICATIONS, CLASS_NAMES
 from subic_keras.config import BACKBONES as BACKBONES
@@ -27,7 +28,7 @@ from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
 from subic_keras.folders import FolderChangedError, folder_failure
 from subic_keras.images import labelled_files as read_labelled_files
-from subic_keras.models import Subic, build_subic, float32_copy
+from subic_keras.models import Subic, float32_copy
 from subic_keras.recipe import MIN_VALIDATION, train_subic
 
 

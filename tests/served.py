@@ -68,12 +68,12 @@ def multipart(field: str, data: bytes, filename: str = "query.png"):
 
 
 class ThreadServer:
-    """`server.create_app(service)` under uvicorn in a thread, on a free port."""
+    """`http_app.create_app(service)` under uvicorn in a thread, on a free port."""
 
     def __init__(self, service):
         import uvicorn
 
-        from subic_keras.server import create_app
+        from subic_keras.http_app import create_app
 
         config = uvicorn.Config(
             create_app(service), host="127.0.0.1", port=0, log_level="warning"

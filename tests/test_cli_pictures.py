@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 from served import picture_folder, save_model
 
+from subic_keras import images, retrieval
 from subic_keras.cli import main
+from subic_keras.export import load_subic
 from subic_keras.search import SubicIndex
+from subic_keras.search import open as search_open
 from subic_keras.search.image_index import ImageIndex
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
@@ -70,7 +73,53 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
     assert [m["rank"] for m in matches] == [1, 2, 3]
     assert matches[0]["path"] == paths[5] and matches[0]["exact"]
     assert matches[0]["score"] == pytest.approx(float(score), abs=1e-4)
-    assert set(matches[0]) == {"query", "rank", "score", "id", "path", "exact"}
+    assert set(matches[0]) == {
+        "query", "rank", "score", "id", "path", "class", "added", "attributes",
+        "exact",
+    }  # fmt: skip
+    # The same rows as the Python API's: one function builds both.
+    index, subic = search_open(output), load_subic(model)
+    pixels = images.read_image(query, retrieval.input_shape(subic))
+    rows = index.answer(
+        subic.query(pixels[None]), 3, fingerprints=[images.fingerprint(pixels)]
+    )[0]
+    for row, match in zip(rows, matches):
+        assert {**row, "score": pytest.approx(row["score"], abs=1e-4)} == {
+            key: value for key, value in match.items() if key != "query"
+        }
+
+
+def test_search_within_a_folder_or_a_filter(model, folder, capsys):
+    root, paths = folder
+    output = str(root.parent / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    query = str(root / paths[5])
+
+    def found(*options) -> list[str]:
+        capsys.readouterr()
+        assert (
+            main(["search", model, output, query, "-k", "30", "--json", *options]) == 0
+        )
+        return [
+            json.loads(line)["path"] for line in capsys.readouterr().out.splitlines()
+        ]
+
+    everything = found()
+    assert len(everything) == 24
+    # The exact k best of the kept pictures: the unfiltered order, filtered.
+    under_b = found("--under", "b/")
+    assert under_b == [p for p in everything if p.startswith("b/")] and under_b
+    assert found("--where", "class == 'b'") == under_b
+    both = found("--where", f"not path == '{under_b[0]}'", "--under", "b")
+    assert both == under_b[1:]
+    assert found("--under", "b", "-k", "2") == under_b[:2]
+    assert found("--where", "class == 'nothing'") == []
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit:
+        main(["search", model, output, query, "--where", "colour == 'red'"])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "unknown field 'colour'" in err and time.perf_counter() - start < 1
     # The same picture as a uint8 .npy array is recognised too.
     from subic_keras.images import read_image
 

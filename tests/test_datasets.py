@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras import datasets
+from subic_keras import preprocessing, tfds_loaders
 from subic_keras.datasets import (
     channel_statistics,
     load_cifar10,
@@ -368,7 +368,7 @@ def test_tfds_example_conversion():
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
     voc = {"image": tf.constant(raw), "objects": {"label": tf.constant([4, 0, 4])}}
-    image, label = datasets._tfds_example_to_pair(voc, "voc/2007", (16, 20))
+    image, label = tfds_loaders._tfds_example_to_pair(voc, "voc/2007", (16, 20))
     assert image.dtype == tf.uint8 and image.shape == (16, 20, 3)
     expected = np.zeros(20, np.int64)
     expected[[0, 4]] = 1
@@ -376,14 +376,14 @@ def test_tfds_example_conversion():
     assert label.dtype == tf.int64
 
     caltech = {"image": tf.constant(raw), "label": tf.constant(17, tf.int64)}
-    image, label = datasets._tfds_example_to_pair(caltech, "caltech101", None)
+    image, label = tfds_loaders._tfds_example_to_pair(caltech, "caltech101", None)
     np.testing.assert_array_equal(image.numpy(), raw)
     assert int(label) == 17
 
-    empty = datasets._multi_hot(tf.zeros([0], tf.int64), 20)
+    empty = tfds_loaders._multi_hot(tf.zeros([0], tf.int64), 20)
     np.testing.assert_array_equal(empty.numpy(), np.zeros(20))
     with pytest.raises(tf.errors.InvalidArgumentError):
-        datasets._multi_hot(tf.constant([20]), 20)
+        tfds_loaders._multi_hot(tf.constant([20]), 20)
 
 
 # --------------------------------------------------------------------------
@@ -405,7 +405,7 @@ def test_to_rgb():
 
 
 def test_channel_statistics_matches_numpy(monkeypatch):
-    monkeypatch.setattr(datasets, "_CHUNK", 3)  # Several chunks.
+    monkeypatch.setattr(preprocessing, "_CHUNK", 3)  # Several chunks.
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (10, 5, 6, 3), dtype=np.uint8)
     mean, std = channel_statistics(images)

@@ -13,8 +13,15 @@ MODULES = (
     "subic_keras.baselines.hashing",
     "subic_keras.baselines.quantizers",
     "subic_keras.baselines.uncompressed",
+    "subic_keras.applications",
     "subic_keras.backbones",
+    "subic_keras.building",
+    "subic_keras.code_scores",
     "subic_keras.datasets",
+    "subic_keras.litert_features",
+    "subic_keras.pipelines",
+    "subic_keras.preprocessing",
+    "subic_keras.pretraining",
     "subic_keras.callbacks",
     "subic_keras.recipe",
     "subic_keras.baselines.training",
@@ -28,6 +35,9 @@ MODULES = (
     "subic_keras.scoring",
     "subic_keras.images",
     "subic_keras.search.base",
+    "subic_keras.search.checks",
+    "subic_keras.search.filters",
+    "subic_keras.search.uri",
     "subic_keras.search.image_index",
     "subic_keras.search.sharding",
     "subic_keras.search.subic_index",
@@ -45,7 +55,7 @@ def namespace() -> dict:
     import keras
 
     from subic_keras import backbones, evaluation
-    from subic_keras.models import build_subic
+    from subic_keras.building import build_subic
     from subic_keras.recipe import Recipe
 
     rng = np.random.default_rng(0)
@@ -63,7 +73,7 @@ def namespace() -> dict:
 
 # Examples that read the official files from `data/` (the layout the loaders
 # document), linked to the offline data directory.
-NEEDS_DATA = ("subic_keras.backbones", "subic_keras.datasets")
+NEEDS_DATA = ("subic_keras.datasets", "subic_keras.litert_features")
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -141,7 +141,21 @@ def test_write_image_folder_checks_its_arguments(tmp_path):
         images.write_image_folder(np.zeros((2, 4, 4), np.uint8), [0], tmp_path)
 
 
-def test_read_image_folder_labels_by_subfolder_and_converts_modes(tmp_path):
+def _read_folder(root, shape):
+    """A labelled folder decoded as training reads it: paths, classes,
+    pixels, labels and the files skipped on the way."""
+    paths, class_names, skipped = images.labelled_files(root)
+    kept, batches = [], []
+    for batch in images.image_batches(root, paths, shape, 256):
+        kept += batch.paths
+        batches.append(batch.pixels)
+        skipped += batch.skipped
+    labels = images.class_ids(kept, class_names)
+    images.check_classes(labels, class_names, root)
+    return kept, class_names, np.concatenate(batches), labels, skipped
+
+
+def test_a_labelled_folder_is_read_by_subfolder_and_converts_modes(tmp_path):
     rng = np.random.default_rng(1)
     (tmp_path / "grey").mkdir()
     (tmp_path / "colour" / "deeper").mkdir(parents=True)
@@ -153,15 +167,15 @@ def test_read_image_folder_labels_by_subfolder_and_converts_modes(tmp_path):
     Image.fromarray(rgba[..., :3]).save(tmp_path / "colour" / "b.jpg")
     (tmp_path / "colour" / "bad.png").write_bytes(b"nope")
     (tmp_path / "top.png").write_bytes((tmp_path / "colour" / "b.jpg").read_bytes())
-    folder = images.read_image_folder(tmp_path, (16, 16, 3))
-    assert folder.class_names == ["colour", "grey"]
-    assert folder.paths == ["colour/b.jpg", "colour/deeper/a.png", "grey/g.png",
-                            "grey/g16.png"]  # fmt: skip
-    assert folder.labels.tolist() == [0, 0, 1, 1]
-    assert folder.images.shape == (4, 16, 16, 3) and folder.images.dtype == np.uint8
+    paths, class_names, pixels, labels, skipped = _read_folder(tmp_path, (16, 16, 3))
+    assert class_names == ["colour", "grey"]
+    assert paths == ["colour/b.jpg", "colour/deeper/a.png", "grey/g.png",
+                     "grey/g16.png"]  # fmt: skip
+    assert labels.tolist() == [0, 0, 1, 1]
+    assert pixels.shape == (4, 16, 16, 3) and pixels.dtype == np.uint8
     # 8-bit and 16-bit versions of one grey picture give the same pixels.
-    np.testing.assert_array_equal(folder.images[2], folder.images[3])
-    assert {(s.path, s.reason.split(" (")[0]) for s in folder.skipped} == {
+    np.testing.assert_array_equal(pixels[2], pixels[3])
+    assert {(s.path, s.reason.split(" (")[0]) for s in skipped} == {
         ("top.png", "not in a class folder"),
         ("colour/bad.png", "not an image"),
     }
@@ -178,7 +192,7 @@ def test_read_image_folder_labels_by_subfolder_and_converts_modes(tmp_path):
         ),
     ],
 )
-def test_read_image_folder_refuses_what_cannot_train(
+def test_a_labelled_folder_that_cannot_train_is_refused(
     tmp_path, picture, layout, message
 ):
     data = _encoded(Image.fromarray(picture), "PNG")
@@ -186,7 +200,7 @@ def test_read_image_folder_refuses_what_cannot_train(
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_bytes(data if good else data[:20])
     with pytest.raises(ValueError, match=message):
-        images.read_image_folder(tmp_path, (8, 8, 3))
+        _read_folder(tmp_path, (8, 8, 3))
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP", "WEBP", "JPEG"])

@@ -313,7 +313,7 @@ def test_encode_and_query_take_a_tf_data_pipeline():
     import tensorflow as tf
 
     from subic_keras import backbones
-    from subic_keras.models import build_subic
+    from subic_keras.building import build_subic
 
     subic = build_subic(backbones.dsh_cnn(), 4, 16, 3)
     rng = np.random.default_rng(0)

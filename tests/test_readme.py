@@ -179,10 +179,17 @@ def test_keras_snippets_run_as_written(tmp_path, small_cifar10, monkeypatch):
 def test_scanner_snippet_runs_as_written(capsys):
     snippet = [code for language, code in blocks() if language == "python"][3]
     assert "scanners.available" in snippet
-    exec(snippet, {})
-    lines = capsys.readouterr().out.splitlines()
+    namespace: dict = {}
+    exec(snippet, namespace)
+    *lines, below, of_set = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == sk.search.scanners.available(8, 64)
     assert len({line.split(" ", 1)[1] for line in lines}) == 1  # the same ids
+    # The filtered searches: the exact top 3 among the ids kept.
+    z_star, codes = namespace["z_star"], namespace["codes"]
+    scores = z_star[0][codes + np.arange(8) * 64].sum(axis=1)
+    for line, kept in ((below, np.arange(5000)), (of_set, np.array([7, 70, 700]))):
+        best = kept[np.argsort(-scores[kept], kind="stable")[:3]]
+        assert line.endswith(str(best)), (line, best)
 
 
 def test_folder_snippet_runs_as_written(tmp_path, monkeypatch):

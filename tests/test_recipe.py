@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from subic_keras import Subic, recipe
+from subic_keras import Subic, pretraining, recipe
 from subic_keras.models import QUERY_KINDS
 
 NUM_CLASSES, DIM = 4, 12
@@ -114,7 +114,7 @@ def test_pretraining_cache_is_keyed_by_its_inputs(data, tmp_path):
     ]
     keys = {record["key"]}
     for (images, labels), backbone, budget in changed:
-        key = recipe.pretraining_key(
+        key = pretraining.pretraining_key(
             backbone, None, images, labels, validation, NUM_CLASSES, budget, 0
         )
         assert key not in keys

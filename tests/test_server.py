@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -85,6 +86,36 @@ def test_search_with_a_picture_of_the_folder_finds_it_first(photos, served):
         assert service.index.paths(ids) == [r["path"] for r in results]
 
 
+def test_a_filter_keeps_the_exact_best_of_its_pictures(photos, served):
+    port, _service = served
+    data = _picture(photos, photos["paths"][4])
+    headers = {"Content-Type": "image/png"}
+    _, everything = request_json(port, "POST", "/search?k=1000", data, headers)
+    folder = photos["paths"][4].split("/")[0]
+    where = urllib.parse.quote(f'path under "{folder}"')
+    status, answer = request_json(
+        port, "POST", f"/search?k=5&where={where}", data, headers
+    )
+    within = [r for r in everything["results"] if r["path"].startswith(folder + "/")]
+    assert status == 200 and answer["where"] == f'path under "{folder}"'
+    assert [r["path"] for r in answer["results"]] == [r["path"] for r in within[:5]]
+    assert answer["results"][0]["exact"] and answer["results"][0]["class"] == folder
+    # The same through a query vector; bad filters are 422 naming the problem.
+    vector = json.dumps({"query": [1.0] * 64})
+    status, answer = request_json(
+        port, "POST", "/search/query?k=3&where=class%20%3D%3D%20%27zz%27", vector
+    )
+    assert (status, answer["results"]) == (200, [])
+    for bad, message in [
+        ("colour == 1", "unknown field"),
+        ("id ==", "expected a value"),
+    ]:
+        status, answer = request_json(
+            port, "POST", f"/search?where={urllib.parse.quote(bad)}", data, headers
+        )
+        assert status == 422 and message in answer["error"], answer
+
+
 def test_multipart_upload_gives_the_same_answer(photos, served):
     port, _ = served
     data = _picture(photos, photos["paths"][7])
@@ -107,7 +138,7 @@ def test_query_vectors_and_codes_are_searched_like_the_index(photos, served):
     assert status == 200
     assert [r["id"] for r in answer["results"]] == ids[0].tolist()
     np.testing.assert_allclose([r["score"] for r in answer["results"]], scores[0], 1e-5)
-    code = service.index.index.get_codes([5])[0].tolist()
+    code = service.index.get_codes([5])[0].tolist()
     status, answer = request_json(
         port, "POST", "/search/codes?k=3", json.dumps({"codes": code})
     )
@@ -317,7 +348,7 @@ def test_service_refuses_a_model_of_another_picture_size(photos, tmp_path):
 def test_a_bug_of_ours_is_still_a_json_answer(served, monkeypatch, caplog):
     port, service = served
 
-    def broken(query, k):
+    def broken(query, k, where=None):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(service, "search_query", broken)
@@ -364,10 +395,12 @@ def _forged(photos, tmp_path, root: str, relative: str) -> str:
     """An index file whose stored folder and path are `root` and `relative`."""
     from subic_keras.search import file_format, packing
 
-    header = file_format.Header(4, 16, True, 1, None)
+    header = file_format.Header(4, 16, 1, None)
     metadata = {"format": "subic.image-index", "root": root, "next_id": 1}
     metadata["image_shape"] = [32, 32, 3]
-    items = file_format.ItemTable([relative], np.zeros(1, np.uint64), metadata)
+    items = file_format.Items(
+        [relative], np.zeros(1, np.uint64), metadata, np.zeros(1), [None]
+    )
     packed = packing.pack(np.zeros((1, 4), np.int64), 4)
     path = str(tmp_path / f"forged{abs(hash(root)) % 1000}.subic")
     file_format.write(path, header, [packed], np.zeros(1, np.int64), items)

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras import backbones, callbacks, datasets, recipe, scoring, streams
+from subic_keras import (
+    backbones,
+    callbacks,
+    datasets,
+    recipe,
+    scoring,
+    streams,
+    training_data,
+)
 from subic_keras.baselines import build_dsh, train_hashing
 
 SHAPE = (16, 16, 3)
@@ -283,7 +291,7 @@ def test_every_batch_of_float_pictures_is_range_checked():
     pairs = tf.data.Dataset.from_tensor_slices(
         (np.concatenate([good, good[:4] * 255]), np.arange(260) % 2)
     )
-    recipe.Split("training", pairs, None)  # the first batch is in [0, 1]
+    training_data.Split("training", pairs, None)  # the first batch is in [0, 1]
     batches = datasets.make_stream_dataset(pairs, 256).as_numpy_iterator()
     next(batches)
     message = re.escape(streams.PIXEL_RANGE_ERROR)

@@ -100,6 +100,29 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             page.wait_for_function(
                 f"document.querySelector('#grid .card').dataset.path === {clicked!r}"
             )
+            # The folder filter: the search runs again within one folder,
+            # the server filtering inside its scan.
+            folder = next(p for p in paths if not p.startswith(clicked.split("/")[0]))
+            folder = folder.split("/")[0]
+            options = page.locator("#under option").all_inner_texts()
+            assert options[0] == "all folders" and folder in options
+            page.select_option("#under", folder)
+            page.wait_for_function(
+                f"document.getElementById('summary').textContent.includes("
+                f"'in {folder}/')"
+            )
+            shown = page.locator("#grid .card")
+            assert shown.count() == min(
+                12, sum(p.startswith(folder + "/") for p in paths)
+            )
+            assert all(
+                shown.nth(i).get_attribute("data-path").startswith(folder + "/")
+                for i in range(shown.count())
+            )
+            assert any(
+                f"where=path%20under%20%22{folder}%22" in url for url in requests
+            )
+            page.select_option("#under", "")
             # A file that is not a picture: the page says so.
             (base / "notes.txt").write_text("not a picture")
             page.set_input_files("#file", str(base / "notes.txt"))

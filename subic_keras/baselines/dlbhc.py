@@ -13,7 +13,7 @@ import keras
 
 from subic_keras._validation import check_int
 from subic_keras.baselines.hashing import HashingNetwork
-from subic_keras.models import attach_backbone
+from subic_keras.building import attach_backbone
 from subic_keras.pixels import ImageModel
 
 LATENT = "latent"

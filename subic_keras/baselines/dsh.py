@@ -18,7 +18,7 @@ from keras import ops
 
 from subic_keras._validation import check_int, check_non_negative
 from subic_keras.baselines.hashing import HashingNetwork
-from subic_keras.models import attach_backbone
+from subic_keras.building import attach_backbone
 from subic_keras.pixels import ImageModel
 
 RELAXED_CODES = "relaxed_codes"

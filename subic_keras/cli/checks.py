@@ -16,7 +16,7 @@ from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.paths import check_folder
 from subic_keras.search import scanners
-from subic_keras.search.milvus import check_database_exists
+from subic_keras.search.addresses import check_database_exists
 from subic_keras.search.uri import is_database
 
 # The largest upload or decoding memory a server is told to allow, in MB.
@@ -52,7 +52,7 @@ def _data_dir(args) -> None:
 
 
 def _train(args) -> None:
-    from subic_keras.cli.parser import config_from_args
+    from subic_keras.cli.train_options import config_from_args
 
     config = config_from_args(args)  # checks every value
     _data_dir(args)

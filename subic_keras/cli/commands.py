@@ -19,10 +19,11 @@ from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, check_file
 from subic_keras.cli.console import debug_requested, printable, quiet_imports
-from subic_keras.cli.parser import config_from_args
+from subic_keras.cli.train_options import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
 from subic_keras.paths import check_folder
+from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.training import train
@@ -401,6 +402,7 @@ def _read_query_images(
 
 def run_search(args) -> int:
     paths = args.images
+    condition = _where(args)  # a bad filter is said before anything loads
     subic = _load_subic(args.model)
     index, where = _open_index(args, args.index)
     retrieval.check_model_fits(index, subic, where)
@@ -410,37 +412,19 @@ def run_search(args) -> int:
     queries = subic.query(images, kind=args.query)
     # At most len(index) columns come back, whatever -k says; a Milvus
     # collection may leave some empty (id -1).
-    if isinstance(index, ImageIndex):
-        scores, ids = index.search(queries, args.k, fingerprints=fingerprints)
-    else:
-        scores, ids = index.search(queries, args.k)
-    for row, name in enumerate(names):
-        found = ids[row] >= 0
-        row_ids, row_scores = ids[row][found], scores[row][found]
-        exact = set()
-        if isinstance(index, ImageIndex):
-            exact = set(index.exact_copies(fingerprints[row]).tolist())
-        matches = [
-            {
-                "query": name,
-                "rank": rank,
-                "score": round(float(score), 6),
-                "id": int(item),
-                "path": path,
-                "exact": int(item) in exact,
-            }
-            for rank, (score, item, path) in enumerate(
-                zip(row_scores, row_ids, _paths_of(index, row_ids)), start=1
-            )
-        ]
-        _print_matches(name, matches, args.json)
+    answers = index.answer(queries, args.k, where=condition, fingerprints=fingerprints)
+    for name, matches in zip(names, answers):
+        _print_matches(name, [{"query": name, **match} for match in matches], args.json)
     return 0
 
 
-def _paths_of(index, ids: np.ndarray) -> list[str | None]:
-    if isinstance(index, ImageIndex):
-        return list[str | None](index.paths(ids))
-    return [None] * len(ids)
+def _where(args) -> filters.Filter | None:
+    """`--where EXPR` and `--under FOLDER`, both if both are given."""
+    where = filters.parse(args.where) if args.where is not None else None
+    if args.under is not None:
+        under = filters.Under(args.under.strip("/"))
+        where = under if where is None else where & under
+    return where
 
 
 def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
@@ -457,9 +441,9 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 
 
 def run_serve(args) -> int:
-    from subic_keras import server
+    from subic_keras import http_app, server
 
-    sock = server.listen(args.host, args.port)  # a busy port: said at once
+    sock = http_app.listen(args.host, args.port)  # a busy port: said at once
     service = server.SearchService(
         args.model,
         args.index,
@@ -469,7 +453,7 @@ def run_serve(args) -> int:
         folder=args.folder,
         decode_bytes=int(args.max_decode_mb * 1e6),
     )
-    server.run(service, sock=sock)
+    http_app.run(service, sock=sock)
     return 0
 
 

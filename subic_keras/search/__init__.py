@@ -1,4 +1,4 @@
-"""SuBiC's asymmetric search: backends, engines, sharding and the file format.
+"""SuBiC's asymmetric search: indexes, scanners, filters and the file format.
 
 A database item is an integer code `c` of `M` blocks with values in `[0, K)`;
 a query is SuBiC's real vector `z*` of width `M * K`. The score is a
@@ -6,29 +6,36 @@ look-up-table scan with `M` additions (paper Sec. 3.3):
 
     score(z*, c) = sum_m z*[m*K + c_m]
 
-One module per concept:
+Every index is a `Searcher` (`search(queries, k, where=...)`, `answer`,
+`search_codes`), opened from its address by `open(uri)`. One module per
+concept:
 
-- `base`: the backend interface (`Searcher`, `SearchBackend`): public
-  methods check their arguments once and call the backend's private ones;
-  the tie and missing-result conventions; the input checks backends share.
-- `store`: `CodeStore`, the packed codes and ids of an index (what a
-  `.subic` file holds).
-- `scanners`: what ranks a store: the native exact scan with each SIMD
+- `base`: the interfaces (`Searcher`, `SearchBackend`), their conventions,
+  and `answer_rows`, the one place where results become rows.
+- `checks`: the input checks every backend shares; `locks`: the
+  read-write lock.
+- `filters`: the `where=` expression language, evaluated to one boolean per
+  item; `items`: `ItemTable`, what an index records of each item beside
+  its code (path, class, fingerprint, time added, attributes).
+- `store`: `CodeStore`, the packed codes and ids of an index.
+- `scanners`: the registry of what ranks a store, by name; `scanner`: what
+  every scanner is; `native_scanner`: the native exact scan with each SIMD
   kernel (`native-vbmi`, `native-avx512bw`, `native-avx2`, `native-neon`,
-  `native-portable`),
-  faiss's exact scan and faiss's 4-bit fast scan; `available(M, K)` lists
-  those this machine runs, `SubicIndex(..., scanner=...)` picks one.
-- `native`: the native exact scan (`_scan.c`): SIMD bounds from quantised
-  look-up tables, exact float64 refinement, the same top-k as a brute force.
+  `native-portable`; `native` and `_scan.c` hold the kernels);
+  `faiss_scanners`: faiss's exact scan and its 4-bit fast scan. Every one
+  takes a filter inside its scan.
 - `subic_index`: `SubicIndex`, a store and a scanner, in memory.
-- `image_index`: `ImageIndex`, a `SubicIndex` of a folder's pictures with
-  each one's path, in one file (`subic index build FOLDER`).
+- `image_index`: `ImageIndex`, a `SubicIndex` and an `ItemTable`: a
+  folder's pictures, in one file (`subic index build FOLDER`).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
 - `milvus`: `MilvusIndex`, codes in a Milvus collection (Milvus Lite or a
   server).
-- `uri`: `open(uri)`, one address for every backend (a `.subic` file, a
-  Milvus Lite `.db`, a Milvus server URL).
+- `addresses`: which addresses name a Milvus database, checked without
+  pymilvus.
+- `uri`: `open(uri)`, one address for every index (a `.subic` file, a
+  Milvus Lite `.db`, a Milvus server URL), and the one place that tells the
+  kinds of index file apart.
 - `file_format`: the byte-level specification of `.subic` files.
 - `packing`: the bit packing of codes (`M * log2 K` bits per item).
 
@@ -42,19 +49,23 @@ own layouts beside it (the native kernels' tiles: about `code_size` bytes
 per item again).
 """
 
-from subic_keras.search import scanners
-from subic_keras.search.base import SearchBackend, Searcher
+from subic_keras.search import filters, scanners
+from subic_keras.search.base import SearchBackend, Searcher, answer_rows
+from subic_keras.search.filters import Filter
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.sharding import ShardedSubicIndex, merge_results
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.uri import open
 
 __all__ = [
+    "Filter",
     "ImageIndex",
     "SearchBackend",
     "Searcher",
     "ShardedSubicIndex",
     "SubicIndex",
+    "answer_rows",
+    "filters",
     "merge_results",
     "open",
     "scanners",

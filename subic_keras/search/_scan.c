@@ -21,9 +21,9 @@
  *
  * with `base = sum_g min_g` and G sub-codes. The k best items so far are
  * kept in a heap whose root, the k-th best exact score S_k, sets the bar
- * from the k-th item on (the bar rises with every item it takes: 20% fewer
- * items scored exactly than with a buffer of 2k cut back by quickselect;
- * as fast on random codes, and on clustered ones). Items of equal codes
+ * from the k-th item on (the bar rises with every item it takes, so fewer
+ * items are scored exactly than with a buffer of 2k cut back by
+ * quickselect). Items of equal codes
  * are scanned once (`Database.members`), and many of them enter the heap
  * at once (`keep_group`). An item with Q < t, where
  * t = ceil((S_k - base) / delta) - G - 1, scores below S_k and is skipped;
@@ -87,6 +87,11 @@ typedef struct {
        code of items members[starts[r]], ..., members[starts[r + 1] - 1]
        (increasing positions). NULL: row r is the item at position r. */
     const int64_t *starts, *members;
+    /* The filter, bits LSB first: bit r of `row_bits` says whether row r
+       may be returned (a row without it is never scored exactly, a tile
+       without any is not scanned), bit p of `member_bits` whether the item
+       at position p may (with `members`). NULL: every one. */
+    const uint8_t *row_bits, *member_bits;
     int qmax;     /* the largest quantised table entry */
     int per_byte; /* look-ups the SIMD kernels sum in bytes: 255 / qmax */
     int64_t log2k; /* levels of the heap of the k best, rounded up */
@@ -107,6 +112,10 @@ typedef struct {
    offering each item whose bound reaches its bar. */
 typedef void (*TileKernel)(Query *q, const Database *db, const uint8_t *cols, int64_t valid,
                            int64_t start);
+
+static inline int bit_set(const uint8_t *bits, int64_t at) {
+    return (bits[at >> 3] >> (at & 7)) & 1;
+}
 
 /* `a` ranks after `b`: a lower score, or an equal score at a later position. */
 static inline int ranks_after(const Item *a, const Item *b) {
@@ -316,15 +325,19 @@ static int keep_group(Query *q, const Database *db, Item item, const int64_t *po
     /* Members enter only in place of items ranking after the first one. */
     int64_t worse = 0;
     for (int64_t i = 0; i < k; i++) worse += ranks_after(&q->kept[i], &item);
+    const int64_t members = count;
     if (count > worse) count = worse;
     if (count * db->log2k < k) return 0;
     Item *all = q->scratch;
     memcpy(all, q->kept, sizeof(Item) * k);
-    for (int64_t m = 0; m < count; m++) {
-        all[k + m].score = item.score;
-        all[k + m].position = positions[m];
+    int64_t taken = 0;
+    for (int64_t m = 0; m < members && taken < count; m++) {
+        if (db->member_bits && !bit_set(db->member_bits, positions[m])) continue;
+        all[k + taken].score = item.score;
+        all[k + taken].position = positions[m];
+        taken++;
     }
-    select_best(all, k + count, k);
+    select_best(all, k + taken, k);
     for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(all, k, i, all[i]);
     memcpy(q->kept, all, sizeof(Item) * k);
     raise_bar(q, db);
@@ -336,15 +349,21 @@ static int keep_group(Query *q, const Database *db, Item item, const int64_t *po
    once one is not, none after it is (an equal score, a later position). */
 static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lane,
                   int64_t row) {
+    if (db->row_bits && !bit_set(db->row_bits, row)) return;
+    int64_t m = db->members ? db->starts[row] : 0;
+    const int64_t stop = db->members ? db->starts[row + 1] : 0;
+    if (db->member_bits) /* a code none of whose items is kept is not scored */
+        while (m < stop && !bit_set(db->member_bits, db->members[m])) m++;
+    if (m == stop && db->members) return;
     Item item = {exact_score(q, db, cols, lane), row};
     if (!db->members) {
         keep(q, db, item);
         return;
     }
-    const int64_t stop = db->starts[row + 1];
     int at_once = 0; /* tried once the heap is full (it looks at every item) */
-    for (int64_t m = db->starts[row]; m < stop; m++) {
+    for (; m < stop; m++) {
         item.position = db->members[m];
+        if (db->member_bits && !bit_set(db->member_bits, item.position)) continue;
         if (!at_once && q->size == db->k && (stop - m) * db->log2k >= db->k) {
             at_once = 1;
             if (keep_group(q, db, item, db->members + m, stop - m)) return;
@@ -444,8 +463,7 @@ SUBIC_AVX2 static inline __m256i table16_avx2(const uint8_t *t) {
 }
 
 /* 4-bit sub-codes, two per byte: one pshufb per sub-code, 64 items at a
-   time (each table load serves two code loads: 1.05x faster than 32 at a
-   time for two queries, M = 16 over 1M codes on a Zen 5, EPYC family 26). */
+   time (each table load serves two code loads). */
 SUBIC_AVX2 static void tile_nibbles_avx2(Query *q, const Database *db, const uint8_t *cols,
                                     int64_t valid, int64_t start) {
     const int64_t tile = db->tile;
@@ -497,7 +515,7 @@ SUBIC_AVX2 ALWAYS_INLINE static inline __m256i split_lookup_avx2(__m256i v, __m2
    half the look-ups, and the top index bit picks the nibble. 32 items at
    a time: sharing table loads between two code loads (as the nibble
    kernel does) or code loads between two queries outgrows the 16
-   registers (measured 1.04x to 1.4x slower on a Zen 5). */
+   registers. */
 SUBIC_AVX2 ALWAYS_INLINE static inline void split_avx2(Query *q, const Database *db,
                                                        const uint8_t *cols, int64_t valid,
                                                        int64_t start, int table) {
@@ -801,8 +819,8 @@ static void tile_bytes_neon(Query *q, const Database *db, const uint8_t *cols,
 #endif
 
 /* Portable, one sub-code per byte: each item's look-ups are summed in a
-   register, 8 items at a time (2.3x faster than adding each column into an
-   array of sums, which stores and reloads every sum once per sub-code). */
+   register, 8 items at a time, rather than added column by column into an
+   array of sums, which stores and reloads every sum once per sub-code. */
 static void tile_bytes_scalar(Query *q, const Database *db, const uint8_t *cols,
                               int64_t valid, int64_t start) {
     const int groups = db->groups, table = db->table;
@@ -856,18 +874,13 @@ static int cpu_runs(int kernel) {
    largest quantised entry `*qmax`.
 
    Items whose bound reaches the bar are scored exactly, and the bound's
-   slack is G steps of range / qmax, so a smaller qmax lets more through:
-   over 1M random codes with ReLU queries and 8 or 16 sub-codes, about
-   1,500 a query for qmax = 255, 1,700 for 127, 1,900 for 63 and 5,000 to
-   9,000 for 15. It buys speed elsewhere: SIMD kernels sum 255 / qmax
-   look-ups in bytes before widening them, and the AVX2 split tables of
-   128 or 256 entries hold two 4-bit entries a byte for qmax = 15. The
-   values below are the fastest measured per kernel (Zen 5, 1M codes):
-   AVX2 nibbles 127, split tables 63 (64 entries) and 15 (128, 256: 1.4x
-   the speed of 63); AVX-512BW the same but 127 for 64 entries (1.04x the
-   speed of 63; 15 for 256 entries is 1.3x that of 63); VBMI 255 for 8-bit
-   sub-codes (its look-ups are cheap, refining is not) and 127 for
-   nibbles.
+   slack is G steps of range / qmax, so a smaller qmax lets more items
+   through to exact scoring. It buys speed elsewhere: SIMD kernels sum
+   255 / qmax look-ups in bytes before widening them, and the AVX2 split
+   tables of 128 or 256 entries hold two 4-bit entries a byte for
+   qmax = 15. Each kernel takes the value that scanned fastest in
+   `benchmarks/search_speed.py` (its results name the CPU): VBMI keeps 255
+   for 8-bit sub-codes, its look-ups being cheap and refining not.
    Sums are 16-bit: G * qmax must stay below 2^16. */
 static TileKernel choose(const Database *db, int kernel, int *qmax) {
     /* Tiles hold a multiple of 64 items (the binding checks). */
@@ -904,6 +917,13 @@ static TileKernel choose(const Database *db, int kernel, int *qmax) {
     int limit = 65535 / db->groups;
     *qmax = limit < wanted ? limit : wanted;
     return chosen;
+}
+
+/* Whether the `count` bytes at `bits` are all zero. */
+static int none_set(const uint8_t *bits, int64_t count) {
+    uint8_t any = 0;
+    for (int64_t i = 0; i < count; i++) any |= bits[i];
+    return !any;
 }
 
 /* Scans queries [0, nq) and writes their top k, best first. */
@@ -953,6 +973,7 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
             const uint8_t *cols = db->tiles + t * db->columns * db->tile * entry_bytes;
             int64_t start = t * db->tile;
             int64_t valid = db->n - start < db->tile ? db->n - start : db->tile;
+            if (db->row_bits && none_set(db->row_bits + start / 8, (valid + 7) / 8)) continue;
             for (int j = 0; j < count; j++)
                 if (queries[j].threshold <= 65535) kernel(&queries[j], db, cols, valid, start);
         }
@@ -1019,14 +1040,15 @@ static const char *check_groups(const Py_buffer *starts, const Py_buffer *member
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
-    Py_buffer tiles, queries, scores, positions, starts, members;
+    Py_buffer tiles, queries, scores, positions, starts, members, row_bits, member_bits;
     Database db;
     long long n, tile, columns, k, nq;
     int bits, table, groups, num_blocks, block_size, per_group, kernel;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*iy*y*", &tiles, &n, &tile, &columns,
+    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*iy*y*y*y*", &tiles, &n, &tile, &columns,
                           &bits, &table, &groups, &num_blocks, &block_size, &per_group, &k,
-                          &queries, &nq, &scores, &positions, &kernel, &starts, &members))
+                          &queries, &nq, &scores, &positions, &kernel, &starts, &members, &row_bits,
+                          &member_bits))
         return NULL;
     int nbits = 0;
     while (nbits < 16 && (1 << nbits) < block_size) nbits++;
@@ -1059,6 +1081,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         problem = "output buffers have the wrong size";
     if (!problem && (starts.len || members.len))
         problem = check_groups(&starts, &members, n);
+    if (!problem && row_bits.len && row_bits.len != (n + 7) / 8)
+        problem = "row_bits must hold one bit per row";
+    if (!problem && member_bits.len && !members.len)
+        problem = "member_bits need members";
+    if (!problem && member_bits.len) {
+        /* One bit per position up to the largest member. */
+        const int64_t *m = members.buf;
+        int64_t largest = -1;
+        for (Py_ssize_t i = 0; i < members.len / 8; i++) largest = m[i] > largest ? m[i] : largest;
+        if (largest < 0 || member_bits.len < largest / 8 + 1)
+            problem = "member_bits must hold one bit per member position";
+    }
     int status = 0;
     if (!problem && nq > 0) {
         db.tiles = tiles.buf;
@@ -1076,6 +1110,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         db.k = k;
         db.starts = starts.len ? starts.buf : NULL;
         db.members = starts.len ? members.buf : NULL;
+        db.row_bits = row_bits.len ? row_bits.buf : NULL;
+        db.member_bits = member_bits.len ? member_bits.buf : NULL;
         Py_BEGIN_ALLOW_THREADS status =
             run(&db, queries.buf, nq, kernel, scores.buf, positions.buf);
         Py_END_ALLOW_THREADS
@@ -1083,6 +1119,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyBuffer_Release(&tiles);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&members);
+    PyBuffer_Release(&row_bits);
+    PyBuffer_Release(&member_bits);
     PyBuffer_Release(&queries);
     PyBuffer_Release(&scores);
     PyBuffer_Release(&positions);
@@ -1112,10 +1150,13 @@ static PyObject *kernels(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(tiles, n, tile, columns, bits, table, groups, num_blocks, block_size, "
-     "per_group, k, queries, nq, scores, positions, kernel, starts, members): exact "
-     "top-k of every float32 query, written to scores and positions; kernel 0 "
+     "per_group, k, queries, nq, scores, positions, kernel, starts, members, row_bits, "
+     "member_bits): "
+     "exact top-k of every float32 query, written to scores and positions; kernel 0 "
      "portable, 1 avx2, 2 vbmi, 3 neon, 4 avx512bw; n rows of tiles, whose items starts and "
-     "members list (both empty: row r is item r)."},
+     "members list (both empty: row r is item r); row_bits, one bit a row (LSB first), "
+     "the rows that may be returned, member_bits one bit a member position, the "
+     "items that may (empty: all)."},
     {"kernels", kernels, METH_NOARGS,
      "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},
     {NULL, NULL, 0, NULL}};

@@ -7,7 +7,8 @@ Version 1, little-endian (an index of codes and ids):
     8       4   uint32    format version (1)
     12      4   uint32    M, num_blocks
     16      4   uint32    K, block_size (a power of two)
-    20      4   uint32    flags: bit 0 = exact scan; other bits must be 0
+    20      4   uint32    flags: bit 0 was set by writers of an exact scan
+                          (read and ignored); other bits must be 0
     24      8   uint64    n, number of items
     32      4   uint32    code_size = ceil(M * log2(K) / 8)
     36      4   uint32    shortlist (0 = default)
@@ -29,8 +30,18 @@ table between the ids and the checksum:
     P             n paths relative to the folder, UTF-8, each followed by
                   a NUL byte, in insertion order
 
+Version 3 is version 2 with two more columns after the path table:
+
+    size          field
+    8*n float64   when each item was added, seconds since 1970 (0: unknown)
+    8   uint64    A, bytes of the attributes
+    A             a UTF-8 JSON array of n values, each null or a flat
+                  object of the item's attributes (`items.check_attributes`)
+
 `write` writes version 1 when it is given no item table, so that files of
-codes alone stay readable by every earlier release.
+codes alone stay readable by every earlier release, and version 3 with
+one; `read` reads all three (a version 2 file's items were added at an
+unknown time, 0, and have no attributes).
 
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
@@ -53,11 +64,13 @@ from subic_keras._io import atomic_path
 from subic_keras._validation import load_json
 from subic_keras.paths import open_regular
 from subic_keras.search import packing
-from subic_keras.search.base import MAX_BLOCK_SIZE, duplicates
+from subic_keras.search.checks import MAX_BLOCK_SIZE, duplicates
 
 MAGIC = b"SUBICIDX"
 VERSION = 1
-VERSION_WITH_ITEMS = 2
+VERSION_WITH_PATHS = 2
+VERSION_WITH_ITEMS = 3
+_VERSIONS = (VERSION, VERSION_WITH_PATHS, VERSION_WITH_ITEMS)
 # magic, version, M, K, flags, n, code_size, shortlist
 _HEADER = struct.Struct("<8sIIIIQII")
 _CHUNK = 1 << 20  # bytes read at a time to verify a file
@@ -72,7 +85,6 @@ class Header:
 
     num_blocks: int
     block_size: int
-    exact: bool
     size: int
     shortlist: int | None
 
@@ -86,12 +98,14 @@ class Header:
 
 
 @dataclasses.dataclass(frozen=True)
-class ItemTable:
-    """What version 2 records of each item beside its code and id."""
+class Items:
+    """What versions 2 and 3 record of each item beside its code and id."""
 
     paths: list[str]
     fingerprints: np.ndarray  # uint64 (n,)
     metadata: dict
+    added: np.ndarray  # float64 (n,)
+    attributes: list[dict | None]
 
 
 def write(
@@ -99,7 +113,7 @@ def write(
     header: Header,
     packed_chunks: Iterable[np.ndarray],
     ids: np.ndarray,
-    items: ItemTable | None = None,
+    items: Items | None = None,
 ) -> None:
     """Writes an index file atomically.
 
@@ -109,7 +123,7 @@ def write(
         packed_chunks: packed codes `(rows, code_size)` uint8, in insertion
             order, `header.size` rows in all.
         ids: int64 ids `(header.size,)`, in insertion order.
-        items: the item table of version 2, in insertion order; `None`
+        items: the item table of version 3, in insertion order; `None`
             writes version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
@@ -125,7 +139,7 @@ def write(
                 VERSION if items is None else VERSION_WITH_ITEMS,
                 header.num_blocks,
                 header.block_size,
-                _FLAG_EXACT if header.exact else 0,
+                0,
                 header.size,
                 header.code_size,
                 header.shortlist or 0,
@@ -140,6 +154,9 @@ def write(
             put(np.asarray(items.fingerprints).astype("<u8").tobytes())
             table = b"".join(p.encode() + b"\0" for p in items.paths)
             put(_LENGTH.pack(len(table)) + table)
+            put(np.asarray(items.added).astype("<f8").tobytes())
+            attributes = json.dumps(items.attributes, sort_keys=True).encode()
+            put(_LENGTH.pack(len(attributes)) + attributes)
         f.write(digest.digest())
 
 
@@ -159,7 +176,7 @@ def _checksum(f, raw_header: bytes, expected: int) -> bytes:
 
 def read(
     path: str | os.PathLike,
-) -> tuple[Header, np.ndarray, np.ndarray, ItemTable | None]:
+) -> tuple[Header, np.ndarray, np.ndarray, Items | None]:
     """Reads and verifies an index file of either version.
 
     Returns:
@@ -189,20 +206,22 @@ def read(
         if len(raw_header) < _HEADER.size:
             raise fail(f"truncated header ({size} bytes)")
         _, version, m, k, flags, n, code_size, shortlist = _HEADER.unpack(raw_header)
-        if version not in (VERSION, VERSION_WITH_ITEMS):
+        if version not in _VERSIONS:
             raise fail(
                 f"format version {version} is not supported (this code "
-                f"reads versions {VERSION} and {VERSION_WITH_ITEMS})"
+                f"reads versions {', '.join(map(str, _VERSIONS))})"
             )
         if not (1 <= m and 2 <= k <= MAX_BLOCK_SIZE and not k & (k - 1)):
             raise fail(f"invalid block shape num_blocks={m}, block_size={k}")
-        header = Header(m, k, bool(flags & _FLAG_EXACT), int(n), shortlist or None)
+        header = Header(m, k, int(n), shortlist or None)
         if code_size != header.code_size or flags & ~_FLAG_EXACT:
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
         expected = _HEADER.size + n * (code_size + 8) + _DIGEST_SIZE
-        if version == VERSION_WITH_ITEMS:
-            # The item table's two lengths and fingerprints, at the least.
+        if version != VERSION:
+            # The item table's lengths and fixed-size columns, at the least.
             expected += 2 * _LENGTH.size + 8 * n
+            if version == VERSION_WITH_ITEMS:
+                expected += _LENGTH.size + 8 * n
             if size < expected:
                 raise fail(
                     f"size is {size} bytes, the header announces at least "
@@ -238,7 +257,7 @@ def read(
     used = (m * header.nbits) % 8
     if n and used and np.any(packed[:, -1] >> used):
         # `write` stores zeros there; other bits would decode to other codes
-        # depending on the engine, so they are refused rather than dropped.
+        # depending on the scanner, so they are refused rather than dropped.
         bad = int(np.count_nonzero(packed[:, -1] >> used))
         raise fail(f"{bad} codes have non-zero padding bits")
     ids = np.frombuffer(body, dtype="<i8", count=n, offset=n * code_size)
@@ -246,18 +265,24 @@ def read(
     if n and (int(ids.min()) < 0 or duplicates(ids).size):
         raise fail("ids are negative or repeated")
     items = None
-    if version == VERSION_WITH_ITEMS:
+    if version != VERSION:
         try:
-            items = _read_items(body, n * (code_size + 8), len(body) - _DIGEST_SIZE, n)
+            items = _read_items(
+                body, n * (code_size + 8), len(body) - _DIGEST_SIZE, n, version
+            )
         except ValueError as error:
             raise fail(str(error)) from None
     return header, packed, ids, items
 
 
-def _read_items(body: bytes | bytearray, start: int, end: int, n: int) -> ItemTable:
+def _read_items(
+    body: bytes | bytearray, start: int, end: int, n: int, version: int
+) -> Items:
     """The item table in `body[start:end]`, every length checked first."""
 
     def section(offset: int) -> tuple[bytes | bytearray, int]:
+        if end - offset < _LENGTH.size:
+            raise ValueError("the item table is truncated")
         (length,) = _LENGTH.unpack_from(body, offset)
         offset += _LENGTH.size
         if length > end - offset:
@@ -275,8 +300,6 @@ def _read_items(body: bytes | bytearray, start: int, end: int, n: int) -> ItemTa
         raise ValueError("the fingerprints are truncated")
     fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
     table, offset = section(offset + 8 * n)
-    if offset != end:
-        raise ValueError(f"{end - offset} bytes of trailing data after the paths")
     if n != table.count(b"\0") or (n and not table.endswith(b"\0")):
         raise ValueError(f"the path table does not hold {n} paths")
     try:
@@ -285,4 +308,23 @@ def _read_items(body: bytes | bytearray, start: int, end: int, n: int) -> ItemTa
         raise ValueError(f"paths are not UTF-8 ({error})") from None
     if len(set(paths)) != len(paths):
         raise ValueError("paths are repeated")
-    return ItemTable(paths, fingerprints.astype(np.uint64), metadata)
+    added = np.zeros(n, np.float64)
+    attributes: list = [None] * n
+    if version == VERSION_WITH_ITEMS:
+        if end - offset < 8 * n:
+            raise ValueError("the times added are truncated")
+        added = np.frombuffer(body, dtype="<f8", count=n, offset=offset).astype(
+            np.float64
+        )
+        if not np.isfinite(added).all():
+            raise ValueError("the times added are not finite")
+        raw_attributes, offset = section(offset + 8 * n)
+        try:
+            attributes = load_json(raw_attributes)
+        except ValueError as error:
+            raise ValueError(f"attributes are not valid JSON ({error})") from None
+        if not isinstance(attributes, list) or len(attributes) != n:
+            raise ValueError(f"attributes are not a JSON array of {n} values")
+    if offset != end:
+        raise ValueError(f"{end - offset} bytes of trailing data after the items")
+    return Items(paths, fingerprints.astype(np.uint64), metadata, added, attributes)

@@ -1,9 +1,12 @@
-"""`ImageIndex`: a `SubicIndex` of image files, searched by picture, answered by path.
+"""`ImageIndex`: a folder's pictures, searched by picture, answered by path.
 
-Each item is a picture of a folder: its code and id in a `SubicIndex`, its
-path relative to the folder, and a fingerprint of its decoded pixels. One
-`.subic` file (format version 2, `file_format`) holds all of it, so the
-paths can never drift from the codes.
+An `ImageIndex` is a `Searcher` made of two parts kept in step: a
+`SubicIndex` holding each picture's code and id, and an `ItemTable`
+(`items`) holding the rest: its path relative to the folder, its class
+(the top folder), a fingerprint of its decoded pixels, when it was added,
+and the user's attributes. One `.subic` file (format version 3,
+`file_format`) holds both, so the paths can never drift from the codes;
+`subic_keras.search.open` reads it.
 
 Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3), with one
 rule added for pictures: an exact copy of the query (the same pixels at the
@@ -12,17 +15,22 @@ query it already has the highest possible score, `sum_m max z*_m`, but it
 can tie with other pictures that share its code, and the class-posterior
 query scores pictures by class rather than by look; either way, a person who
 searches with a picture of the folder expects to see that picture first.
+Filters (`where=`) read every field of the table (`filters`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from subic_keras.search import file_format
-from subic_keras.search.base import ReadWriteLock, check_ids, preview
+from subic_keras.search import file_format, filters
+from subic_keras.search.base import Searcher, answer_rows
+from subic_keras.search.checks import check_ids
+from subic_keras.search.items import ItemTable, check_attributes, check_paths
+from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.subic_index import SubicIndex
 
 FORMAT = "subic.image-index"
@@ -30,69 +38,7 @@ FORMAT = "subic.image-index"
 MAX_ID = 2**63 - 1
 
 
-def _check_paths(name: str, paths) -> list[str]:
-    if isinstance(paths, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of paths, received one string")
-    paths = list(paths)
-    for path in paths:
-        if not isinstance(path, str):
-            raise TypeError(
-                f"{name} must hold str paths, received {type(path).__name__}"
-            )
-        parts = path.split("/")
-        if (
-            not path
-            or "\0" in path
-            or path.startswith("/")
-            or any(part in ("", ".", "..") for part in parts)
-        ):
-            raise ValueError(
-                f"{name} must be relative POSIX paths inside the folder (no "
-                f"empty, '.' or '..' parts), received {path!r}"
-            )
-        try:
-            path.encode()
-        except UnicodeEncodeError:
-            raise ValueError(f"{name} must be valid UTF-8, received {path!r}") from None
-    if len(set(paths)) != len(paths):
-        seen, repeated = set(), []
-        for path in paths:
-            if path in seen:
-                repeated.append(path)
-            seen.add(path)
-        raise ValueError(f"{name} must be unique, repeated: {repeated[:10]}")
-    return paths
-
-
-class _SortedKeys:
-    """Ids and fingerprints sorted once, so that each look-up is a binary
-    search rather than a scan of every item (1,000,000 items: microseconds,
-    not milliseconds)."""
-
-    def __init__(self, ids: np.ndarray, fingerprints: np.ndarray):
-        self.id_order = np.argsort(ids, kind="stable")
-        self.sorted_ids = ids[self.id_order]
-        self.fingerprint_order = np.argsort(fingerprints, kind="stable")
-        self.sorted_fingerprints = fingerprints[self.fingerprint_order]
-
-    def id_rows(self, ids: np.ndarray) -> np.ndarray:
-        """The row of each id, -1 where it is absent."""
-        if not len(self.sorted_ids):
-            return np.full(len(ids), -1, np.int64)
-        rank = np.searchsorted(self.sorted_ids, ids)
-        rank = np.minimum(rank, len(self.sorted_ids) - 1)
-        found = self.sorted_ids[rank] == ids
-        return np.where(found, self.id_order[rank], -1)
-
-    def fingerprint_rows(self, fingerprint) -> np.ndarray:
-        """The rows whose fingerprint is `fingerprint`, in insertion order."""
-        value = np.uint64(fingerprint)
-        lo = np.searchsorted(self.sorted_fingerprints, value, side="left")
-        hi = np.searchsorted(self.sorted_fingerprints, value, side="right")
-        return np.sort(self.fingerprint_order[lo:hi])
-
-
-class ImageIndex:
+class ImageIndex(Searcher):
     """The codes of a folder's pictures, with each picture's path.
 
     Example:
@@ -103,6 +49,8 @@ class ImageIndex:
     >>> scores, ids = index.search(z_star, k=2)
     >>> index.paths(ids[0]), scores[0].tolist()
     (['dogs/rex.png', 'cats/tom.jpg'], [6.0, 0.0])
+    >>> [row["path"] for row in index.answer(z_star, 2, where="class == 'cats'")[0]]
+    ['cats/tom.jpg']
 
     Args:
         num_blocks: `M`, blocks per code.
@@ -136,23 +84,14 @@ class ImageIndex:
             raise ValueError(
                 f"index must be empty, received one of {len(index)} items without paths"
             )
-        self._index = index
+        self._codes = index
         self._root = os.path.abspath(os.fspath(root))
         self._shape = None if image_shape is None else tuple(map(int, image_shape))
-        self._ids = np.zeros(0, np.int64)
-        self._paths: list[str] = []
-        self._fingerprints = np.zeros(0, np.uint64)
-        self._row_of_path: dict[str, int] = {}
+        self._items = ItemTable()
         self._next_id = 0  # ids are never reused, not even after a remove
-        self._sorted: _SortedKeys | None = None  # built on the first look-up
         self._lock = ReadWriteLock()
 
     # Properties ---------------------------------------------------------
-
-    @property
-    def index(self) -> SubicIndex:
-        """The `SubicIndex` of the codes (change it only through this object)."""
-        return self._index
 
     @property
     def root(self) -> str:
@@ -165,17 +104,22 @@ class ImageIndex:
 
     @property
     def num_blocks(self) -> int:
-        return self._index.num_blocks
+        return self._codes.num_blocks
 
     @property
     def block_size(self) -> int:
-        return self._index.block_size
+        return self._codes.block_size
+
+    @property
+    def scanner(self) -> str:
+        """The name of the scanner that ranks the codes."""
+        return self._codes.scanner
 
     def __len__(self) -> int:
-        return len(self._paths)
+        return len(self._items)
 
     def __contains__(self, path: object) -> bool:
-        return path in self._row_of_path
+        return path in self._items.row_of_path
 
     def __repr__(self) -> str:
         return (
@@ -185,8 +129,11 @@ class ImageIndex:
 
     # Mutation -----------------------------------------------------------
 
-    def add(self, codes, paths: Iterable[str], fingerprints=None) -> np.ndarray:
-        """Adds pictures: their codes and paths (and pixel fingerprints).
+    def add(
+        self, codes, paths: Iterable[str], fingerprints=None, attributes=None
+    ) -> np.ndarray:
+        """Adds pictures: their codes and paths (and pixel fingerprints,
+        and attributes).
 
         All or nothing: everything is checked before the index changes.
 
@@ -195,15 +142,19 @@ class ImageIndex:
             paths: `n` relative POSIX paths under `root`, new to the index.
             fingerprints: `n` uint64 fingerprints of the decoded pixels
                 (`subic_keras.images.fingerprint`); default: none (0).
+            attributes: `n` flat objects (or None) of the user's fields,
+                which filters read as `attrs.NAME` (`items` says what they
+                may hold); default: none.
 
         Returns:
             The int64 ids given to the pictures.
 
         Raises:
-            ValueError: for bad codes or paths, a path already in the index,
-                or a count that differs from the codes'.
+            ValueError: for bad codes, paths or attributes, a path already
+                in the index, or a count that differs from the codes'.
         """
-        paths = _check_paths("paths", paths)
+        paths = check_paths("paths", paths)
+        attributes = check_attributes("attributes", attributes, len(paths))
         if fingerprints is None:
             fingerprints = np.zeros(len(paths), np.uint64)
         fingerprints = np.asarray(fingerprints)
@@ -213,7 +164,7 @@ class ImageIndex:
                 f"path, received {fingerprints.dtype} {fingerprints.shape}"
             )
         with self._lock.write():
-            present = [path for path in paths if path in self._row_of_path]
+            present = [path for path in paths if path in self._items.row_of_path]
             if present:
                 raise ValueError(f"paths already in the index: {present[:10]}")
             if len(codes) != len(paths):
@@ -227,16 +178,10 @@ class ImageIndex:
                     f"(next id {self._next_id}, the last is {MAX_ID})"
                 )
             ids = np.arange(self._next_id, self._next_id + len(paths), dtype=np.int64)
-            self._index.add(codes, ids=ids)
+            self._codes.add(codes, ids=ids)
             self._next_id += len(paths)
-            start = len(self._paths)
-            self._paths.extend(paths)
-            self._row_of_path.update(zip(paths, range(start, start + len(paths))))
-            self._ids = np.concatenate([self._ids, ids])
-            self._fingerprints = np.concatenate(
-                [self._fingerprints, fingerprints.astype(np.uint64)]
-            )
-            self._sorted = None
+            added = np.full(len(paths), time.time())
+            self._items.append(ids, paths, fingerprints, added, attributes)
         return ids
 
     def remove(self, paths: Iterable[str]) -> int:
@@ -252,48 +197,18 @@ class ImageIndex:
             raise TypeError("paths must be a sequence of paths, received one string")
         paths = list(dict.fromkeys(paths))
         with self._lock.write():
-            missing = [path for path in paths if path not in self._row_of_path]
+            row_of_path = self._items.row_of_path
+            missing = [path for path in paths if path not in row_of_path]
             if missing:
                 raise KeyError(f"paths not in the index: {missing[:10]}")
-            rows = np.array([self._row_of_path[p] for p in paths], dtype=np.int64)
-            self._index.remove(self._ids[rows])
-            kept = np.ones(len(self._paths), bool)
+            rows = np.array([row_of_path[p] for p in paths], dtype=np.int64)
+            self._codes.remove(self._items.ids[rows])
+            kept = np.ones(len(self._items), bool)
             kept[rows] = False
-            self._paths = [p for p, keep in zip(self._paths, kept) if keep]
-            self._row_of_path = {path: row for row, path in enumerate(self._paths)}
-            self._ids = self._ids[kept]
-            self._fingerprints = self._fingerprints[kept]
-            self._sorted = None
+            self._items.keep(kept)
         return len(rows)
 
-    def _restore(
-        self, codes: SubicIndex, paths, fingerprints, shape, next_id: int
-    ) -> None:
-        """Takes the place of an empty index with a loaded one (`load_index`)."""
-        self._index = codes
-        self._ids = codes.get_ids()
-        self._next_id = max(next_id, int(self._ids.max()) + 1 if len(self._ids) else 0)
-        self._paths = paths
-        self._row_of_path = {path: row for row, path in enumerate(paths)}
-        self._fingerprints = fingerprints
-        self._sorted = None
-        self._shape = None if shape is None else tuple(shape)
-
     # Reading ------------------------------------------------------------
-
-    def _keys(self) -> _SortedKeys:
-        # Concurrent readers may both build it: the same value, one kept.
-        keys = self._sorted
-        if keys is None:
-            keys = self._sorted = _SortedKeys(self._ids, self._fingerprints)
-        return keys
-
-    def _rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows (insertion positions) of `ids`; KeyError for unknown ones."""
-        rows = self._keys().id_rows(ids)
-        if np.any(rows < 0):
-            raise KeyError(f"ids not in the index: {preview(ids[rows < 0])}")
-        return rows
 
     def paths(self, ids) -> list[str]:
         """The relative paths of `ids` (1-D), in order.
@@ -303,7 +218,7 @@ class ImageIndex:
         """
         ids = check_ids("ids", ids)
         with self._lock.read():
-            return [self._paths[row] for row in self._rows(ids)]
+            return [self._items.paths[row] for row in self._items.rows(ids)]
 
     def ids(self, paths: Iterable[str]) -> np.ndarray:
         """The ids of relative `paths`, in order.
@@ -313,19 +228,40 @@ class ImageIndex:
         """
         paths = list(paths)
         with self._lock.read():
-            missing = [path for path in paths if path not in self._row_of_path]
+            row_of_path = self._items.row_of_path
+            missing = [path for path in paths if path not in row_of_path]
             if missing:
                 raise KeyError(f"paths not in the index: {missing[:10]}")
-            return self._ids[[self._row_of_path[p] for p in paths]].astype(np.int64)
+            return self._items.ids[[row_of_path[p] for p in paths]].astype(np.int64)
 
     def get_paths(self) -> list[str]:
         """Every path, in insertion order (the order of `get_ids()`)."""
         with self._lock.read():
-            return list(self._paths)
+            return list(self._items.paths)
 
     def get_ids(self) -> np.ndarray:
         with self._lock.read():
-            return self._ids.copy()
+            return self._items.ids.copy()
+
+    def folders(self) -> list[str]:
+        """The folders that hold pictures (at any depth), sorted: what
+        `path under "FOLDER"` filters on."""
+        with self._lock.read():
+            return self._items.folders()
+
+    def get_codes(self, ids=None) -> np.ndarray:
+        """Integer codes `(n, M)` of `ids` (default: all, in insertion order)."""
+        return self._codes.get_codes(ids)
+
+    def describe(self, ids) -> list[dict]:
+        """Each item's fields: id, path, class, added, attributes.
+
+        Raises:
+            KeyError: for an id not in the index.
+        """
+        ids = check_ids("ids", ids)
+        with self._lock.read():
+            return self._items.describe(self._items.rows(ids))
 
     def file(self, item_id: int) -> str:
         """The real path of a picture's file, checked to lie inside `root`.
@@ -343,28 +279,55 @@ class ImageIndex:
     def exact_copies(self, fingerprint: int) -> np.ndarray:
         """Ids of the pictures whose pixels have this fingerprint."""
         with self._lock.read():
-            return self._ids[self._keys().fingerprint_rows(fingerprint)]
+            return self._items.ids[self._items.keys().fingerprint_rows(fingerprint)]
 
     def search(
-        self, queries, k: int, fingerprints=None
+        self, queries, k: int, *, where=None, fingerprints=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`SubicIndex.search`, with exact copies of each query listed first.
 
         Args:
             queries: real `(nq, M*K)` queries.
             k: results per query, >= 1 (at most `len(self)` come back).
+            where: the pictures that may be returned (`filters`): e.g.
+                `"path under 'holidays/2024'"`, `"class == 'cat'"`.
             fingerprints: the queries' pixel fingerprints `(nq,)`, or `None`
                 (no exact-copy rule).
 
         Returns:
-            `(scores, ids)`, float32 and int64 `(nq, min(k, len(self)))`:
-            per query, the pictures identical to it (insertion order), then
-            the rest by decreasing score (ties in insertion order).
+            `(scores, ids)`, float32 and int64 `(nq, min(k, n))`, `n` the
+            pictures the filter keeps: per query, the pictures identical to
+            it (insertion order), then the rest by decreasing score (ties in
+            insertion order).
         """
+        scores, ids, _ = self._ranked(queries, k, where, fingerprints)
+        return scores, ids
+
+    def answer(
+        self, queries, k: int, *, where=None, fingerprints=None
+    ) -> list[list[dict]]:
+        """`search`, each result as a row (`base.answer_rows`), exact copies
+        of the query marked `"exact": True`."""
+        scores, ids, exact = self._ranked(queries, k, where, fingerprints)
+        return answer_rows(self, scores, ids, exact)
+
+    def _search(self, queries, k, where):
+        scores, ids, _ = self._ranked(queries, k, where, None)
+        return scores, ids
+
+    def _ranked(self, queries, k, where, fingerprints):
+        """`(scores, ids, exact)`: the search and which results are copies."""
+        k = self._check_k(k)
+        where = filters.as_filter(where)
         with self._lock.read():
-            scores, ids = self._index.search(queries, k)
+            keep = None if where is None else self._items.mask(where)
+            if keep is None:
+                scores, ids = self._codes.search(queries, k)
+            else:
+                scores, ids = self._codes.search_kept(queries, k, keep)
+            exact = np.zeros(ids.shape, bool)
             if fingerprints is None or not ids.shape[1]:
-                return scores, ids
+                return scores, ids, exact
             fingerprints = np.asarray(fingerprints, dtype=np.uint64)
             if fingerprints.shape != (len(ids),):
                 raise ValueError(
@@ -373,32 +336,39 @@ class ImageIndex:
                 )
             queries = np.asarray(queries, dtype=np.float32)
             block = np.arange(self.num_blocks) * self.block_size
-            keys = self._keys()
+            keys, width = self._items.keys(), ids.shape[1]
             for row, value in enumerate(fingerprints):
-                copies = self._ids[keys.fingerprint_rows(value)]
-                if value == 0 or not len(copies):
+                rows = keys.fingerprint_rows(value) if value else []
+                if keep is not None and len(rows):
+                    rows = rows[keep[rows]]
+                if not len(rows):
                     continue
-                copies = copies[: ids.shape[1]]
-                codes = self._index.get_codes(copies)
+                copies = self._items.ids[rows][:width]
+                codes = self._codes.get_codes(copies)
                 copy_scores = queries[row][codes + block].sum(axis=1)
                 rest = ~np.isin(ids[row], copies)
-                width = ids.shape[1]
                 ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
                 scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
-            return scores, ids
+                exact[row, : len(copies)] = True
+            return scores, ids, exact
 
     # Persistence --------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes codes, ids, paths and fingerprints atomically to one file."""
+        """Writes codes, ids and the item table atomically to one file."""
         with self._lock.read():
             metadata = {"format": FORMAT, "root": self._root, "next_id": self._next_id}
             if self._shape is not None:
                 metadata["image_shape"] = list(self._shape)
-            items = file_format.ItemTable(
-                list(self._paths), self._fingerprints, metadata
+            items = file_format.Items(
+                list(self._items.paths),
+                self._items.fingerprints,
+                metadata,
+                self._items.added,
+                list(self._items.attributes),
             )
-            self._index.save(path, items=items)
+            with self._codes.contents() as (header, chunks, ids):
+                file_format.write(path, header, chunks, ids, items)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, scanner: str = "auto") -> ImageIndex:
@@ -409,7 +379,9 @@ class ImageIndex:
                 index, or an index of codes without paths (one built from a
                 dataset split rather than a folder).
         """
-        index = load_index(path, scanner=scanner)
+        from subic_keras.search.uri import open as open_index
+
+        index = open_index(path, scanner=scanner)
         if not isinstance(index, ImageIndex):
             raise ValueError(
                 f"{os.fspath(path)!r} holds codes without image paths (an index "
@@ -418,54 +390,45 @@ class ImageIndex:
             )
         return index
 
+    @classmethod
+    def from_parts(
+        cls, path: str | os.PathLike, codes: SubicIndex, items: file_format.Items
+    ) -> ImageIndex:
+        """The index of a file's codes and item table (`uri.open`), each
+        field checked (errors name the path)."""
 
-def load_index(
-    path: str | os.PathLike, *, scanner: str = "auto"
-) -> SubicIndex | ImageIndex:
-    """Opens a `.subic` file: an `ImageIndex` if it records image paths
-    (format version 2), else a `SubicIndex` (`scanner` as its constructor's).
+        def fail(reason: str) -> ValueError:
+            return ValueError(
+                f"{os.fspath(path)!r} is not a valid SuBiC index file: {reason}"
+            )
 
-    Raises:
-        ValueError: naming the path, for a file that is not a valid index.
-    """
-    header, packed, ids, items = file_format.read(path)
-    codes = SubicIndex.from_parts(path, header, packed, ids, scanner=scanner)
-    if items is None:
-        return codes
-    metadata = items.metadata
-    if metadata.get("format") != FORMAT or not isinstance(metadata.get("root"), str):
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a valid SuBiC index file: its item "
-            f"table is not an image index's (metadata {str(metadata)[:200]})"
-        )
-    root = metadata["root"]
-    if "\0" in root or not os.path.isabs(root):
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a valid SuBiC index file: its folder "
-            f"{root[:200]!r} is not an absolute path"
-        )
-    shape = metadata.get("image_shape")
-    if shape is not None and (
-        not isinstance(shape, list)
-        or len(shape) != 3
-        or not all(isinstance(s, int) and s >= 1 for s in shape)
-    ):
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a valid SuBiC index file: image_shape "
-            f"{shape!r} is not (H, W, C)"
-        )
-    try:
-        paths = _check_paths("paths", items.paths)
-    except ValueError as error:
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
-        ) from None
-    image_index = ImageIndex(header.num_blocks, header.block_size, root)
-    next_id = metadata.get("next_id", 0)
-    if not isinstance(next_id, int) or not 0 <= next_id <= MAX_ID:
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a valid SuBiC index file: next_id "
-            f"{next_id!r} is not a count"
-        )
-    image_index._restore(codes, paths, items.fingerprints, shape, next_id)
-    return image_index
+        metadata = items.metadata
+        root = metadata.get("root")
+        if metadata.get("format") != FORMAT or not isinstance(root, str):
+            raise fail(
+                "its item table is not an image index's (metadata "
+                f"{str(metadata)[:200]})"
+            )
+        if "\0" in root or not os.path.isabs(root):
+            raise fail(f"its folder {root[:200]!r} is not an absolute path")
+        shape = metadata.get("image_shape")
+        if shape is not None and (
+            not isinstance(shape, list)
+            or len(shape) != 3
+            or not all(isinstance(s, int) and s >= 1 for s in shape)
+        ):
+            raise fail(f"image_shape {shape!r} is not (H, W, C)")
+        next_id = metadata.get("next_id", 0)
+        if not isinstance(next_id, int) or not 0 <= next_id <= MAX_ID:
+            raise fail(f"next_id {next_id!r} is not a count")
+        try:
+            paths = check_paths("paths", items.paths)
+            attributes = check_attributes("attributes", items.attributes, len(paths))
+        except (TypeError, ValueError) as error:
+            raise fail(str(error)) from None
+        index = cls(codes.num_blocks, codes.block_size, root, shape)
+        index._codes = codes
+        ids = codes.get_ids()
+        index._items.append(ids, paths, items.fingerprints, items.added, attributes)
+        index._next_id = max(next_id, int(ids.max()) + 1 if len(ids) else 0)
+        return index

@@ -48,14 +48,19 @@ import contextlib
 import logging
 import os
 import threading
-import urllib.parse
 from typing import Any
 
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search.base import (
-    Searcher,
+from subic_keras.search import filters
+from subic_keras.search.addresses import (
+    check_database_exists,
+    check_server_uri,
+    is_local,
+)
+from subic_keras.search.base import Searcher
+from subic_keras.search.checks import (
     check_block_size,
     check_ids,
     check_num_blocks,
@@ -79,7 +84,7 @@ _WRITE_LOCKS_GUARD = threading.Lock()
 
 
 def _write_lock(uri: str, collection: str) -> threading.Lock:
-    key = (os.path.abspath(uri) if _is_local(uri) else uri, collection)
+    key = (os.path.abspath(uri) if is_local(uri) else uri, collection)
     with _WRITE_LOCKS_GUARD:
         return _WRITE_LOCKS.setdefault(key, threading.Lock())
 
@@ -93,60 +98,6 @@ def _pymilvus():
             'pip install "subic-keras[milvus]"'
         ) from error
     return pymilvus
-
-
-# How a Milvus server's address starts; `grpc://` is recognised only to be
-# refused with the forms pymilvus takes.
-SERVER_PREFIXES = ("http://", "https://", "tcp://", "unix:", "grpc://")
-
-
-def _is_local(uri: str) -> bool:
-    return not uri.startswith(SERVER_PREFIXES)
-
-
-def check_server_uri(uri: str) -> str:
-    """`uri` if it is a Milvus server address pymilvus can connect to.
-
-    Raises:
-        ValueError: naming what is wrong with the address: its scheme, a
-            missing host or socket path, or a bad port.
-    """
-    parsed = urllib.parse.urlsplit(uri)
-    if parsed.scheme == "unix":
-        if not parsed.path:
-            raise ValueError(
-                "a unix: address names the server's socket, e.g. "
-                f"unix:/run/milvus.sock, received {uri!r}"
-            )
-        return uri
-    if parsed.scheme not in ("http", "https", "tcp"):
-        raise ValueError(
-            f"{parsed.scheme}:// is not an address pymilvus takes: use http://, "
-            f"https:// or tcp://HOST:PORT, or unix:PATH, received {uri!r}"
-        )
-    try:
-        port = parsed.port
-    except ValueError:
-        port = -1
-    if not parsed.hostname or any(ch.isspace() for ch in parsed.netloc):
-        raise ValueError(f"the Milvus address names no valid host: {uri!r}")
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"the Milvus address's port must be in [1, 65535]: {uri!r}")
-    return uri
-
-
-def check_database_exists(uri: str | os.PathLike, collection: str) -> None:
-    """Raises `ValueError` where `uri` is a Milvus Lite path with no database
-    (opening one: Milvus Lite would make an empty database there), or a
-    server address that is not one (`check_server_uri`)."""
-    uri = os.fspath(uri)
-    if not _is_local(uri):
-        check_server_uri(uri)
-    if _is_local(uri) and not os.path.exists(uri):
-        raise ValueError(
-            f"collection {collection!r} does not exist at {uri!r}: there is no "
-            "Milvus Lite database at that path"
-        )
 
 
 class MilvusIndex(Searcher):
@@ -207,12 +158,12 @@ class MilvusIndex(Searcher):
             raise ValueError(
                 f"collection must be a non-empty string, received {collection!r}"
             )
-        if _is_local(uri) and not uri.endswith(".db"):
+        if is_local(uri) and not uri.endswith(".db"):
             raise ValueError(
                 "uri must be a Milvus Lite path ending in .db or a server URL "
                 f"such as http://localhost:19530, received {uri!r}"
             )
-        if not _is_local(uri):
+        if not is_local(uri):
             check_server_uri(uri)
         self._shards = (
             None if shards is None else check_int("shards", shards, minimum=1)
@@ -233,7 +184,7 @@ class MilvusIndex(Searcher):
         # The counters implied by rows past the recorded ones, once they
         # were looked for (`_counters`).
         self._floor: tuple[int, int] | None = None
-        if _is_local(uri):
+        if is_local(uri):
             # Milvus Lite serves in-process and lacks AllocTimestamp, which
             # pymilvus calls and tolerates; grpc would log every such call
             # as an exception with a traceback.
@@ -557,9 +508,14 @@ class MilvusIndex(Searcher):
             )
         return codes[order[at]]
 
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search(
+        self, queries: np.ndarray, k: int, where: filters.Filter | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`search` (at most 16,384 results, Milvus's limit): best first,
-        missing results as id -1 and score -inf (module doc)."""
+        missing results as id -1 and score -inf (module doc); a filter (on
+        `id`, the one field a collection holds) becomes Milvus's own filter
+        expression, applied by Milvus inside its search."""
+        expression = "" if where is None else where.milvus()
         width = min(k, len(self))
         scores = np.full((len(queries), width), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), width), -1, dtype=np.int64)
@@ -591,6 +547,7 @@ class MilvusIndex(Searcher):
                     limit=width,
                     search_params={"metric_type": "IP"},
                     output_fields=["seq"],
+                    filter=expression,
                 )
             for row, hits in zip(rows, found):
                 ranked = sorted(

@@ -16,8 +16,7 @@ Kernels (`kernels()` lists those this CPU runs, best first):
   one for `K` = 32 ... 256). Below `SMALL_DATABASE` codes, `K` = 2, 4 and
   16 take 4-bit sub-codes instead, looked up by 512-bit `vpshufb`: their
   tables have 8 times fewer entries to build per query, which outweighs
-  the scan there (60,000 trained 64-bit codes: 1.2x faster; 1M random
-  codes: 1.1x slower).
+  the slower scan in small databases but not in large ones.
 - `"avx512bw"` (AVX-512BW without VBMI: Skylake-SP, Cascade Lake): the
   `"avx2"` kernel's look-ups on 512 bits, 64 sub-codes at once, the blend
   tree's choices read into mask registers by `vptestmb`.
@@ -35,9 +34,8 @@ sub-code, the sum of its blocks' entries of `z*`, and scores are float64.
 The database is kept in tiles of `TILE` items, one row of bytes per
 sub-code column.
 
-Measured: `benchmarks/search_speed.py` runs every kernel this CPU has
-against faiss's Hamming scan in one process; the README's table names the
-CPU.
+`benchmarks/search_speed.py` runs every kernel this CPU has against
+faiss's Hamming scan in one process; its results name the CPU.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ import numpy as np
 
 try:
     from subic_keras.search import _scan  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: faiss's engines search
+except ImportError:  # built without a C compiler: faiss's scanners search
     _scan = None
 
 TILE = 1024
@@ -139,10 +137,10 @@ class Layout:
 def aligned_empty(size: int, dtype: type) -> np.ndarray:
     """An uninitialised flat array whose data starts on a 64-byte boundary.
 
-    NumPy's arrays start 16, 32 or 48 bytes into a cache line as often as
-    not (measured: it varied from call to call), and then the AVX-512
-    kernels' 64-byte loads, and some of the AVX2 ones' 32-byte loads,
-    straddle two lines (the VBMI kernel ran 1.24x slower over 1M codes).
+    NumPy's arrays may start 16, 32 or 48 bytes into a cache line (it
+    varies from call to call), and then the AVX-512 kernels' 64-byte loads,
+    and some of the AVX2 ones' 32-byte loads, straddle two lines, which
+    slows the scan down.
     """
     itemsize = np.dtype(dtype).itemsize
     raw = np.empty(size * itemsize + 64, np.uint8)
@@ -159,6 +157,7 @@ def search(
     threads: int,
     kernel: str,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
+    keep_bits: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-`k` scores (float64) and positions, best first.
 
@@ -166,7 +165,12 @@ def search(
     for it (any layout gives the same results). `tiles` hold `n` codes: the
     items at positions `0 .. n-1`, or with `groups = (starts, members)` (see
     `group_equal`) the codes of the items `members[starts[r]:starts[r+1]]`.
-    `k` is at most the number of items.
+    `keep_bits`, one bit per item position (`np.packbits(keep,
+    bitorder="little")`), is a filter: only the items whose bit is set are
+    returned. The kernels skip the others before
+    scoring them exactly (without `groups`, a row is an item, and a tile
+    without any kept row is not scanned at all). `k` is at most the number
+    of items (of kept items, with `keep`).
     """
     nq = len(queries)
     scores = np.empty((nq, k), dtype=np.float64)
@@ -177,6 +181,12 @@ def search(
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     empty = np.zeros(0, np.int64)
     group_starts, members = groups if groups is not None else (empty, empty)
+    row_bits = member_bits = np.zeros(0, np.uint8)
+    if keep_bits is not None:
+        if groups is None:
+            row_bits = keep_bits
+        else:
+            member_bits = keep_bits
 
     def run(start: int) -> None:
         stop = min(nq, start + chunk)
@@ -199,6 +209,8 @@ def search(
             _KERNEL_IDS[kernel],
             group_starts,
             members,
+            row_bits,
+            member_bits,
         )
 
     starts = range(0, nq, chunk)

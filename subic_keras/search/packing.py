@@ -49,7 +49,8 @@ def unpack(
     offsets = np.arange(num_blocks) * nbits
     mask = (1 << nbits) - 1
     if packed.shape[1] <= 8:
-        # Up to 64 bits: one little-endian word per item, ~10x faster.
+        # Up to 64 bits: one little-endian word per item, shifted as a whole
+        # rather than bit by bit.
         words = np.zeros((n, 8), dtype=np.uint8)
         words[:, : packed.shape[1]] = packed
         words = words.view("<u8")

@@ -24,8 +24,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search import scanners
-from subic_keras.search.base import Searcher, duplicates, preview
+from subic_keras.search.base import Searcher
+from subic_keras.search.checks import duplicates, preview
+from subic_keras.search.items import IdColumns
+from subic_keras.search.scanner import best_first
 from subic_keras.search.subic_index import SubicIndex, View, top_k
 
 
@@ -118,29 +120,42 @@ class ShardedSubicIndex(Searcher):
     def _rank_of(self, i: int) -> int:
         return self._shards[i].lock.rank
 
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search(self, queries, k, where):
         with self._views() as views:
             ids = np.concatenate([view.ids for view in views])
             starts = np.cumsum([0] + [len(view.ids) for view in views])
+            keep = None if where is None else where.mask(IdColumns(ids))
             return top_k(
-                View(ids, lambda q, found: _merged(views, starts, q, found)),
+                View(
+                    ids, lambda q, found, kept: _merged(views, starts, q, found, kept)
+                ),
                 queries,
                 k,
                 self._query_chunk,
+                keep,
             )
 
 
-def _merged(views: list[View], starts: np.ndarray, queries: np.ndarray, k: int):
-    """Top `k` positions over the views, numbered across them, best first."""
-    found = [
-        (scores, positions + start)
-        for view, start in zip(views, starts)
-        if len(view.ids)
-        for scores, positions in [view.search(queries, min(k, len(view.ids)))]
-    ]
+def _merged(
+    views: list[View],
+    starts: np.ndarray,
+    queries: np.ndarray,
+    k: int,
+    keep: np.ndarray | None,
+):
+    """Top `k` positions over the views (of the items of `keep`, numbered
+    across them), numbered across them, best first: each shard filters its
+    own items inside its scan."""
+    found = []
+    for view, start in zip(views, starts):
+        part = None if keep is None else keep[start : start + len(view.ids)]
+        count = len(view.ids) if part is None else int(np.count_nonzero(part))
+        if count:
+            scores, positions = view.search(queries, min(k, count), part)
+            found.append((scores, positions + start))
     scores = np.concatenate([f[0] for f in found], axis=1).astype(np.float64)
     positions = np.concatenate([f[1] for f in found], axis=1)
-    return scanners.best_first(scores, positions, k)
+    return best_first(scores, positions, k)
 
 
 def merge_results(

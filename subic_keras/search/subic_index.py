@@ -17,16 +17,17 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from subic_keras._validation import check_block_shape, check_int
-from subic_keras.search import file_format, packing, scanners
-from subic_keras.search.base import (
-    ReadWriteLock,
-    SearchBackend,
+from subic_keras.search import file_format, filters, packing, scanners
+from subic_keras.search.base import SearchBackend
+from subic_keras.search.checks import (
     check_block_size,
     check_ids,
     check_num_blocks,
     check_queries,
     preview,
 )
+from subic_keras.search.items import IdColumns
+from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.store import CodeStore
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -37,13 +38,16 @@ _DEFAULT_SEARCH_CHUNK = 1_024
 class View:
     """An index held still (`SubicIndex.view`): its ids and an exact search.
 
-    `search(queries, k)` takes checked float32 queries and `k <= len(ids)`
-    and returns float64 (or float32) scores and positions into `ids`, best
-    first, equal scores by position.
+    `search(queries, k, keep)` takes checked float32 queries, `k` at most
+    the number of items searched, and `keep` (one boolean per position, or
+    None for every item), and returns float64 (or float32) scores and
+    positions into `ids`, best first, equal scores by position.
     """
 
     ids: np.ndarray
-    search: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+    search: Callable[
+        [np.ndarray, int, np.ndarray | None], tuple[np.ndarray, np.ndarray]
+    ]
 
 
 class SubicIndex(SearchBackend):
@@ -120,6 +124,7 @@ class SubicIndex(SearchBackend):
         self._store = CodeStore(num_blocks, block_size)
         self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
+        self._masks = filters.MaskCache()
 
     # Properties ---------------------------------------------------------
 
@@ -291,7 +296,7 @@ class SubicIndex(SearchBackend):
             raise KeyError(f"ids not in the index: {preview(ids[~found])}")
         return positions
 
-    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries, k: int, *, where=None) -> tuple[np.ndarray, np.ndarray]:
         """Asymmetric search: the `k` best codes for each real query `z*`.
 
         `score(z*, c) = sum_m z*[m*K + c_m]`; highest first, equal scores in
@@ -305,27 +310,53 @@ class SubicIndex(SearchBackend):
         >>> scores, ids = index.search(z_star, k=3)   # 5 + 1 = 6 for id 11
         >>> scores.tolist(), ids.tolist()             # k > len(index): both items
         ([[6.0, 0.0]], [[11, 10]])
+        >>> index.search(z_star, k=3, where="id < 11")[1].tolist()
+        [[10]]
 
         Args:
             queries: real `(nq, M*K)` array (e.g. SuBiC's ReLU output `z*`).
             k: results per query, >= 1; a `k` beyond `len(self)` returns
                 every item.
+            where: ids, or a filter on `id` (`subic_keras.search.filters`):
+                the exact top `k` among those items.
 
         Returns:
-            `(scores, ids)`: float32 and int64 `(nq, min(k, len(self)))`.
+            `(scores, ids)`: float32 and int64 `(nq, min(k, n))`, `n` the
+            number of items searched.
 
         Raises:
-            ValueError: for a bad shape, NaN/inf queries or `k < 1`.
+            ValueError: for a bad shape, NaN/inf queries, `k < 1`, or a
+                filter on a field other than `id`.
         """
-        return super().search(queries, k)
+        return super().search(queries, k, where=where)
 
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search(self, queries, k, where):
         with self.view() as view:
-            return top_k(view, queries, k, self._query_chunk)
+            keep = None
+            if where is not None:
+                state = (self._store.version, self._store.removals)
+                keep = self._masks.mask(where, IdColumns(view.ids), state)
+            return top_k(view, queries, k, self._query_chunk, keep)
 
-    def _scan(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The scanner's top `k <= len(self)` scores and positions (locked)."""
-        return self._scanner.search(self._store, queries, k)
+    def search_kept(
+        self, queries, k: int, keep: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`search` among the items where `keep` (one boolean per item, in
+        insertion order, the order of `get_ids()`) is true: what an index
+        with its own item table (`ImageIndex`) filters with."""
+        k = self._check_k(k)
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        with self.view() as view:
+            if np.shape(keep) != view.ids.shape:
+                raise ValueError(
+                    f"keep must hold one boolean per item ({len(view.ids)}), "
+                    f"received shape {np.shape(keep)}"
+                )
+            return top_k(view, queries, k, self._query_chunk, np.asarray(keep, bool))
+
+    def _scan(self, queries: np.ndarray, k: int, keep: np.ndarray | None = None):
+        """The scanner's top `k` scores and positions (locked)."""
+        return self._scanner.search(self._store, queries, k, keep)
 
     @contextlib.contextmanager
     def view(self) -> Iterator[View]:
@@ -334,16 +365,28 @@ class SubicIndex(SearchBackend):
         with self._lock.read():
             yield View(self._store.ids, self._scan)
 
-    # `score_all` reads the ids and searches under one read lock.
-    def _snapshot(self):
-        return self._lock.read()
+    def score_all(self, queries, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+        """Scores of every query against every item, `(nq, n)`, and the ids.
 
-    def _snapshot_ids(self) -> np.ndarray:
-        return self._store.ids.copy()
-
-    def _snapshot_search(self, queries, k: int):
+        Columns follow the ids in increasing order; the scores are those of
+        `search` with `k = len(self)`, so they are exactly the index's, all
+        from one state of it (the read lock is held throughout).
+        """
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        return top_k(View(self._store.ids, self._scan), queries, k, self._query_chunk)
+        with self.view() as view:
+            ids = np.sort(view.ids)
+            scores = np.empty((len(queries), len(ids)), np.float32)
+            if not len(ids):
+                return scores, ids
+            for start in range(0, len(queries), chunk):
+                part, found = top_k(
+                    view, queries[start : start + chunk], len(ids), chunk
+                )
+                columns = np.searchsorted(ids, found)
+                np.put_along_axis(
+                    scores[start : start + len(part)], columns, part, axis=1
+                )
+        return scores, ids
 
     # Sharding -----------------------------------------------------------
 
@@ -385,9 +428,7 @@ class SubicIndex(SearchBackend):
 
     # Persistence --------------------------------------------------------
 
-    def save(
-        self, path: str | os.PathLike, items: file_format.ItemTable | None = None
-    ) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Writes the index atomically in the versioned `.subic` format.
 
         The byte layout is specified in `subic_keras.search.file_format`.
@@ -395,29 +436,25 @@ class SubicIndex(SearchBackend):
 
         Args:
             path: destination file; replaced only once fully written.
-            items: what an `ImageIndex` records of each item (paths and
-                fingerprints, in insertion order); `None` writes codes and
-                ids only (format version 1).
         """
+        with self.contents() as (header, chunks, ids):
+            file_format.write(path, header, chunks, ids)
+
+    @contextlib.contextmanager
+    def contents(self) -> Iterator[tuple[file_format.Header, Iterator, np.ndarray]]:
+        """Holds the index still and yields what its file holds: the
+        header, the packed codes in chunks, and the ids (for an index that
+        writes them with more, `ImageIndex.save`)."""
         with self._lock.read():
             size = len(self)
             header = file_format.Header(
-                self._num_blocks,
-                self._block_size,
-                self.scanner != "faiss-fastscan",
-                size,
-                self._shortlist,
+                self._num_blocks, self._block_size, size, self._shortlist
             )
             chunks = (
                 self._store.packed(slice(start, start + self._add_chunk))
                 for start in range(0, size, self._add_chunk)
             )
-            if items is not None and len(items.paths) != size:
-                raise ValueError(
-                    f"items must describe the index's {size} items, "
-                    f"received {len(items.paths)} paths"
-                )
-            file_format.write(path, header, chunks, self._store.ids, items)
+            yield header, chunks, self._store.ids
 
     @classmethod
     def load(
@@ -489,16 +526,17 @@ class SubicIndex(SearchBackend):
 
 
 def top_k(
-    view: View, queries: np.ndarray, k: int, chunk: int
+    view: View, queries: np.ndarray, k: int, chunk: int, keep: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-`min(k, n)` of a view, positions mapped to its ids, float32 scores."""
-    found = min(k, len(view.ids))
+    """Top-`min(k, n)` of a view (`n` items, those of `keep` if given),
+    positions mapped to its ids, float32 scores."""
+    found = min(k, len(view.ids) if keep is None else int(np.count_nonzero(keep)))
     scores = np.empty((len(queries), found), dtype=np.float32)
     found_ids = np.empty((len(queries), found), dtype=np.int64)
     if not found:
         return scores, found_ids
     for start in range(0, len(queries), chunk):
         rows = slice(start, start + chunk)
-        scores[rows], positions = view.search(queries[rows], found)
+        scores[rows], positions = view.search(queries[rows], found, keep)
         found_ids[rows] = view.ids[positions]
     return scores, found_ids

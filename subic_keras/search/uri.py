@@ -17,18 +17,13 @@ import os
 
 import numpy as np
 
+from subic_keras.search import file_format
+from subic_keras.search.addresses import is_database as is_database
 from subic_keras.search.base import Searcher
-from subic_keras.search.image_index import ImageIndex, load_index
-from subic_keras.search.milvus import SERVER_PREFIXES
+from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.subic_index import SubicIndex
 
 DEFAULT_COLLECTION = "subic"
-
-
-def is_database(uri: str | os.PathLike) -> bool:
-    """Whether `uri` names a Milvus database (else a `.subic` file)."""
-    uri = os.fspath(uri)
-    return uri.startswith(SERVER_PREFIXES) or uri.endswith(".db")
 
 
 def open(  # the package's `open`: `sk.search.open(uri)`
@@ -36,8 +31,9 @@ def open(  # the package's `open`: `sk.search.open(uri)`
     *,
     collection: str = DEFAULT_COLLECTION,
     scanner: str = "auto",
-) -> Searcher | ImageIndex:
-    """Opens the index at `uri` for searching.
+) -> Searcher:
+    """Opens the index at `uri` for searching: the one place that tells
+    the kinds of index apart.
 
     Example:
 
@@ -57,7 +53,8 @@ def open(  # the package's `open`: `sk.search.open(uri)`
             argument; files only).
 
     Returns:
-        A `SubicIndex` (an `ImageIndex` for a folder's pictures), or a
+        A `Searcher`: a `SubicIndex` (codes and ids), an `ImageIndex` (a
+        file that records its items: a folder's pictures), or a
         `MilvusIndex`.
 
     Raises:
@@ -69,7 +66,11 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         from subic_keras.search.milvus import MilvusIndex
 
         return MilvusIndex(uri, collection)
-    return load_index(uri, scanner=scanner)
+    header, packed, ids, items = file_format.read(uri)
+    codes = SubicIndex.from_parts(uri, header, packed, ids, scanner=scanner)
+    if items is None:
+        return codes
+    return ImageIndex.from_parts(uri, codes, items)
 
 
 def add_codes(

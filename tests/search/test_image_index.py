@@ -1,11 +1,15 @@
 """Tests for subic_keras.search.image_index: codes with paths, in one file."""
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 from search_reference import random_codes
 
-from subic_keras.search import SubicIndex, file_format
-from subic_keras.search.image_index import ImageIndex, load_index
+from subic_keras.search import SubicIndex, file_format, packing
+from subic_keras.search.image_index import FORMAT, ImageIndex
+from subic_keras.search.uri import open as load_index
 
 
 def _paths(n, prefix="p"):
@@ -75,7 +79,7 @@ def test_remove_keeps_ids_paths_and_fingerprints_together(filled, rng):
     assert "p/0/img_3.png" not in index
     assert index.paths([4, 298]) == ["p/0/img_4.png", "p/29/img_298.png"]
     assert index.exact_copies(fingerprints[3]).size == 0
-    np.testing.assert_array_equal(index.index.get_codes([4]), codes[4:5])
+    np.testing.assert_array_equal(index.get_codes([4]), codes[4:5])
     with pytest.raises(KeyError, match="img_3"):
         index.remove(["p/0/img_3.png", "p/0/img_5.png"])
     assert "p/0/img_5.png" in index  # all or nothing
@@ -104,7 +108,7 @@ def test_bad_paths_are_refused_and_change_nothing(filled, paths, error, message)
     index = filled[0]
     with pytest.raises(error, match=message):
         index.add(np.zeros((2, 4), int), paths)
-    assert len(index) == len(index.index) == 300
+    assert len(index) == len(index.get_codes()) == 300
 
 
 def test_bad_fingerprints_are_refused(filled):
@@ -124,11 +128,14 @@ def test_round_trip_through_one_file(filled, tmp_path, rng):
     np.testing.assert_array_equal(loaded.get_ids(), index.get_ids())
     queries = rng.random((3, 64)).astype(np.float32)
     hints = fingerprints[[5, 6, 7]]
-    for a, b in zip(loaded.search(queries, 9, hints), index.search(queries, 9, hints)):
+    for a, b in zip(
+        loaded.search(queries, 9, fingerprints=hints),
+        index.search(queries, 9, fingerprints=hints),
+    ):
         np.testing.assert_array_equal(a, b)
     # The codes alone still load as a SubicIndex (evaluate --index reads them).
     codes_only = SubicIndex.load(path)
-    np.testing.assert_array_equal(codes_only.get_codes(), index.index.get_codes())
+    np.testing.assert_array_equal(codes_only.get_codes(), index.get_codes())
     # Added to after loading: ids continue after every id ever given (299
     # was removed before saving), paths follow.
     index.remove(["p/29/img_299.png"])
@@ -151,24 +158,42 @@ def test_version_one_files_load_as_they_are(tmp_path, rng):
 def _rewrite(path, mutate):
     """The file at `path` with its body changed by `mutate` and a fresh
     checksum, as a crafted (not corrupted) file would have."""
-    import hashlib
 
     data = bytearray(path.read_bytes()[:-32])
     mutate(data)
     path.write_bytes(bytes(data) + hashlib.sha256(data).digest())
 
 
+def _write_items(path, items, n=2):
+    header = file_format.Header(2, 4, n, None)
+    packed = packing.pack(np.zeros((n, 2), np.int64), 2)
+    file_format.write(path, header, [packed], np.arange(n), items)
+
+
+def _items(paths, metadata=None, attributes=None):
+    n = len(paths)
+    metadata = {"format": FORMAT, "root": "/p"} if metadata is None else metadata
+    attributes = [None] * n if attributes is None else attributes
+    return file_format.Items(
+        paths, np.zeros(n, np.uint64), metadata, np.zeros(n), attributes
+    )
+
+
 def test_crafted_item_tables_are_refused_with_the_reason(filled, tmp_path):
     index = filled[0]
     path = tmp_path / "photos.subic"
     index.save(path)
-    table_start = 40 + 300 * (index.index.code_size + 8)
+    table_start = 40 + 300 * (len(index.get_codes()[0]) // 2 + 8)
     length_at = slice(table_start, table_start + 8)
+    size = len(path.read_bytes()) - 32
+    attributes_json = len(json.dumps([None] * 300))
+    path_table_end = size - attributes_json - 8 - 8 * 300
     cases = [
         ("overruns", lambda d: d.__setitem__(length_at, (2**40).to_bytes(8, "little"))),
         ("not valid JSON", lambda d: d.__setitem__(table_start + 8, ord("[") + 1)),
-        ("does not hold 300 paths", lambda d: d.__setitem__(len(d) - 1, ord("x"))),
-        ("overruns", lambda d: d.__delitem__(slice(len(d) - 4000, len(d)))),
+        ("does not hold 300 paths", lambda d: d.__setitem__(path_table_end - 1, 120)),
+        ("attributes are not valid JSON", lambda d: d.__setitem__(len(d) - 1, 120)),
+        ("truncated|overruns", lambda d: d.__delitem__(slice(len(d) - 4000, len(d)))),
         ("truncated", lambda d: d.__delitem__(slice(table_start, len(d)))),
     ]
     for message, mutate in cases:
@@ -178,30 +203,48 @@ def test_crafted_item_tables_are_refused_with_the_reason(filled, tmp_path):
             load_index(path)
     index.save(path)
     data = bytearray(path.read_bytes())
-    data[-40] ^= 1  # a path byte, without a new checksum
+    data[path_table_end - 5] ^= 1  # a path byte, without a new checksum
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="checksum mismatch"):
         load_index(path)
 
 
 def test_foreign_item_tables_are_refused(tmp_path):
-    index = SubicIndex(2, 4)
-    index.add(np.zeros((2, 2), int))
-    table = file_format.ItemTable(["a", "a"], np.zeros(2, np.uint64), {})
-    index.save(tmp_path / "x.subic", items=table)
-    with pytest.raises(ValueError, match="paths are repeated"):
-        load_index(tmp_path / "x.subic")
-    table = file_format.ItemTable(["a", "b"], np.zeros(2, np.uint64), {"x": 1})
-    index.save(tmp_path / "x.subic", items=table)
-    with pytest.raises(ValueError, match="not an image index"):
-        load_index(tmp_path / "x.subic")
-    with pytest.raises(ValueError, match="describe the index's 2 items"):
-        index.save(tmp_path / "x.subic", items=file_format.ItemTable([], [], {}))
+    path = tmp_path / "x.subic"
+    cases = [
+        (_items(["a", "a"]), "paths are repeated"),
+        (_items(["a", "b"], {"x": 1}), "not an image index"),
+        (_items(["a", "b"], attributes=[{"1x": 2}, None]), "names must be letters"),
+        (_items(["a", "b"], attributes=[{"x": [1]}, None]), "values must be strings"),
+        (_items(["a", "b"], attributes=[None]), "attributes are not a JSON array of 2"),
+    ]
+    for items, message in cases:
+        _write_items(path, items)
+        with pytest.raises(ValueError, match=message):
+            load_index(path)
+
+
+def test_version_two_files_load_with_unknown_times_and_no_attributes(tmp_path, rng):
+    # Version 2 (written by earlier releases): version 3 without its last
+    # two columns.
+    path = tmp_path / "v2.subic"
+    _write_items(path, _items(["cat/a.png", "b.png"]))
+    data = bytearray(path.read_bytes()[:-32])
+    attributes = json.dumps([None, None]).encode()
+    del data[len(data) - len(attributes) - 8 - 16 :]
+    data[8] = 2
+    path.write_bytes(bytes(data) + hashlib.sha256(data).digest())
+    index = load_index(path)
+    assert isinstance(index, ImageIndex) and index.get_paths() == ["cat/a.png", "b.png"]
+    assert [item["added"] for item in index.describe([0, 1])] == [0.0, 0.0]
+    queries = rng.random((1, 8)).astype(np.float32)
+    assert index.search(queries, 5, where="class == 'cat'")[1].tolist() == [[0]]
+    assert index.search(queries, 5, where="added > 0")[1].shape == (1, 0)
 
 
 def test_a_given_subic_index_must_fit_and_be_empty():
     exact = SubicIndex(4, 16, scanner="faiss")
-    assert ImageIndex(4, 16, "/p", index=exact).index is exact
+    assert ImageIndex(4, 16, "/p", index=exact).scanner == "faiss"
     with pytest.raises(ValueError, match="not 8 of 16"):
         ImageIndex(8, 16, "/p", index=exact)
     exact.add(np.zeros((1, 4), int))

@@ -235,3 +235,28 @@ def test_forged_collections_and_milvus_errors_are_named(uri):
     with pytest.raises(milvus.MilvusError, match="collection 'good'"):
         good.search(np.ones((1, 64), np.float32), 3)
     good.close()
+
+
+def test_filters_become_milvus_expressions_with_the_same_answers(rng, uri):
+    codes = distinct_codes(rng, 1500, 6, 16)
+    ids = rng.permutation(10_000)[:1500]
+    index, remote = both(uri, "filtered", codes, ids, 16)
+    queries = relu_queries(rng, 5, 6, 16)
+    for where in (
+        "id < 3000",
+        "id >= 500 and not (id in [{}])".format(", ".join(map(str, ids[:40]))),
+        f"id == {ids[7]} or id > 9000",
+        ids[100:160],
+    ):
+        want, got = (
+            index.search(queries, 30, where=where),
+            remote.search(queries, 30, where=where),
+        )
+        found = got[1] >= 0
+        assert (found.sum(axis=1) == want[1].shape[1]).all()
+        np.testing.assert_array_equal(got[1][:, : want[1].shape[1]], want[1])
+    with pytest.raises(
+        ValueError, match="filtered on id alone, received a test on 'path'"
+    ):
+        remote.search(queries, 5, where="path under 'cats'")
+    remote.close()

@@ -218,7 +218,8 @@ def test_the_binding_checks_its_sizes_against_overflow(n, nq, k):
         empty, n, native.TILE, layout.columns, layout.bits, layout.table,
         layout.groups, layout.num_blocks, layout.block_size, layout.per_group, k,
         np.zeros(0, np.float32), nq, np.zeros(0), np.zeros(0, np.int64), 0,
-        np.zeros(0, np.int64), np.zeros(0, np.int64),
+        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8),
+        np.zeros(0, np.uint8),
     )  # fmt: skip
     if nq == 0 and n == 0:
         assert native._scan.scan(*arguments) is None

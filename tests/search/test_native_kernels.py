@@ -68,5 +68,7 @@ def test_neon_kernel_under_emulation(tmp_path):
         )
     out = _build_and_run(compiler, tmp_path / "check", emulator)
     neon = [line for line in out.splitlines() if line.startswith("ok neon ")]
-    # Every shape, in each of its layouts (nibbles for K = 2, 4, 16).
-    assert len(neon) == 17, out
+    # Every shape, in each of its layouts (nibbles for K = 2, 4, 16), with
+    # and without a filter.
+    assert len(neon) == 2 * 17, out
+    assert sum(line.endswith("filtered=1") for line in neon) == 17, out

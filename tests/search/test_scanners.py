@@ -12,7 +12,7 @@ from search_reference import (
     relu_queries,
 )
 
-from subic_keras.search import SubicIndex, scanners, store
+from subic_keras.search import SubicIndex, faiss_scanners, scanners, store
 
 # Exactness --------------------------------------------------------------
 
@@ -48,7 +48,7 @@ def test_byte_scan_of_batches_matches_brute_force(
 ):
     # Batches of >= 32 queries scan codes unpacked to bytes, chunk by chunk;
     # the last chunk here holds fewer items than k.
-    monkeypatch.setattr(scanners, "_BYTE_SCAN_CHUNK", 700)
+    monkeypatch.setattr(faiss_scanners, "_CHUNK", 700)
     codes = distinct_codes(rng, 3000, num_blocks, block_size)
     index = SubicIndex(num_blocks, block_size, "faiss")
     index.add(codes)
@@ -79,7 +79,9 @@ def test_identity_pq_on_faiss_packing_is_exact(rng):
     codes_store = store.CodeStore(8, 64)
     codes_store.append(faiss.pack_bitstrings(codes.astype(np.int32), 6), np.arange(500))
     queries = rng.random((5, 8 * 64)).astype(np.float32)
-    scores, positions = scanners.FaissScanner(8, 64).search(codes_store, queries, 500)
+    scores, positions = faiss_scanners.FaissScanner(8, 64).search(
+        codes_store, queries, 500
+    )
     ref = brute_scores(queries, codes, 64)
     np.testing.assert_allclose(
         scores, np.take_along_axis(ref, positions, 1), rtol=0, atol=1e-5
@@ -111,7 +113,7 @@ def test_fast_scan_recall_and_exact_scores(rng, num_blocks):
 
 
 def test_fast_scan_rescoring_in_small_steps(rng, monkeypatch):
-    monkeypatch.setattr(scanners, "_RESCORE_BUDGET", 100)
+    monkeypatch.setattr(faiss_scanners, "_RESCORE_BUDGET", 100)
     codes = distinct_codes(rng, 2000, 6, 16)
     index = SubicIndex(6, 16, "faiss-fastscan", shortlist=300, search_chunk_size=4)
     index.add(codes)
@@ -191,3 +193,70 @@ def test_without_faiss_the_native_scan_searches(unforced, monkeypatch, rng):
     )
     with pytest.raises(ValueError, match="'faiss'"):
         SubicIndex(8, 16, "faiss")
+
+
+# Filters inside the scan ------------------------------------------------
+
+
+def _clustered_codes(rng, n, num_blocks, block_size):
+    """Codes drawn from few distinct ones (a trained model's ties and the
+    native scan's groups of equal codes), in random order."""
+    distinct = random_codes(rng, max(2, n // 20), num_blocks, block_size)
+    return distinct[rng.integers(0, len(distinct), n)]
+
+
+@pytest.mark.parametrize(
+    "num_blocks, block_size, clustered",
+    [(8, 16, True), (8, 64, True), (8, 64, False), (5, 256, True), (3, 1024, False)],
+)
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.1, 0.003, 0.0])
+def test_filtered_search_is_the_exact_top_k_of_the_kept_items(
+    rng, scanner, num_blocks, block_size, clustered, share
+):
+    n = 5000
+    draw = _clustered_codes if clustered else random_codes
+    codes = draw(rng, n, num_blocks, block_size)
+    ids = rng.permutation(n * 3)[:n]  # ids are not positions
+    index = SubicIndex(num_blocks, block_size)
+    index.add(codes, ids=ids)
+    kept = rng.random(n) < share
+    # Queries of few levels: many exact ties among the kept items too.
+    queries = rng.integers(0, 4, (12, num_blocks * block_size)).astype(np.float32)
+    for k in (1, 10, 300):
+        scores, found = index.search(queries, k, where=ids[kept])
+        width = min(k, int(kept.sum()))
+        assert found.shape == scores.shape == (12, width)
+        all_scores = brute_scores(queries, codes[kept], block_size)
+        order = np.argsort(-all_scores, axis=1, kind="stable")[:, :width]
+        ref_scores = np.take_along_axis(all_scores, order, axis=1)
+        np.testing.assert_array_equal(scores, ref_scores)  # exact, in float32
+        if scanner.startswith("native") or width == kept.sum():
+            # Ties in insertion order; faiss may keep other equals at the cut.
+            np.testing.assert_array_equal(found, ids[kept][order])
+        else:
+            assert np.isin(found, ids[kept]).all()
+            position = {item: p for p, item in enumerate(ids)}
+            for row in range(12):
+                got = np.array([position[item] for item in found[row]])
+                exact = brute_scores(queries[row : row + 1], codes[got], block_size)
+                np.testing.assert_array_equal(exact[0], scores[row])
+
+
+def test_filters_gather_and_bitmap_paths_agree(rng, scanner):
+    # A filter below `GATHER_BELOW` scans gathered tiles, above it the bitmap.
+    from subic_keras.search import native_scanner
+
+    codes = _clustered_codes(rng, 6000, 8, 64)
+    index = SubicIndex(8, 64)
+    index.add(codes)
+    queries = relu_queries(rng, 9, 8, 64)
+    where = "id < 1200 or id >= 5900"  # 21 %
+    results = []
+    for share in (0.0, 1.0):
+        native_scanner.GATHER_BELOW = native_scanner.GATHER_PER_QUERY = share
+        try:
+            results.append(index.search(queries, 50, where=where))
+        finally:
+            native_scanner.GATHER_BELOW, native_scanner.GATHER_PER_QUERY = 0.25, 1 / 64
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    np.testing.assert_array_equal(results[0][0], results[1][0])

@@ -13,7 +13,7 @@ from search_reference import (
     random_codes,
 )
 
-from subic_keras.search import SubicIndex, scanners, store
+from subic_keras.search import SubicIndex, faiss_scanners, store
 
 # add ----------------------------------------------------------------------
 
@@ -100,7 +100,7 @@ def test_failed_add_is_rolled_back(rng, monkeypatch):
 
 
 def test_fast_scan_item_limit(rng, monkeypatch):
-    monkeypatch.setattr(scanners, "FAST_SCAN_MAX_ITEMS", 10)
+    monkeypatch.setattr(faiss_scanners, "FAST_SCAN_MAX_ITEMS", 10)
     index = SubicIndex(4, 16, "faiss-fastscan")
     index.add(random_codes(rng, 6, 4, 16))
     index.search(np.ones((1, 64)), 1)

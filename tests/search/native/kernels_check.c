@@ -94,21 +94,36 @@ int main(void) {
             make_queries(z, nq, M * K);
             double want_scores[8 * 50], got_scores[8 * 50];
             int64_t want[8 * 50], got[8 * 50];
-            if (run(&db, z, nq, KERNEL_PORTABLE, want_scores, want)) return 2;
-            for (int kernel = KERNEL_AVX2; kernel < KERNEL_COUNT; kernel++) {
-                if (!cpu_runs(kernel)) continue;
-                if (run(&db, z, nq, kernel, got_scores, got)) return 2;
-                for (int i = 0; i < nq * 50; i++)
-                    if (got[i] != want[i] || got_scores[i] != want_scores[i]) {
-                        printf("FAIL %s M=%d K=%d bits=%d: query %d rank %d: %lld (%.17g), "
-                               "portable %lld (%.17g)\n",
-                               KERNEL_NAMES[kernel], M, K, bits, i / 50, i % 50,
-                               (long long)got[i], got_scores[i], (long long)want[i],
-                               want_scores[i]);
+            /* Unfiltered, then with a filter keeping every third row of the
+               first tile and none of the second (a tile skipped whole). */
+            uint8_t bits_of_rows[(2500 + 7) / 8] = {0};
+            for (int r = 0; r < n; r++)
+                if (r % 3 == 0 && (r < 1024 || r >= 2048)) bits_of_rows[r >> 3] |= 1 << (r & 7);
+            for (int filtered = 0; filtered < 2; filtered++) {
+                db.row_bits = filtered ? bits_of_rows : NULL;
+                if (run(&db, z, nq, KERNEL_PORTABLE, want_scores, want)) return 2;
+                for (int i = 0; filtered && i < nq * 50; i++)
+                    if (want[i] < 0 || want[i] % 3 || (want[i] >= 1024 && want[i] < 2048)) {
+                        printf("FAIL portable M=%d K=%d bits=%d: returned row %lld, which the "
+                               "filter leaves out\n", M, K, bits, (long long)want[i]);
                         return 1;
                     }
-                printf("ok %s M=%d K=%d bits=%d\n", KERNEL_NAMES[kernel], M, K, bits);
-                checked++;
+                for (int kernel = KERNEL_AVX2; kernel < KERNEL_COUNT; kernel++) {
+                    if (!cpu_runs(kernel)) continue;
+                    if (run(&db, z, nq, kernel, got_scores, got)) return 2;
+                    for (int i = 0; i < nq * 50; i++)
+                        if (got[i] != want[i] || got_scores[i] != want_scores[i]) {
+                            printf("FAIL %s M=%d K=%d bits=%d filtered=%d: query %d rank %d: "
+                                   "%lld (%.17g), portable %lld (%.17g)\n",
+                                   KERNEL_NAMES[kernel], M, K, bits, filtered, i / 50, i % 50,
+                                   (long long)got[i], got_scores[i], (long long)want[i],
+                                   want_scores[i]);
+                            return 1;
+                        }
+                    printf("ok %s M=%d K=%d bits=%d filtered=%d\n", KERNEL_NAMES[kernel], M, K,
+                           bits, filtered);
+                    checked++;
+                }
             }
             free(z);
             free(tiles);

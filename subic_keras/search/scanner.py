@@ -1,0 +1,79 @@
+"""`Scanner`: what ranks a `CodeStore` for real queries `z*`, and its helpers.
+
+A scanner returns the top-`k` positions of the store and their exact scores
+`sum_m z*[m*K + c_m]` (paper Sec. 3.3, Eq. 8), best first, equal scores by
+position, among every item or, given `keep` (one boolean per position),
+among the items it keeps. It keeps its own layout of the codes, made anew
+on the first search after the store changed (`scanners` lists them).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+
+import numpy as np
+
+from subic_keras.search.store import CodeStore
+
+
+def threads() -> int:
+    """Threads a search uses: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def best_first(scores: np.ndarray, positions: np.ndarray, k: int | None = None):
+    """Each row by score, highest first, equal scores by position; its first `k`."""
+    order = np.lexsort((positions, -scores), axis=-1)[:, :k]
+    return (
+        np.take_along_axis(scores, order, axis=1),
+        np.take_along_axis(positions, order, axis=1),
+    )
+
+
+class Scanner(abc.ABC):
+    """Ranks a `CodeStore`; keeps a layout of it in step with its versions."""
+
+    name: str
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.nbits = block_size.bit_length() - 1
+        self._synced = (-1, -1, 0)  # store version, removals, rows laid out
+        self._sync_lock = threading.Lock()  # searches run in parallel
+
+    def search(
+        self,
+        store: CodeStore,
+        queries: np.ndarray,
+        k: int,
+        keep: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top `k` scores and positions of each query, best first.
+
+        `k` is at most the number of items searched: `store.size`, or the
+        count of `keep`'s true values (one boolean per position).
+        """
+        with self._sync_lock:
+            version, removals, rows = self._synced
+            if version != store.version:
+                start = rows if removals == store.removals else 0
+                self._lay_out(store, start)
+                self._synced = (store.version, store.removals, store.size)
+        if keep is not None and keep.all():
+            keep = None
+        return self._search(store, queries, k, keep)
+
+    @abc.abstractmethod
+    def _lay_out(self, store: CodeStore, start: int) -> None:
+        """Lays out the store's rows; those before `start` are laid out already."""
+
+    @abc.abstractmethod
+    def _search(
+        self, store: CodeStore, queries: np.ndarray, k: int, keep: np.ndarray | None
+    ):
+        """`search` once the layout is in step."""
