@@ -306,6 +306,28 @@ def read_image(
             raise type(error)(f"{error} ({path})") from None
 
 
+def check_picture(path: str | os.PathLike) -> str:
+    """The format of a picture file, read from its header alone (nothing is
+    decoded): what lets a command refuse a file that is no picture before
+    it loads a model.
+
+    Returns:
+        The format's name (`"PNG"`, `"JPEG"`, ...), one of `FORMAT_NAMES`.
+
+    Raises:
+        ImageDecodeError: naming the path, for a file of no such format.
+        OSError: for a file that cannot be read, or is not a regular file.
+    """
+    path = os.fspath(path)
+    Image, _ = _pillow()
+    with open(open_regular(path), "rb") as handle:
+        try:
+            with Image.open(handle, formats=_FORMATS) as image:
+                return str(image.format)
+        except (OSError, SyntaxError, ValueError, EOFError):
+            raise ImageDecodeError(f"not a picture ({FORMAT_NAMES}) ({path})") from None
+
+
 def fingerprint(pixels: np.ndarray) -> int:
     """A 64-bit digest of decoded pixels (BLAKE2b): equal for the same picture.
 

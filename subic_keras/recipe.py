@@ -44,8 +44,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 
 import keras
+import numpy as np
 
 from subic_keras._validation import check_block_shape
 from subic_keras.building import build_subic
@@ -225,4 +227,57 @@ def train_subic(
     }
     summary["subic_train_seconds"] = round(time.time() - stage_start, 1)
     summary["train_seconds"] = round(time.time() - start, 1)
+    warning = learned_little(summary, held_out.labels)
+    if warning is not None:
+        summary["warning"] = warning
+        warnings.warn(warning, LearnedLittleWarning, stacklevel=2)
     return subic, summary
+
+
+class LearnedLittleWarning(UserWarning):
+    """A training whose model does barely better than chance."""
+
+
+# How close to chance a trained model may come before it is said to have
+# learned little: a few points of accuracy or of mAP.
+CHANCE_MARGIN = 0.05
+
+
+def learned_little(summary: dict, labels) -> str | None:
+    """The warning a training near chance level deserves, or None.
+
+    Chance is the accuracy of always answering the largest validation
+    class, and the mAP of a random ranking (the mean share of a query's
+    class among the validation items). The pre-training's best validation
+    accuracy, or SuBiC's best validation mAP, within `CHANCE_MARGIN` of
+    them means the network learned little.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not len(labels):
+        return None
+    shares = np.bincount(labels.astype(np.int64)) / len(labels)
+    chance_accuracy, random_map = float(shares.max()), float((shares**2).sum())
+    figures = []
+    pretraining = summary.get("pretrain") or {}
+    accuracy = pretraining.get("best_validation_accuracy")
+    if accuracy is not None and accuracy <= chance_accuracy + CHANCE_MARGIN:
+        figures.append(
+            f"validation accuracy {accuracy:.4f} against {chance_accuracy:.4f} "
+            f"for chance ({len(shares)} classes)"
+        )
+    maps = summary.get("validation_map") or {}
+    if maps and max(maps.values()) <= random_map + CHANCE_MARGIN:
+        figures.append(
+            f"validation mAP {max(maps.values()):.4f} against {random_map:.4f} "
+            "for a random ranking"
+        )
+    if not figures:
+        return None
+    return (
+        "the model learned little: "
+        + ", ".join(figures)
+        + f". Likely causes: too few pictures for a network trained from "
+        f"scratch ({len(labels)} validated here), no pretrained weights "
+        "(`--weights imagenet` or a weights file for a keras.applications "
+        "backbone), or a learning rate too high or too low"
+    )

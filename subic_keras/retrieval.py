@@ -9,9 +9,12 @@ code that scores the baselines, and every number through
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import sys
 
+import keras
 import numpy as np
 
 from subic_keras import images as image_files
@@ -60,6 +63,7 @@ def index_folder(
     index: ImageIndex | None = None,
     batch_size: int = 256,
     progress: bool = False,
+    model_path: str | os.PathLike | None = None,
 ) -> tuple[ImageIndex, FolderReport]:
     """Encodes every picture under `root` (recursively) into an `ImageIndex`.
 
@@ -75,6 +79,8 @@ def index_folder(
             one).
         batch_size: pictures decoded and encoded at a time.
         progress: show a progress bar on standard error (on a terminal).
+        model_path: the model's file, recorded by a new index and named in
+            messages (`model_record`).
 
     Returns:
         `(index, report)`: the index, and the counts of added, already
@@ -88,8 +94,9 @@ def index_folder(
     paths, skipped = find_files(root)
     if index is None:
         index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
+        index.model = model_record(subic, model_path)
     else:
-        _check_same_folder(index, subic, root)
+        _check_same_folder(index, subic, root, model_path)
     new = [path for path in paths if path not in index]
     report = FolderReport(already_indexed=len(paths) - len(new), skipped=skipped)
     from tqdm.auto import tqdm
@@ -113,18 +120,55 @@ def index_folder(
     return index, report
 
 
-def _check_same_folder(index: ImageIndex, subic: Subic, root) -> None:
+def _check_same_folder(index: ImageIndex, subic: Subic, root, model_path) -> None:
     if os.path.realpath(index.root) != os.path.realpath(root):
         raise ValueError(
             f"the index holds pictures of {index.root}, received the folder "
             f"{os.path.abspath(root)}"
         )
-    check_model_fits(index, subic)
+    check_model_fits(index, subic, model_path=model_path)
 
 
-def check_model_fits(index, subic: Subic, where: str = "the index") -> None:
-    """Refuses a model whose codes are not the index's, or whose input is not
-    the size the index's pictures were decoded to."""
+def model_record(subic: Subic, path: str | os.PathLike | None = None) -> dict:
+    """What an index records of the model that writes its codes.
+
+    The digest is a SHA-256 of the model's configuration (`M`, `K`, input
+    shape, saved query kind) and of every weight, in order: a model trained
+    again, even into the same file, has another.
+
+    Args:
+        subic: the model.
+        path: its file, named in messages (its base name is recorded).
+    """
+    digest = hashlib.sha256()
+    config = {
+        "num_blocks": subic.num_blocks,
+        "block_size": subic.block_size,
+        "input_shape": list(input_shape(subic)),
+        "query": subic.default_query,
+    }
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    for weight in subic.train_model.weights:
+        value = np.ascontiguousarray(keras.ops.convert_to_numpy(weight))
+        digest.update(f"{value.dtype}{value.shape}".encode())
+        digest.update(value.tobytes())
+    name = None if path is None else os.path.basename(os.fspath(path))
+    return {"digest": digest.hexdigest(), "file": name, **config}
+
+
+def check_model_fits(
+    index, subic: Subic, where: str = "the index", model_path=None
+) -> None:
+    """Refuses a model whose codes are not the index's: another block
+    shape, another input size, or (where the index records the model that
+    wrote it) another model altogether.
+
+    An index that records no model (written by an earlier version) cannot
+    be checked: a one-line warning on standard error says so.
+
+    Raises:
+        ValueError: naming the index, both models and what differs.
+    """
     if (index.num_blocks, index.block_size) != (subic.num_blocks, subic.block_size):
         raise ValueError(
             f"{where} holds codes of {index.num_blocks} blocks of "
@@ -137,6 +181,30 @@ def check_model_fits(index, subic: Subic, where: str = "the index") -> None:
             f"{where} holds pictures decoded to {tuple(shape)}, but the model "
             f"takes {input_shape(subic)}"
         )
+    current = model_record(subic, model_path)
+    recorded = index.model
+    model = current["file"] or "the model"
+    if recorded is None:
+        print(
+            f"warning: {where} does not record the model that wrote its codes "
+            f"(an index of an earlier version), so {model} cannot be checked "
+            "against it",
+            file=sys.stderr,
+        )
+        return
+    if recorded["digest"] == current["digest"]:
+        return
+    differs = [
+        f"{key} {recorded.get(key)} against {current[key]}"
+        for key in ("num_blocks", "block_size", "input_shape", "query")
+        if key in recorded and recorded[key] != current[key]
+    ] or ["their weights differ"]
+    wrote = recorded.get("file") or "another model"
+    raise ValueError(
+        f"{where} was written by {wrote} (digest {recorded['digest'][:12]}), not "
+        f"by {model} (digest {current['digest'][:12]}): {'; '.join(differs)}; "
+        "build the index again with this model (`subic index build`)"
+    )
 
 
 def full_scores(

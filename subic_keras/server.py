@@ -191,7 +191,9 @@ class SearchService:
 
     def _accept(self, index: ImageIndex) -> _Loaded:
         """`index` checked against the model and the served folder."""
-        retrieval.check_model_fits(index, self.subic, f"index {self.index_path}")
+        retrieval.check_model_fits(
+            index, self.subic, f"index {self.index_path}", self.model_path
+        )
         if os.path.realpath(index.root) != self.folder:
             raise ValueError(
                 f"index {self.index_path} records the folder {index.root!r}, but "

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -78,7 +79,12 @@ def build_model(config: TrainConfig, x_train: np.ndarray, num_classes: int) -> S
     )
 
 
-def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dict:
+def train(
+    config: TrainConfig,
+    verbose: int | str = "auto",
+    callbacks=(),
+    on_skipped: Callable[[list], None] | None = None,
+) -> dict:
     """Trains SuBiC with the recipe of `subic_keras.recipe` as configured.
 
     Writes `best.keras` (the model of the best validation epoch, its query
@@ -94,6 +100,9 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
         verbose: `fit`'s verbosity; `"auto"`: a progress bar on a terminal,
             a line per epoch otherwise.
         callbacks: more Keras callbacks, given to both stages' `fit`.
+        on_skipped: called with the files the folder check passed over
+            (`paths.SkippedFile`s), as soon as the folder is checked and
+            before the first epoch (`--images` runs; an empty list else).
 
     Returns:
         The summary: configuration, both stages, best epoch, validation and
@@ -101,6 +110,8 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
     """
     start = time.time()
     data = _data(config)
+    if on_skipped is not None:
+        on_skipped(list(data.skipped))
     x_test, y_test = data.splits[4:]
     shape = data.shape
     recipe = config.recipe(augment=min(shape[:2]) >= 16)
@@ -131,8 +142,12 @@ def train(config: TrainConfig, verbose: int | str = "auto", callbacks=()) -> dic
     subic.train_model.class_names = data.class_names
     subic.train_model.data_source = _data_source(config)
     best_path = os.path.join(config.output_dir, "best.keras")
+    recorded = dataclasses.asdict(config)
+    if config.images is not None:  # trained on a folder, not on `dataset`
+        recorded["dataset"] = None
     summary = {
-        "config": dataclasses.asdict(config),
+        "config": recorded,
+        "data": _data_source(config),
         "recipe": run.pop("recipe"),
         "cache_dir": cache_dir,
         "bits": run["bits"],

@@ -238,7 +238,7 @@ def test_folder_mistakes_are_one_line(model, folder, tmp_path, capsys):
     err, _ = _error(capsys, "search", other, out, root / "a" / "a_00000.png")
     assert "holds codes of 4 blocks of 16, but the model makes 8" in err
     err, _ = _error(capsys, "search", model, out, root / "notes.txt")
-    assert "not an image file" in err and "notes.txt" in err
+    assert "not a picture (PNG, JPEG, GIF, BMP or WebP)" in err and "notes.txt" in err
 
 
 def test_serve_mistakes_are_one_line_before_anything_loads(model, tmp_path, capsys):
@@ -280,8 +280,13 @@ def test_train_on_a_folder_records_its_classes(tmp_path, capsys):
     stdout, stderr = capsys.readouterr()
     assert "on the pictures of" in stdout and "(resized to 16x16)" in stdout
     assert "skipped stray.txt: not in a class folder" in stderr
+    # Said when the folder was checked, before training's report.
+    assert stdout.index("skipped 1 file (listed") < stdout.index("pre-training: ")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["class_names"] == ["a", "b", "c"] and "test" not in summary
+    assert (
+        summary["data"]["images"] == str(root) and summary["config"]["dataset"] is None
+    )
     assert summary["num_train"] + summary["num_validation"] == 200
     model = keras.saving.load_model(out / "best.keras")
     assert model.class_names == ["a", "b", "c"] and model.input_shape[1:] == (16, 16, 3)
@@ -303,6 +308,77 @@ def test_train_on_a_folder_records_its_classes(tmp_path, capsys):
     assert f"indexed 200 pictures of {root}" in capsys.readouterr().out
     assert main(["evaluate", str(out / "best.keras")]) == 0
     assert capsys.readouterr().out.startswith(f"pictures of {root} (3 classes)")
+    # Trained again into the same folder: refused before training, unless
+    # --overwrite; then the index of the old model is refused in one line
+    # naming both and what differs, before anything is searched.
+    err, seconds = _error(capsys, *train, "--output-dir", out)
+    assert "--output-dir already holds a model; --overwrite replaces it" in err
+    assert str(out / "best.keras") in err and seconds < 5
+    assert main([*train, "--seed", "1", "--output-dir", str(out), "--overwrite"]) == 0
+    capsys.readouterr()
+    query = root / "a" / "a_00000.png"
+    err, _ = _error(capsys, "search", out / "best.keras", index, query)
+    assert f"{index} was written by best.keras (digest " in err
+    assert "not by best.keras" in err and "their weights differ" in err
+    err, _ = _error(capsys, "index", "add", out / "best.keras", index)
+    assert "their weights differ" in err
+    with pytest.raises(ValueError, match="their weights differ"):
+        SearchService(str(out / "best.keras"), index)
+
+
+def test_an_index_without_its_model_is_searched_with_a_warning(model, folder, capsys):
+    root, paths = folder
+    output = str(root.parent / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    index = search_open(output)
+    assert index.model["file"] == "model.keras" and len(index.model["digest"]) == 64
+    index.model = None  # as an index of an earlier version
+    index.save(output)
+    capsys.readouterr()
+    assert main(["search", model, output, str(root / paths[0]), "-k", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be checked against it" in err
+
+
+def test_command_line_basics(model, folder, tmp_path, capsys):
+    import subic_keras
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"subic {subic_keras.__version__}"
+    # Alone, `subic` and `subic index` print their help (not an error).
+    for argv, commands in ([[], "quickstart,train,index"], [["index"], "build,add"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out.startswith("usage: subic") and commands in out and not err
+    # A query that is no picture: one line, before TensorFlow loads.
+    root, _ = folder
+    output = str(tmp_path / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    capsys.readouterr()
+    (tmp_path / "notes.png").write_text("not a picture")
+    err, seconds = _error(capsys, "search", model, output, tmp_path / "notes.png")
+    assert seconds < 1 and err.count("not a picture") == 1, err
+    assert "(PNG, JPEG, GIF, BMP or WebP)" in err and "a .npy array" in err
+    # Counts and their nouns agree.
+    one = tmp_path / "one"
+    (one / "a").mkdir(parents=True)
+    (root / paths_of(root)[0]).rename(one / "a" / "x.png")
+    assert (
+        main(["index", "build", model, str(one), "--output", str(tmp_path / "1.subic")])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert (
+        "indexed 1 picture of" in out
+        and "skipped 0 files" in out
+        and "1 picture in" in out
+    )
+
+
+def paths_of(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.png") if p.is_file())
 
 
 def test_train_folder_mistakes_are_one_line(tmp_path, capsys):

@@ -518,7 +518,7 @@ _CLI_CASES = [
     (lambda w: ["search", w["index_path"], w["index_path"], w["queries"]], "Keras"),
     (lambda w: ["search", w["model"], w["model"], w["queries"]], _INDEX_ERROR),
     (lambda w: ["search", w["model"], str(w["root"]), w["queries"]], "directory"),
-    (lambda w: ["search", w["model"], w["index_path"], w["model"]], "not an image"),
+    (lambda w: ["search", w["model"], w["index_path"], w["model"]], "not a picture"),
     (lambda w: ["search", w["model"], w["index_path"], str(w["root"])], "directory"),
     (lambda w: ["search", w["model"], w["index_path"], w["queries"], "-k", "0"], "-k"),
     (

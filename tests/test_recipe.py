@@ -270,3 +270,28 @@ def test_frozen_epochs_train_the_head_then_fine_tune_without_batch_norm(data):
     for a, b in zip(statistics, norm.non_trainable_weights):
         np.testing.assert_array_equal(a, b.numpy())
     assert norm.trainable and backbone.trainable
+
+
+def test_a_training_near_chance_says_so(tmp_path):
+    # Random inputs and labels: nothing to learn, chance level at best.
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(240, DIM)).astype("float32"), rng.integers(0, 4, 240)
+    validation = (rng.normal(size=(80, DIM)).astype("float32"), rng.integers(0, 4, 80))
+    with pytest.warns(recipe.LearnedLittleWarning, match="the model learned little"):
+        _, summary = recipe.train_subic(
+            _mlp(), 4, 8, x, y, validation, recipe=FAST, cache_dir=tmp_path
+        )
+    assert "validation accuracy" in summary["warning"]
+    assert "for chance (4 classes)" in summary["warning"]
+    # A model that learned: no warning (`learned_little` on its figures).
+    shares = [0, 0, 1, 1]
+    learned = {
+        "pretrain": {"best_validation_accuracy": 0.9},
+        "validation_map": {"z": 0.8},
+    }
+    assert recipe.learned_little(learned, shares) is None
+    near = {
+        "pretrain": {"best_validation_accuracy": 0.52},
+        "validation_map": {"z": 0.8},
+    }
+    assert "0.5200 against 0.5000" in recipe.learned_little(near, shares)

@@ -399,7 +399,7 @@ def _forged(photos, tmp_path, root: str, relative: str) -> str:
     metadata = {"format": "subic.image-index", "root": root, "next_id": 1}
     metadata["image_shape"] = [32, 32, 3]
     items = file_format.Items(
-        [relative], np.zeros(1, np.uint64), metadata, np.zeros(1), [None]
+        metadata, [relative], np.zeros(1, np.uint64), np.zeros(1), [None]
     )
     packed = packing.pack(np.zeros((1, 4), np.int64), 4)
     path = str(tmp_path / f"forged{abs(hash(root)) % 1000}.subic")

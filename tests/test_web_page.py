@@ -7,6 +7,7 @@ downloaded): the test is skipped where either is missing, unless
 
 import os
 import shutil
+import time
 
 import pytest
 from served import ServeProcess, save_model
@@ -88,6 +89,16 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             assert cards.nth(0).locator(".badge").inner_text() == "query"
             assert "matches in" in page.inner_text("#summary")
             assert "predicted: class " in page.inner_text("#query-info")
+            # An untrained model over 3 classes: a prediction near chance,
+            # marked as uncertain.
+            assert "uncertain, close to chance" in page.inner_text("#query-info")
+            # A tie group is named as such.
+            scores = [
+                cards.nth(i).locator(".score").inner_text().split("score ")[1]
+                for i in range(cards.count())
+            ]
+            shared = max(scores.count(score) for score in scores)
+            assert ("share score" in page.inner_text("#summary")) == (shared > 1)
             # Every thumbnail loaded from the server.
             page.wait_for_function(
                 "[...document.querySelectorAll('#grid img')]"
@@ -99,6 +110,42 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             cards.nth(3).click()
             page.wait_for_function(
                 f"document.querySelector('#grid .card').dataset.path === {clicked!r}"
+            )
+            # Matches are reached by keyboard: Enter searches with one.
+            target = cards.nth(2).get_attribute("data-path")
+            cards.nth(2).focus()
+            page.keyboard.press("Enter")
+            page.wait_for_function(
+                f"document.querySelector('#grid .card').dataset.path === {target!r}"
+            )
+
+            # While a search runs, the old matches are marked stale and the
+            # old prediction is gone.
+            def slow(route):
+                time.sleep(1.0)
+                route.continue_()
+
+            page.route("**/search?**", slow)
+            page.set_input_files("#file", str(base / "photos" / paths[40]))
+            page.wait_for_function(
+                "document.getElementById('grid').classList.contains('stale')"
+            )
+            assert page.inner_text("#query-info") == ""
+            page.wait_for_function(
+                "!document.getElementById('grid').classList.contains('stale')"
+            )
+            page.unroute("**/search?**")
+            # k beyond the index: bounded by what it holds, not refused.
+            page.fill("#k", "5000")
+            page.dispatch_event("#k", "change")
+            page.wait_for_function(
+                "document.querySelectorAll('#grid .card').length === 200"
+            )
+            assert page.input_value("#k") == "200"
+            page.fill("#k", "12")
+            page.dispatch_event("#k", "change")
+            page.wait_for_function(
+                "document.querySelectorAll('#grid .card').length === 12"
             )
             # The folder filter: the search runs again within one folder,
             # the server filtering inside its scan.
@@ -130,6 +177,9 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
                 "document.getElementById('error').textContent.includes('not a picture')"
             )
             assert page.locator("#grid .card").count() == 0
+            # ... and nothing of it stays: no query picture, no prediction.
+            assert not page.locator("#query-image").is_visible()
+            assert page.inner_text("#query-info") == ""
             # Nothing but this server was asked for anything.
             origin = f"http://127.0.0.1:{server.port}/"
             assert all(

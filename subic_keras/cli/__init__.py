@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     status, or exits with 2 on a user's mistake."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.run is None:  # `subic` or `subic index` alone: what they offer
+        args.help_of.print_help()
+        return 2
     debug = debug_requested(args.verbose)
     try:
         # Paths and values first: a mistake costs no TensorFlow start-up.

@@ -63,6 +63,15 @@ def _train(args) -> None:
         raise NotADirectoryError(
             20, "--output-dir is not a directory", config.output_dir
         )
+    model = os.path.join(config.output_dir, "best.keras")
+    if args.run == "run_train" and os.path.exists(model) and not args.overwrite:
+        raise FileExistsError(
+            17,
+            "--output-dir already holds a model; --overwrite replaces it (an "
+            "index built with it will then be refused), or choose another "
+            "--output-dir",
+            model,
+        )
 
 
 def _index(uri: str, collection: str) -> None:
@@ -130,8 +139,18 @@ def _search(args) -> None:
     if not args.images:
         raise ValueError("give at least one query image after the index")
     _index(args.index, args.collection)
+    # Pillow, for the headers: loaded here, not for `--help`.
+    from subic_keras.images import ImageDecodeError, check_picture
+
     for path in args.images:
         check_file(path, "query image file")
+        if not path.endswith(".npy"):
+            try:
+                check_picture(path)
+            except ImageDecodeError as error:
+                raise ValueError(
+                    f"{error}: a query is a picture or a .npy array"
+                ) from None
 
 
 def _megabytes(name: str, value: float, minimum: float) -> None:

@@ -12,17 +12,19 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
 from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, check_file
-from subic_keras.cli.console import debug_requested, printable, quiet_imports
+from subic_keras.cli.console import debug_requested, plural, printable, quiet_imports
 from subic_keras.cli.train_options import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
 from subic_keras.paths import check_folder
+from subic_keras.recipe import LearnedLittleWarning
 from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
@@ -30,6 +32,8 @@ from subic_keras.training import train
 
 
 def _report_training(summary: dict) -> None:
+    if summary.get("warning"):
+        print(f"warning: {summary['warning']}", file=sys.stderr)
     if summary["stopped_on_nan"]:
         kept = summary["checkpoint"] or "no checkpoint (no epoch finished cleanly)"
         print(
@@ -37,10 +41,6 @@ def _report_training(summary: dict) -> None:
             f"Kept the last good model: {kept}",
             file=sys.stderr,
         )
-    skipped = summary.get("skipped_files") or []
-    _list_skipped(skipped)
-    if skipped:
-        print(f"skipped {len(skipped)} files (listed with the reason on stderr)")
     if summary["checkpoint"] is None:
         return
     pretrain = summary.get("pretrain")
@@ -73,8 +73,8 @@ def _announce(config) -> None:
     print(
         f"Training SuBiC ({config.num_blocks} blocks of {config.block_size}: "
         f"{bits} bits) on {_training_source(config)}: "
-        f"{config.pretrain_epochs} epochs of pre-training, then {config.epochs} "
-        "SuBiC epochs with gamma = "
+        f"{plural(config.pretrain_epochs, 'epoch')} of pre-training, then "
+        f"{plural(config.epochs, 'SuBiC epoch')} with gamma = "
         f"{config.gamma:g} and mu = {config.mu:g} ramped in from 0 over the first "
         f"{recipe.warmup_epochs:.3g} epochs (--warmup-epochs); the best epoch is kept."
     )
@@ -89,10 +89,20 @@ def _training_source(config) -> str:
     return f"the pictures of {config.images} (resized to {size}x{size})"
 
 
+def _report_skipped(skipped: list) -> None:
+    """The files the folder check passed over, before training starts."""
+    _list_skipped(skipped)
+    if skipped:
+        count = plural(len(skipped), "file")
+        print(f"skipped {count} (listed with the reason on stderr)", flush=True)
+
+
 def run_train(args) -> int:
     config = config_from_args(args)
     _announce(config)
-    summary = train(config)
+    with warnings.catch_warnings():  # said once, at the end (`_report_training`)
+        warnings.simplefilter("ignore", LearnedLittleWarning)
+        summary = train(config, on_skipped=_report_skipped)
     _report_training(summary)
     return 1 if summary["stopped_on_nan"] else 0
 
@@ -102,7 +112,9 @@ def run_quickstart(args) -> int:
     start = time.time()
     config = config_from_args(args)
     _announce(config)
-    summary = train(config, verbose=0)
+    with warnings.catch_warnings():  # said once, at the end (`_report_training`)
+        warnings.simplefilter("ignore", LearnedLittleWarning)
+        summary = train(config, verbose=0, on_skipped=_report_skipped)
     _report_training(summary)
     if summary["checkpoint"] is None:
         return 1
@@ -229,10 +241,11 @@ def run_index_build(args) -> int:
         num_blocks=subic.num_blocks,
         block_size=subic.block_size,
         collection=args.collection,
+        model=retrieval.model_record(subic, args.model),
     )
     print(
-        f"indexed {len(added)} {args.dataset} {args.split} images into "
-        f"{_index_name(args, args.output)} ({total} items)"
+        f"indexed {plural(len(added), f'{args.dataset} {args.split} image')} into "
+        f"{_index_name(args, args.output)} ({plural(total, 'item')})"
     )
     return 0
 
@@ -240,7 +253,11 @@ def run_index_build(args) -> int:
 def _index_folder(args, subic=None) -> int:
     subic = subic or _load_subic(args.model)
     index, report = retrieval.index_folder(
-        subic, args.folder, batch_size=args.batch_size, progress=True
+        subic,
+        args.folder,
+        batch_size=args.batch_size,
+        progress=True,
+        model_path=args.model,
     )
     index.save(args.output)
     _report_folder(report, index, args.output)
@@ -262,9 +279,9 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
         f", {report.already_indexed} already indexed" if report.already_indexed else ""
     )
     print(
-        f"indexed {report.added} pictures of {printable(index.root)}{known}; skipped "
-        f"{len(report.skipped)} files (listed with the reason on stderr); "
-        f"{len(index)} pictures in {output}"
+        f"indexed {plural(report.added, 'picture')} of {printable(index.root)}{known}; "
+        f"skipped {plural(len(report.skipped), 'file')} (listed with the reason on "
+        f"stderr); {plural(len(index), 'picture')} in {output}"
     )
 
 
@@ -274,7 +291,12 @@ def run_index_add(args) -> int:
     check_folder(folder)
     subic = _load_subic(args.model)
     index, report = retrieval.index_folder(
-        subic, folder, index=index, batch_size=args.batch_size, progress=True
+        subic,
+        folder,
+        index=index,
+        batch_size=args.batch_size,
+        progress=True,
+        model_path=args.model,
     )
     index.save(args.index)
     _report_folder(report, index, args.index)
@@ -294,7 +316,7 @@ def run_index_remove(args) -> int:
         paths += _missing_files(index, args.force)
     removed = index.remove(paths)
     index.save(args.index)
-    print(f"removed {removed} pictures; {len(index)} left in {args.index}")
+    print(f"removed {plural(removed, 'picture')}; {len(index):,} left in {args.index}")
     return 0
 
 
@@ -366,9 +388,7 @@ def _read_image(path: str, shape) -> np.ndarray:
     try:
         return image_files.read_image(path, shape)[None]
     except image_files.ImageDecodeError as error:
-        raise ValueError(
-            f"not an image file (PNG, JPEG, GIF, BMP or WebP) or a .npy array: {error}"
-        ) from None
+        raise ValueError(f"{error}: a query is a picture or a .npy array") from None
 
 
 def _read_query_images(
@@ -405,7 +425,7 @@ def run_search(args) -> int:
     condition = _where(args)  # a bad filter is said before anything loads
     subic = _load_subic(args.model)
     index, where = _open_index(args, args.index)
-    retrieval.check_model_fits(index, subic, where)
+    retrieval.check_model_fits(index, subic, where, args.model)
     names, images, fingerprints = _read_query_images(
         paths, retrieval.input_shape(subic)
     )
@@ -494,7 +514,10 @@ def run_evaluate(args) -> int:
         queries = options.get("num_queries", per_class * len(np.unique(labels)))
         database = max(1, len(labels) - queries)
         ks = tuple(k for k in ks if k <= database) or (database,)
-    index = _open_index(args, args.index)[0] if args.index else None
+    index = None
+    if args.index:
+        index, where = _open_index(args, args.index)
+        retrieval.check_model_fits(index, subic, where, args.model)
     start = time.time()
     result = retrieval.evaluate(
         subic,

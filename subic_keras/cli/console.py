@@ -91,3 +91,8 @@ def printable(text: str) -> str:
     Python writes them (`\\x1b`, `\\n`, `\\udce9`), so a file name cannot
     move the cursor, recolour the screen or fake a line of output."""
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """`"1 picture"`, `"2 pictures"`: a count and its noun, in agreement."""
+    return f"{count:,} {word if count == 1 else words or word + 's'}"

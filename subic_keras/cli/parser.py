@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+import subic_keras
 from subic_keras.cli.train_options import QUICKSTART, add_train_arguments
 from subic_keras.cli.train_options import config_from_args as config_from_args
 from subic_keras.config import DATASETS, QUERY_KINDS, TrainConfig
@@ -168,9 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="subic", description="SuBiC: supervised structured binary codes"
     )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {subic_keras.__version__}"
+    )
+    # Without a command, `subic` (and `subic index`) print their help.
+    parser.set_defaults(run=None, help_of=parser, command_name="subic")
     common = argparse.ArgumentParser(add_help=False)
     _add_common_arguments(common)
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command")
     quick = commands.add_parser(
         "quickstart",
         parents=[common],
@@ -183,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run="run_train", command_name="train")
 
     index = commands.add_parser("index", help="build, extend or prune a search index")
-    index_commands = index.add_subparsers(dest="index_command", required=True)
+    index.set_defaults(run=None, help_of=index, command_name="index")
+    index_commands = index.add_subparsers(dest="index_command")
     build = index_commands.add_parser(
         "build",
         parents=[common],

@@ -200,6 +200,13 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
         help="where best.keras, summary.json and logs go (default: %(default)s)",
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the model an --output-dir already holds; without it, "
+        "such a folder is refused before training, so that no index outlives "
+        "the model that wrote it unnoticed (default: off)",
+    )
+    parser.add_argument(
         "--cache-dir",
         default=defaults.cache_dir,
         help="cache of pre-trained backbones (default: $SUBIC_CACHE_DIR or "

@@ -82,6 +82,12 @@ class Searcher(abc.ABC):
         """The `(H, W, C)` the items' pictures were decoded to, if known."""
         return None
 
+    @property
+    def model(self) -> dict | None:
+        """The model that wrote the codes, if the index records it
+        (`retrieval.model_record`)."""
+        return None
+
     def search(self, queries, k: int, *, where=None) -> tuple[np.ndarray, np.ndarray]:
         """Asymmetric search: the `k` best items for each real query `z*`.
 

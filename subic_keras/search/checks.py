@@ -172,3 +172,26 @@ def one_hot(codes: np.ndarray, block_size: int) -> np.ndarray:
     columns = codes.astype(np.int64) + np.arange(num_blocks) * block_size
     np.put_along_axis(out, columns, 1.0, axis=1)
     return out
+
+
+def check_model_record(name: str, record) -> dict | None:
+    """What an index records of the model that wrote its codes, or None.
+
+    A record is a JSON object with a `"digest"` (64 hexadecimal digits, the
+    SHA-256 of the model's configuration and weights) and, for messages,
+    the model's `"file"` name, `"num_blocks"`, `"block_size"`,
+    `"input_shape"` and `"query"` kind.
+    """
+    if record is None:
+        return None
+    digest = record.get("digest") if isinstance(record, dict) else None
+    if (
+        not isinstance(digest, str)
+        or len(digest) != 64
+        or any(c not in "0123456789abcdef" for c in digest)
+    ):
+        raise ValueError(
+            f"{name} must be a model record with a 64-digit hexadecimal digest, "
+            f"received {str(record)[:200]}"
+        )
+    return dict(record)

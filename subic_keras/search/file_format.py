@@ -30,18 +30,25 @@ table between the ids and the checksum:
     P             n paths relative to the folder, UTF-8, each followed by
                   a NUL byte, in insertion order
 
-Version 3 is version 2 with two more columns after the path table:
+Version 3 holds metadata in every file, and the item table where header
+flag bit 1 is set (an index of image files); after the ids:
 
     size          field
+    8   uint64    J, bytes of the metadata
+    J             metadata: a UTF-8 JSON object (the model that wrote the
+                  codes; for image files also the folder and input shape)
+    with flag bit 1 only:
+    8*n uint64    fingerprints of the items' pixels, in insertion order
+    8   uint64    P, bytes of the path table
+    P             n paths, as in version 2
     8*n float64   when each item was added, seconds since 1970 (0: unknown)
     8   uint64    A, bytes of the attributes
     A             a UTF-8 JSON array of n values, each null or a flat
                   object of the item's attributes (`items.check_attributes`)
 
-`write` writes version 1 when it is given no item table, so that files of
-codes alone stay readable by every earlier release, and version 3 with
-one; `read` reads all three (a version 2 file's items were added at an
-unknown time, 0, and have no attributes).
+`write` writes version 1 when it is given neither metadata nor an item
+table, and version 3 otherwise; `read` reads all three (a version 2 file's
+items were added at an unknown time, 0, and have no attributes).
 
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
@@ -76,6 +83,7 @@ _HEADER = struct.Struct("<8sIIIIQII")
 _CHUNK = 1 << 20  # bytes read at a time to verify a file
 _DIGEST_SIZE = 32
 _FLAG_EXACT = 1
+_FLAG_ITEMS = 2
 _LENGTH = struct.Struct("<Q")
 
 
@@ -99,13 +107,15 @@ class Header:
 
 @dataclasses.dataclass(frozen=True)
 class Items:
-    """What versions 2 and 3 record of each item beside its code and id."""
+    """What versions 2 and 3 record beside the codes and ids: metadata, and
+    of each item (an index of image files; None otherwise) its path,
+    fingerprint, time added and attributes."""
 
-    paths: list[str]
-    fingerprints: np.ndarray  # uint64 (n,)
     metadata: dict
-    added: np.ndarray  # float64 (n,)
-    attributes: list[dict | None]
+    paths: list[str] | None = None
+    fingerprints: np.ndarray | None = None  # uint64 (n,)
+    added: np.ndarray | None = None  # float64 (n,)
+    attributes: list[dict | None] | None = None
 
 
 def write(
@@ -123,8 +133,9 @@ def write(
         packed_chunks: packed codes `(rows, code_size)` uint8, in insertion
             order, `header.size` rows in all.
         ids: int64 ids `(header.size,)`, in insertion order.
-        items: the item table of version 3, in insertion order; `None`
-            writes version 1.
+        items: the metadata and item table of version 3 (item columns in
+            insertion order, or None for metadata alone); `None` writes
+            version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         digest = hashlib.sha256()
@@ -139,7 +150,7 @@ def write(
                 VERSION if items is None else VERSION_WITH_ITEMS,
                 header.num_blocks,
                 header.block_size,
-                0,
+                _FLAG_ITEMS if items is not None and items.paths is not None else 0,
                 header.size,
                 header.code_size,
                 header.shortlist or 0,
@@ -151,6 +162,7 @@ def write(
         if items is not None:
             metadata = json.dumps(items.metadata, sort_keys=True).encode()
             put(_LENGTH.pack(len(metadata)) + metadata)
+        if items is not None and items.paths is not None:
             put(np.asarray(items.fingerprints).astype("<u8").tobytes())
             table = b"".join(p.encode() + b"\0" for p in items.paths)
             put(_LENGTH.pack(len(table)) + table)
@@ -214,13 +226,18 @@ def read(
         if not (1 <= m and 2 <= k <= MAX_BLOCK_SIZE and not k & (k - 1)):
             raise fail(f"invalid block shape num_blocks={m}, block_size={k}")
         header = Header(m, k, int(n), shortlist or None)
-        if code_size != header.code_size or flags & ~_FLAG_EXACT:
+        known = _FLAG_EXACT | (_FLAG_ITEMS if version == VERSION_WITH_ITEMS else 0)
+        if code_size != header.code_size or flags & ~known:
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
+        with_items = version == VERSION_WITH_PATHS or bool(flags & _FLAG_ITEMS)
         expected = _HEADER.size + n * (code_size + 8) + _DIGEST_SIZE
         if version != VERSION:
-            # The item table's lengths and fixed-size columns, at the least.
-            expected += 2 * _LENGTH.size + 8 * n
-            if version == VERSION_WITH_ITEMS:
+            # The metadata's length, and the item table's lengths and
+            # fixed-size columns, at the least.
+            expected += _LENGTH.size
+            if with_items:
+                expected += _LENGTH.size + 8 * n
+            if with_items and version == VERSION_WITH_ITEMS:
                 expected += _LENGTH.size + 8 * n
             if size < expected:
                 raise fail(
@@ -268,7 +285,12 @@ def read(
     if version != VERSION:
         try:
             items = _read_items(
-                body, n * (code_size + 8), len(body) - _DIGEST_SIZE, n, version
+                body,
+                n * (code_size + 8),
+                len(body) - _DIGEST_SIZE,
+                n,
+                version,
+                with_items,
             )
         except ValueError as error:
             raise fail(str(error)) from None
@@ -276,7 +298,12 @@ def read(
 
 
 def _read_items(
-    body: bytes | bytearray, start: int, end: int, n: int, version: int
+    body: bytes | bytearray,
+    start: int,
+    end: int,
+    n: int,
+    version: int,
+    with_items: bool,
 ) -> Items:
     """The item table in `body[start:end]`, every length checked first."""
 
@@ -296,6 +323,12 @@ def _read_items(
         raise ValueError(f"metadata is not valid JSON ({error})") from None
     if not isinstance(metadata, dict):
         raise ValueError("metadata is not a JSON object")
+    if not with_items:
+        if offset != end:
+            raise ValueError(
+                f"{end - offset} bytes of trailing data after the metadata"
+            )
+        return Items(metadata)
     if end - offset < 8 * n + _LENGTH.size:
         raise ValueError("the fingerprints are truncated")
     fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
@@ -327,4 +360,4 @@ def _read_items(
             raise ValueError(f"attributes are not a JSON array of {n} values")
     if offset != end:
         raise ValueError(f"{end - offset} bytes of trailing data after the items")
-    return Items(paths, fingerprints.astype(np.uint64), metadata, added, attributes)
+    return Items(metadata, paths, fingerprints.astype(np.uint64), added, attributes)

@@ -115,6 +115,15 @@ class ImageIndex(Searcher):
         """The name of the scanner that ranks the codes."""
         return self._codes.scanner
 
+    @property
+    def model(self) -> dict | None:
+        """The model that wrote the codes (`SubicIndex.model`)."""
+        return self._codes.model
+
+    @model.setter
+    def model(self, record: dict | None) -> None:
+        self._codes.model = record
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -360,10 +369,12 @@ class ImageIndex(Searcher):
             metadata = {"format": FORMAT, "root": self._root, "next_id": self._next_id}
             if self._shape is not None:
                 metadata["image_shape"] = list(self._shape)
+            if self._codes.model is not None:
+                metadata["model"] = self._codes.model
             items = file_format.Items(
+                metadata,
                 list(self._items.paths),
                 self._items.fingerprints,
-                metadata,
                 self._items.added,
                 list(self._items.attributes),
             )
@@ -426,6 +437,7 @@ class ImageIndex(Searcher):
             attributes = check_attributes("attributes", items.attributes, len(paths))
         except (TypeError, ValueError) as error:
             raise fail(str(error)) from None
+        assert items.fingerprints is not None and items.added is not None
         index = cls(codes.num_blocks, codes.block_size, root, shape)
         index._codes = codes
         ids = codes.get_ids()

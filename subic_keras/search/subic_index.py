@@ -22,6 +22,7 @@ from subic_keras.search.base import SearchBackend
 from subic_keras.search.checks import (
     check_block_size,
     check_ids,
+    check_model_record,
     check_num_blocks,
     check_queries,
     preview,
@@ -125,6 +126,7 @@ class SubicIndex(SearchBackend):
         self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
         self._masks = filters.MaskCache()
+        self._model: dict | None = None
 
     # Properties ---------------------------------------------------------
 
@@ -144,6 +146,17 @@ class SubicIndex(SearchBackend):
     @property
     def shortlist(self) -> int | None:
         return self._shortlist
+
+    @property
+    def model(self) -> dict | None:
+        """The model that wrote the codes (`retrieval.model_record`), saved
+        with the index and checked against the model that searches it; None
+        when unknown (an index written by an earlier version)."""
+        return self._model
+
+    @model.setter
+    def model(self, record: dict | None) -> None:
+        self._model = check_model_record("model", record)
 
     @property
     def code_size(self) -> int:
@@ -438,7 +451,10 @@ class SubicIndex(SearchBackend):
             path: destination file; replaced only once fully written.
         """
         with self.contents() as (header, chunks, ids):
-            file_format.write(path, header, chunks, ids)
+            items = None
+            if self._model is not None:
+                items = file_format.Items({"model": self._model})
+            file_format.write(path, header, chunks, ids, items)
 
     @contextlib.contextmanager
     def contents(self) -> Iterator[tuple[file_format.Header, Iterator, np.ndarray]]:

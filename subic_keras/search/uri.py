@@ -70,6 +70,14 @@ def open(  # the package's `open`: `sk.search.open(uri)`
     codes = SubicIndex.from_parts(uri, header, packed, ids, scanner=scanner)
     if items is None:
         return codes
+    try:
+        codes.model = items.metadata.get("model")
+    except ValueError as error:
+        raise ValueError(
+            f"{os.fspath(uri)!r} is not a valid SuBiC index file: {error}"
+        ) from None
+    if items.paths is None:
+        return codes
     return ImageIndex.from_parts(uri, codes, items)
 
 
@@ -81,6 +89,7 @@ def add_codes(
     num_blocks: int,
     block_size: int,
     collection: str = DEFAULT_COLLECTION,
+    model: dict | None = None,
 ) -> tuple[np.ndarray, int]:
     """Stores codes at `uri`: added to a Milvus collection (created if it
     does not exist), or written as a new `.subic` file (atomically).
@@ -91,6 +100,8 @@ def add_codes(
         ids: their ids (`None`: consecutive ids after the largest present).
         num_blocks, block_size: `M` and `K`.
         collection: the Milvus collection (Milvus URIs only).
+        model: the model that wrote the codes (`retrieval.model_record`),
+            recorded by a `.subic` file (a Milvus collection does not yet).
 
     Returns:
         The ids added, and the number of items at `uri` now.
@@ -101,6 +112,7 @@ def add_codes(
         with MilvusIndex(uri, collection, num_blocks, block_size) as database:
             return database.add(codes, ids=ids), len(database)
     index = SubicIndex(num_blocks, block_size)
+    index.model = model
     added = index.add(codes, ids=ids)
     index.save(uri)
     return added, len(index)

@@ -175,7 +175,7 @@ def _items(paths, metadata=None, attributes=None):
     metadata = {"format": FORMAT, "root": "/p"} if metadata is None else metadata
     attributes = [None] * n if attributes is None else attributes
     return file_format.Items(
-        paths, np.zeros(n, np.uint64), metadata, np.zeros(n), attributes
+        metadata, paths, np.zeros(n, np.uint64), np.zeros(n), attributes
     )
 
 
@@ -232,7 +232,7 @@ def test_version_two_files_load_with_unknown_times_and_no_attributes(tmp_path, r
     data = bytearray(path.read_bytes()[:-32])
     attributes = json.dumps([None, None]).encode()
     del data[len(data) - len(attributes) - 8 - 16 :]
-    data[8] = 2
+    data[8], data[20] = 2, 0  # version 2, which had no item flag
     path.write_bytes(bytes(data) + hashlib.sha256(data).digest())
     index = load_index(path)
     assert isinstance(index, ImageIndex) and index.get_paths() == ["cat/a.png", "b.png"]
