@@ -6,7 +6,7 @@ test pictures as PNG files in class folders and `query.jpg` / `query.png`
 are two of them. The substitutions, all for time:
 
 - `pip install …` is skipped: the tests run in the installed package;
-- `python -m pytest tests` only collects (`--collect-only -q`): the suite
+- `python -m pytest tests -n 2` only collects (`--collect-only -q`): the suite
   cannot run inside itself;
 - `subic quickstart` runs 4 SuBiC epochs, and `subic train` 0 + 1 epochs
   on at most 500 pictures (`--pretrain-epochs 0 --epochs 1
@@ -132,7 +132,10 @@ def test_command_blocks_run_as_written(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     bash = [code for language, code in blocks() if language == "bash"]
     ran = run_bash(bash[0], workdir)
-    assert ran == [["subic", "quickstart"], ["python", "-m", "pytest", "tests"]]
+    assert ran == [
+        ["subic", "quickstart"],
+        ["python", "-m", "pytest", "tests", "-n", "2"],
+    ]
     run_bash(bash[1], workdir)  # train, index build, evaluate, export
     assert (workdir / "runs/cifar48/best.keras").is_file()
     # The model's own data: CIFAR-10's test split, the paper's protocol.
