@@ -99,9 +99,9 @@ def create_app(service: SearchService) -> FastAPI:
         request: Request, k: int = Query(10), where: str | None = Query(None)
     ):
         service.check_k(k)
-        service.check_where(where)
+        condition = service.check_where(where)  # refused before the upload is read
         data = await _picture(request, service.max_upload_bytes)
-        answer = await run_in_threadpool(service.search_image, data, k, where)
+        answer = await run_in_threadpool(service.search_image, data, k, condition)
         return JSONResponse(answer)
 
     @app.post("/search/query")

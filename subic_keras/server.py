@@ -286,16 +286,21 @@ class SearchService:
             raise ApiError(422, f"k must be in [1, {MAX_K}], received {k}")
         return k
 
-    def check_where(self, where: str | None):
-        """A filter expression parsed (422 naming the problem), or None."""
-        if where is None or not where.strip():
+    def check_where(self, where: str | filters.Filter | None):
+        """A filter expression parsed (422 naming the problem), or None; a
+        filter parsed already is taken as it is."""
+        if where is None or isinstance(where, filters.Filter):
+            return where
+        if not where.strip():
             return None
         try:
             return filters.parse(where)
         except ValueError as error:
             raise ApiError(422, str(error)) from None
 
-    def search_image(self, data: bytes, k: int, where: str | None = None) -> dict:
+    def search_image(
+        self, data: bytes, k: int, where: str | filters.Filter | None = None
+    ) -> dict:
         """Searches with an encoded picture (PNG, JPEG, GIF, BMP, WebP)."""
         start = time.perf_counter()
         k = self.check_k(k)

@@ -442,7 +442,7 @@ def _where(args) -> filters.Filter | None:
     """`--where EXPR` and `--under FOLDER`, both if both are given."""
     where = filters.parse(args.where) if args.where is not None else None
     if args.under is not None:
-        under = filters.Under(args.under.strip("/"))
+        under = filters.Under(args.under)
         where = under if where is None else where & under
     return where
 

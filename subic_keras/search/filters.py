@@ -119,12 +119,11 @@ def _literal(value) -> str:
     return "true" if value is True else "false" if value is False else repr(value)
 
 
-def _check_milvus_field(field: str) -> None:
-    if field != "id":
-        raise ValueError(
-            f"where: a Milvus collection holds ids and codes only, so it can be "
-            f"filtered on id alone, received a test on {field!r}"
-        )
+def _not_on_milvus(field: str) -> ValueError:
+    return ValueError(
+        f"where: a Milvus collection holds ids and codes only, so it can be "
+        f"filtered on id alone, received a test on {field!r}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +146,8 @@ class Compare(Filter):
         return {self.field}
 
     def milvus(self) -> str:
-        _check_milvus_field(self.field)
+        if self.field != "id":
+            raise _not_on_milvus(self.field)
         return f"id {self.op} {_literal(self.value)}"
 
     def __str__(self) -> str:
@@ -179,7 +179,8 @@ class In(Filter):
         return {self.field}
 
     def milvus(self) -> str:
-        _check_milvus_field(self.field)
+        if self.field != "id":
+            raise _not_on_milvus(self.field)
         return f"id in [{', '.join(_literal(v) for v in self.values)}]"
 
     def __str__(self) -> str:
@@ -188,9 +189,13 @@ class In(Filter):
 
 @dataclasses.dataclass(frozen=True)
 class Under(Filter):
-    """`path under folder`: paths in `folder` or below it."""
+    """`path under folder`: paths in `folder` or below it (surrounding
+    slashes ignored)."""
 
     folder: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "folder", self.folder.strip("/"))
 
     def mask(self, columns: Columns) -> np.ndarray:
         paths = columns.column("path")
@@ -203,8 +208,7 @@ class Under(Filter):
         return {"path"}
 
     def milvus(self) -> str:
-        _check_milvus_field("path")
-        return ""  # never reached
+        raise _not_on_milvus("path")
 
     def __str__(self) -> str:
         return f"path under {_literal(self.folder)}"
@@ -501,7 +505,7 @@ class _Parser:
             folder = self._value()
             if not isinstance(folder, str):
                 raise self._error("'under' takes a folder in quotes")
-            return Under(folder.strip("/"))
+            return Under(folder)
         if self._keyword("in"):
             self._take("[")
             values = [self._value()]

@@ -307,12 +307,15 @@ class IdColumns:
 
     def column(self, field: str) -> np.ndarray:
         if field != "id":
-            raise ValueError(
-                f"where: this index holds codes and ids only (no paths or "
-                f"attributes), so it can be filtered on id alone, received a "
-                f"test on {field!r}"
-            )
+            raise _ids_only(field)
         return self.ids
 
     def attribute(self, name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        return self.column("attrs." + name)  # type: ignore[return-value]
+        raise _ids_only("attrs." + name)
+
+
+def _ids_only(field: str) -> ValueError:
+    return ValueError(
+        f"where: this index holds codes and ids only (no paths or attributes), "
+        f"so it can be filtered on id alone, received a test on {field!r}"
+    )

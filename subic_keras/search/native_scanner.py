@@ -80,7 +80,7 @@ class NativeScanner(Scanner):
         if keep is not None:
             prepared = self._prepare(keep)
             share = min(GATHER_BELOW, GATHER_PER_QUERY * len(queries))
-            if "gathered" in prepared and prepared["gathered"] is not None:
+            if "gathered" in prepared:
                 share = GATHER_BELOW  # gathered already: as good as free
             if prepared["count"] <= share * len(keep):
                 if "gathered" not in prepared:
