@@ -38,7 +38,11 @@ setup(
     extras_require={
         "litert": ["ai-edge-litert>=1.0"],
         # subic_keras.search.milvus: Milvus Lite (embedded) and Milvus servers.
-        "milvus": ["pymilvus>=2.5", "milvus-lite>=2.4"],
+        # The lowest versions tested: milvus-lite 2.4.12 fails on collection
+        # properties (UNIMPLEMENTED), 2.5.1 on the first insert.
+        "milvus": ["pymilvus>=3.0.2", "milvus-lite>=3.2.2"],
+        # subic_keras.search.ray_index: shards in Ray actors (2.60 tested).
+        "ray": ["ray>=2.60"],
         "notebooks": [
             "nbconvert>=7",  # `jupyter nbconvert --execute`, as tutorials/README.md
             "nbclient>=0.10",
@@ -52,8 +56,9 @@ setup(
             "ruff>=0.5",
             "mypy>=1.10",  # .ci/run type-checks subic_keras (pyproject.toml)
             "ai-edge-litert>=1.0",
-            "pymilvus>=2.5",
-            "milvus-lite>=2.4",
+            "pymilvus>=3.0.2",
+            "milvus-lite>=3.2.2",
+            "ray>=2.60",
             "nbconvert>=7",  # tutorials/README.md's command, run by the tests
             "nbclient>=0.10",
             "nbformat>=5.9",

@@ -189,11 +189,51 @@ def _summary_folder_training(data: dict) -> tuple[str, str]:
 
 
 # The README's headline results, in order: file, and what to say of it.
+def _summary_refine(data: dict) -> tuple[str, str]:
+    test, default = data["test"], data["look"]["default"]
+    near, categories = test["near_duplicates"], test["category_map"]
+    cost = data["cost"]["k=10"]
+    return (
+        "ties ordered by look: near-duplicate recall@1, strict mAP 48 bits, cost",
+        f"recall@1 {near['codes_only']['recall@1']:.3f} codes only, "
+        f"{near[default]['recall@1']:.3f} refined; mAP "
+        f"{categories['codes_only']:.4f} / {categories[default]:.4f}; "
+        f"{cost['batch_ratio']:.2f}x time on {data['cost']['items']:,} codes, "
+        f"+{data['look']['bytes']} bytes per item",
+    )
+
+
+def _summary_cold_start(data: dict) -> tuple[str, str]:
+    kernel, entry = next(iter(data["kernels"].items()))
+    return (
+        f"first search after loading {data['items']:,} codes",
+        f"{kernel}: {entry['single']['first_s'] * 1000:.0f} ms against "
+        f"{entry['single']['warm_s'] * 1000:.2f} ms warm (grouping "
+        f"{data['group_s'] * 1000:.0f} ms); 1,000 queries "
+        f"{entry['batch_1000']['first_over_warm']:.2f}x warm",
+    )
+
+
+def _summary_ray_search(data: dict) -> tuple[str, str]:
+    results = data["results"]
+    four, recovery = results["ray_4_shards"], results["ray_4_shards"]["recovery"]
+    return (
+        f"Ray shards against one index, {data['items']:,} codes",
+        f"4 shards {four['throughput_ratio']:.2f}x throughput, "
+        f"+{four['added_single_ms']:.1f} ms a single query; actor killed: "
+        f"{recovery['failed_or_inexact']} failed, longest search "
+        f"{recovery['longest_search_s']:.1f} s",
+    )
+
+
 _SUMMARIES = {
     "cifar10_retrieval.json": _summary_cifar10,
     "train_recipe.json": _summary_train_recipe,
     "search_speed.json": _summary_search_speed,
     "filter_speed.json": _summary_filter_speed,
+    "refine.json": _summary_refine,
+    "cold_start.json": _summary_cold_start,
+    "ray_search.json": _summary_ray_search,
     "serve_load.json": _summary_serve_load,
     "stream_training.json": _summary_stream_training,
     "folder_training.json": _summary_folder_training,
@@ -223,6 +263,10 @@ def render_summary(results: dict) -> str:
         lines += ["", *search_kernel_table(results["search_speed.json"])]
     if "filter_speed.json" in results:
         lines += ["", *filter_table(results["filter_speed.json"])]
+    if "refine.json" in results:
+        lines += ["", *refine_table(results["refine.json"])]
+    if "ray_search.json" in results:
+        lines += ["", *ray_table(results["ray_search.json"])]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -258,6 +302,111 @@ def filter_table(data: dict) -> list[str]:
             for scanner, rows in by_scanner.items()
         ],
     )
+    return lines
+
+
+def refine_table(data: dict) -> list[str]:
+    """Codes only against codes refined by looks, on both tasks."""
+    test, default = data["test"], data["look"]["default"]
+    near, categories = test["near_duplicates"], test["category_map"]
+    machine = data.get("machine", {})
+    validation = data["validation"]
+    chosen = (
+        "the default"
+        if validation["default_is_chosen"]
+        else f"not the default: {validation['chosen']}"
+    )
+    lines = [
+        "Ties ordered by look (`subic_keras.search.looks`: a 96-byte thumbnail "
+        "per picture orders the codes' best results), CIFAR-10 test set, "
+        f"48-bit model {data['model']}, one run of `python -m benchmarks.refine` "
+        f"on {machine.get('cpu', 'a CPU')}; the look and its settings "
+        f"({default}) chosen on a validation split "
+        f"({chosen}):",
+        "",
+    ]
+    rows = []
+    for name, key in (("codes only", "codes_only"), ("refined", default)):
+        rows.append(
+            [
+                name,
+                f"{near[key]['recall@1']:.3f}",
+                f"{near[key]['recall@10']:.3f}",
+                f"{categories[key]:.4f}",
+            ]
+        )
+    lines += table(
+        [
+            "ranking",
+            "near-duplicate recall@1",
+            "recall@10",
+            "strict mAP (paper protocol)",
+        ],
+        rows,
+    )
+    cost = data["cost"]
+    lines += [
+        "",
+        "What bounds the refined recall: the thumbnail alone, over the whole "
+        "database, finds the original first for "
+        f"{near['thumbnail_alone_whole_database']['recall@1']:.3f} of the "
+        "queries, and the codes' shortlist holds it for "
+        f"{near['original_in_codes_shortlist']:.3f}.",
+        "",
+        f"Cost on {cost['items']:,} trained-like codes (tie groups up to "
+        f"{cost['largest_tie_group']:,}): k = 10, refined "
+        f"{cost['k=10']['batch_ratio']:.2f}x the time of codes only in batches "
+        f"of 1,000, {cost['k=10']['single_ratio']:.2f}x for one query; "
+        f"{cost['bytes_per_item']['refined']} bytes per item against "
+        f"{cost['bytes_per_item']['codes_only']}.",
+    ]
+    return lines
+
+
+def ray_table(data: dict) -> list[str]:
+    """RayIndex with 1, 2 and 4 shards against one in-process index."""
+    results, machine = data["results"], data.get("machine", {})
+    base = results["in_process"]
+    lines = [
+        f"Sharded search on Ray (`RayIndex`, one actor per shard, a local Ray "
+        f"on the same 2 cores) against one in-process `SubicIndex`, "
+        f"{data['items']:,} trained-like codes, k = {data['k']}, one run of "
+        f"`python -m benchmarks.ray_search` on {machine.get('cpu', 'a CPU')}:",
+        "",
+    ]
+    rows = [
+        ["in process", f"{base['queries_per_second']:.0f}", "1.00x",
+         f"{base['single_p50_ms']:.2f}", f"{base['single_p99_ms']:.2f}", "—"]
+    ]  # fmt: skip
+    for shards in (1, 2, 4):
+        r = results[f"ray_{shards}_shards"]
+        rows.append(
+            [
+                f"Ray, {shards} shard{'s' if shards > 1 else ''}",
+                f"{r['queries_per_second']:.0f}",
+                f"{r['throughput_ratio']:.2f}x",
+                f"{r['single_p50_ms']:.2f}",
+                f"{r['single_p99_ms']:.2f}",
+                f"{r['ray_memory_mb']:,.0f}",
+            ]
+        )
+    lines += table(
+        ["engine", "q/s (batches of 1,000)", "× in process", "single p50 ms",
+         "single p99 ms", "Ray processes' memory MB"],
+        rows,
+    )  # fmt: skip
+    model = data["billion_code_model"]
+    lines += [
+        "",
+        "A model of 1,000,000,000 codes from these figures (a search costs "
+        "the slowest shard's scan plus the fan-out): "
+        + "; ".join(
+            f"{name.replace('_', ' ')}: {m['queries_per_second_batched']:,.1f} q/s "
+            f"batched, about {m['single_query_ms_estimate']:,.0f} ms a query"
+            for name, m in model.items()
+        )
+        + ".",
+    ]
     return lines
 
 

@@ -88,6 +88,50 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
             socket.setdefaulttimeout(None)
 
 
+def keras_cache() -> str:
+    """Where Keras keeps downloaded weights (`$KERAS_HOME/models`, by
+    default `~/.keras/models`)."""
+    home = os.environ.get("KERAS_HOME", os.path.join("~", ".keras"))
+    return os.path.join(home, "models")
+
+
+class WeightsUnavailableError(OSError):
+    """ImageNet weights neither in the Keras cache nor downloadable."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(
+            f"could not obtain the ImageNet weights of {name}: they are not in "
+            f"the Keras cache ({keras_cache()}) and downloading them failed "
+            f"({reason}); copy the weights file into that folder from a machine "
+            "with network access, or pass a local weights file (weights=PATH), "
+            "or weights=None"
+        )
+
+
+def _reason(error: Exception) -> str:
+    """The innermost reason of a failed download, on one line."""
+    text = " ".join(str(error).split())
+    return text.rsplit(" -- ", 1)[-1][:200] or type(error).__name__
+
+
+# Batch normalization's moving averages of a network trained from scratch.
+# Keras's MobileNetV3 (and EfficientNet) keep 0.999 of the old average per
+# step, which suits ImageNet's 5,000 steps an epoch: on a folder of a few
+# hundred pictures (3 steps an epoch), 150 steps leave 86 % of the initial
+# mean 0 / variance 1, so inference normalizes with statistics the network
+# never had and predicts one class (validation at exactly chance while
+# training accuracy reaches 1). At 0.9 the averages follow within ~20 steps.
+FROM_SCRATCH_BN_MOMENTUM = 0.9
+
+
+def _settle_batch_norm(model: keras.Model) -> None:
+    """Moving averages that converge on a small folder (see above)."""
+    for layer in model.layers:  # the applications are flat functional models
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = min(layer.momentum, FROM_SCRATCH_BN_MOMENTUM)
+
+
 def keras_application(
     name: str,
     input_shape: tuple[int, int, int] = (224, 224, 3),
@@ -113,7 +157,10 @@ def keras_application(
             `"MobileNetV2"`, `"ResNet50"`, `"VGG16"`, `"EfficientNetB0"`.
         input_shape: `(height, width, 3)`.
         weights: `"imagenet"` (taken from the Keras cache, `~/.keras/models`,
-            or downloaded), a path to a weights file, or `None` (random).
+            or downloaded), a path to a weights file, or `None` (random; its
+            batch normalization averages then move at
+            `FROM_SCRATCH_BN_MOMENTUM`, so that they settle on a small
+            folder).
         pooling: `"avg"` or `"max"` global pooling.
         trainable: `True` (all layers), `False` (frozen), or an int `n >= 0`:
             only the last `n` layers of the returned model are trainable
@@ -126,8 +173,8 @@ def keras_application(
 
     Raises:
         ValueError: for an unknown name or bad arguments.
-        RuntimeError: when `weights="imagenet"` are neither cached nor
-            downloadable (e.g. no network).
+        WeightsUnavailableError: an `OSError`, when `weights="imagenet"`
+            are neither cached nor downloadable (e.g. no network).
     """
     constructor, _ = _application(name)
     input_shape = check_image_shape("input_shape", input_shape)
@@ -161,17 +208,11 @@ def keras_application(
         if weights == "imagenet" and (
             isinstance(error, OSError) or "URL fetch failure" in str(error)
         ):
-            cache = os.path.join(
-                os.environ.get("KERAS_HOME", os.path.join("~", ".keras")), "models"
-            )
-            raise RuntimeError(
-                f"could not obtain the ImageNet weights of {name}: they are not in "
-                f"the Keras cache ({cache}) and downloading them failed ({error}). "
-                "Copy the weights file into that directory from a machine with "
-                "network access, pass a local weights file, or use weights=None."
-            ) from error
+            raise WeightsUnavailableError(name, _reason(error)) from None
         raise
 
+    if weights is None:
+        _settle_batch_norm(model)
     # The applications list their inputs; a single input keeps calls on a bare
     # tensor free of Keras's structure warning.
     model = keras.Model(inputs, model.outputs[0], name=model.name)

@@ -24,6 +24,7 @@ from subic_keras.models import Subic
 from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.looks import look
 
 
 def build_index(
@@ -110,7 +111,8 @@ def index_folder(
         for batch in image_files.image_batches(root, new, shape, batch_size):
             if batch.paths:
                 codes = subic.encode(batch.pixels, batch_size=batch_size)
-                index.add(codes, batch.paths, batch.fingerprints)
+                looks = look(batch.pixels) if index.has_looks else None
+                index.add(codes, batch.paths, batch.fingerprints, looks=looks)
             report.added += len(batch.paths)
             report.skipped += batch.skipped
             bar.update(len(batch.paths) + len(batch.skipped))

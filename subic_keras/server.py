@@ -65,6 +65,7 @@ from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
 from subic_keras.search.base import answer_rows
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.looks import look
 
 LOG = logging.getLogger(__name__)
 
@@ -321,7 +322,12 @@ class SearchService:
             raise ApiError(503, str(error)) from None
         queries, probabilities = self.encode(pixels[None])
         answer = self._search(
-            self._state.index, queries, k, condition, image_files.fingerprint(pixels)
+            self._state.index,
+            queries,
+            k,
+            condition,
+            image_files.fingerprint(pixels),
+            look(pixels[None]),
         )
         best = int(np.argmax(probabilities[0]))
         answer.update(
@@ -368,9 +374,13 @@ class SearchService:
         scores, ids = index.search_codes(np.array([values]), k)
         return {"k": k, "results": answer_rows(index, scores, ids)[0]}
 
-    def _search(self, index: ImageIndex, queries, k: int, where, fingerprint: int):
+    def _search(
+        self, index: ImageIndex, queries, k: int, where, fingerprint: int, looks=None
+    ):
         try:
-            rows = index.answer(queries, k, where=where, fingerprints=[fingerprint])
+            rows = index.answer(
+                queries, k, where=where, fingerprints=[fingerprint], looks=looks
+            )
         except ValueError as error:  # a filter on a field this index lacks
             raise ApiError(422, str(error)) from None
         return {
@@ -418,6 +428,7 @@ class SearchService:
             "max_k": MAX_K,
             "max_upload_bytes": self.max_upload_bytes,
             "folders": index.folders()[:MAX_FOLDERS],
+            "looks": index.has_looks,
         }
 
 

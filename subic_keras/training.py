@@ -6,6 +6,7 @@ of `subic_keras.recipe` with the settings of a `TrainConfig`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -116,6 +117,7 @@ def train(
     shape = data.shape
     recipe = config.recipe(augment=min(shape[:2]) >= 16)
     cache_dir = config.cache_dir or default_cache_dir()
+    created = not os.path.exists(config.output_dir)
     os.makedirs(config.output_dir, exist_ok=True)
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
@@ -129,12 +131,16 @@ def train(
             config, data, shape, recipe, cache_dir, callbacks, verbose
         )
     except tf.errors.OpError as error:
+        _remove_if_empty(config.output_dir, created)
         # A folder that lost a whole class mid-training: one line, not
         # TensorFlow's traceback of the stream's Python call.
         failure = folder_failure(error)
         if failure is None:
             raise
         raise FolderChangedError(failure) from None
+    except BaseException:
+        _remove_if_empty(config.output_dir, created)
+        raise
     finally:
         keras.mixed_precision.set_global_policy(policy)
     if config.mixed_precision:
@@ -291,6 +297,14 @@ def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
         callbacks=[EpochTensorBoard(os.path.join(logs, "subic")), *callbacks],
         verbose=verbose,
     )
+
+
+def _remove_if_empty(folder: str, created: bool) -> None:
+    """A training that failed before writing anything leaves no folder of
+    its own behind (e.g. weights that could not be downloaded)."""
+    if created:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def _data_source(config: TrainConfig) -> dict:

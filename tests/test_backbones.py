@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras import backbones, litert_features
+from subic_keras import applications, backbones, litert_features
 from subic_keras.backbones import (
     ApplicationPreprocessing,
     LiteRTFeatureExtractor,
@@ -390,10 +390,49 @@ def test_keras_application_offline_imagenet_weights_fail_clearly(tmp_path, monke
 
     monkeypatch.setattr(config, "_KERAS_DIR", str(tmp_path))
     monkeypatch.setattr(file_utils, "urlretrieve", offline)
-    with pytest.raises(RuntimeError, match=r"ImageNet weights of VGG16.*weights=None"):
+    with pytest.raises(
+        OSError, match=r"ImageNet weights of VGG16.*weights=None"
+    ) as info:
         keras_application("VGG16", (32, 32, 3), weights="imagenet")
+    assert str(info.value).count("\n") == 0 and info.value.reason == "no network"
     assert len(calls) == 1
     assert not os.listdir(tmp_path / "models")  # nothing half-written left
+
+    # The command line says it in its own words, leaves no folder, exit 2.
+    from served import picture_folder
+
+    from subic_keras.cli import main
+
+    picture_folder(tmp_path / "photos", n=30)
+    output = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--images", str(tmp_path / "photos"), "--backbone",
+              "mobilenet_v3_small", "--weights", "imagenet", "--output-dir",
+              str(output)])  # fmt: skip
+    assert exit_info.value.code == 2 and not output.exists()
+
+
+def test_a_network_trained_from_scratch_gets_settling_batch_norm(tmp_path):
+    # Keras's MobileNetV3 moves its averages by 0.1 % a step: on a small
+    # folder they never leave their initial values (validation at chance).
+    scratch = keras_application("MobileNetV3Small", (32, 32, 3), weights=None)
+    momenta = {
+        layer.momentum
+        for layer in scratch.layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    }
+    assert momenta == {applications.FROM_SCRATCH_BN_MOMENTUM}
+    keras.applications.MobileNetV3Small(
+        include_top=False, weights=None, input_shape=(32, 32, 3)
+    ).save_weights(tmp_path / "w.weights.h5")
+    pretrained = keras_application(
+        "MobileNetV3Small", (32, 32, 3), weights=str(tmp_path / "w.weights.h5")
+    )
+    assert {
+        layer.momentum
+        for layer in pretrained.layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    } == {0.999}
 
 
 # LiteRTFeatureExtractor ---------------------------------------------------

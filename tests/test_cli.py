@@ -8,6 +8,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from limits import with_memory_limit
 
 from subic_keras import Subic
 from subic_keras.cli import main
@@ -428,8 +429,6 @@ def _load_model(path):
 
 @pytest.mark.slow
 def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
-    import resource
-
     from subic_keras.datasets import load_images
 
     (_, _), (x_test, _) = load_images("digits")
@@ -440,26 +439,23 @@ def test_search_with_huge_k_fits_in_4_gb(digits_model, tmp_path):
         == 0
     )
 
-    def limit_memory():
-        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-
+    command = [
+        sys.executable,
+        "-m",
+        "subic_keras.cli",
+        "search",
+        digits_model,
+        index,
+        str(tmp_path / "queries.npy"),
+        "-k",
+        "1000000000",
+        "--json",
+    ]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "subic_keras.cli",
-            "search",
-            digits_model,
-            index,
-            str(tmp_path / "queries.npy"),
-            "-k",
-            "1000000000",
-            "--json",
-        ],
+        with_memory_limit(command, 4 * 2**30),
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=limit_memory,
     )
     assert done.returncode == 0, done.stderr
     lines = _by_query(done.stdout)
@@ -478,29 +474,24 @@ def test_quickstart_prints_what_the_readme_says(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_model_too_large_for_memory_is_one_line(tmp_path):
-    import resource
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
-
     budget = ["--pretrain-epochs", "0", "--epochs", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "subic_keras.cli",
+        "train",
+        "-M",
+        "100000",
+        "-K",
+        "1024",
+        *budget,
+        "--output-dir",
+        str(tmp_path / "run"),
+    ]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "subic_keras.cli",
-            "train",
-            "-M",
-            "100000",
-            "-K",
-            "1024",
-            *budget,
-            "--output-dir",
-            str(tmp_path / "run"),
-        ],
+        with_memory_limit(command, 8 << 30),
         capture_output=True,
         text=True,
-        preexec_fn=limit,
         timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]

@@ -15,6 +15,7 @@ from subic_keras.export import load_subic
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as search_open
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.looks import look
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
 pytestmark = pytest.mark.slow
@@ -81,7 +82,10 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
     index, subic = search_open(output), load_subic(model)
     pixels = images.read_image(query, retrieval.input_shape(subic))
     rows = index.answer(
-        subic.query(pixels[None]), 3, fingerprints=[images.fingerprint(pixels)]
+        subic.query(pixels[None]),
+        3,
+        fingerprints=[images.fingerprint(pixels)],
+        looks=look(pixels[None]),
     )[0]
     for row, match in zip(rows, matches):
         assert {**row, "score": pytest.approx(row["score"], abs=1e-4)} == {
@@ -340,6 +344,55 @@ def test_an_index_without_its_model_is_searched_with_a_warning(model, folder, ca
     assert err.count("\n") == 1 and "cannot be checked against it" in err
 
 
+def test_ties_are_ordered_by_what_the_pictures_look_like(model, tmp_path, capsys):
+    # One picture faded into noise, ever more: the untrained model gives
+    # them few codes (tie groups), and the names run against the likeness
+    # (img_00 is the noisiest), so path order and look order differ.
+    from PIL import Image
+
+    from subic_keras.search import looks
+
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 256, (32, 32, 3)).astype(np.float64)
+    fades = np.linspace(0.05, 0.9, 30)[::-1]
+    pictures = [
+        (base * (1 - t) + rng.integers(0, 256, (32, 32, 3)) * t).astype(np.uint8)
+        for t in fades
+    ]
+    root = tmp_path / "faded"
+    (root / "a").mkdir(parents=True)
+    for i, picture in enumerate(pictures):
+        Image.fromarray(picture).save(root / "a" / f"img_{i:02d}.png")
+    output = str(tmp_path / "faded.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    query = tmp_path / "query.png"
+    Image.fromarray(base.astype(np.uint8)).save(query)
+    capsys.readouterr()
+    assert main(["search", model, output, str(query), "-k", "30", "--json"]) == 0
+    matches = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    likeness = dict(
+        zip(
+            [f"a/img_{i:02d}.png" for i in range(30)],
+            looks.similarity(looks.look(base.astype(np.uint8)[None]), looks.look(
+                np.stack([images.read_image(root / "a" / f"img_{i:02d}.png",
+                                            (32, 32, 3)) for i in range(30)])
+            ))[0],
+        )
+    )  # fmt: skip
+    groups: dict[float, list[str]] = {}
+    for match in matches:
+        if likeness[match["path"]] < looks.NEAR_COPY:
+            groups.setdefault(match["score"], []).append(match["path"])
+    tied = [paths for paths in groups.values() if len(paths) > 2]
+    assert tied, groups
+    for paths in tied:  # most alike first, against the order of the names
+        alike = [likeness[path] for path in paths]
+        assert alike == sorted(alike, reverse=True)
+        assert paths != sorted(paths)
+    near = [m["path"] for m in matches if likeness[m["path"]] >= looks.NEAR_COPY]
+    assert [m["path"] for m in matches[: len(near)]] == near  # near copies first
+
+
 def test_command_line_basics(model, folder, tmp_path, capsys):
     import subic_keras
 
@@ -372,7 +425,7 @@ def test_command_line_basics(model, folder, tmp_path, capsys):
     out = capsys.readouterr().out
     assert (
         "indexed 1 picture of" in out
-        and "skipped 0 files" in out
+        and "skipped 0 files;" in out  # nothing is listed
         and "1 picture in" in out
     )
 
@@ -536,9 +589,11 @@ def _write_metadata(path: str, metadata_json: str) -> None:
     import struct
 
     data = open(path, "rb").read()
-    header = data[:40]
+    header = bytearray(data[:40])
     (n,) = struct.unpack_from("<Q", header, 24)
     assert n == 0
+    struct.pack_into("<I", header, 8, 3)  # version 3:
+    struct.pack_into("<I", header, 20, 2)  # an item table, no looks
     json_bytes = metadata_json.encode()
     body = struct.pack("<Q", len(json_bytes)) + json_bytes + struct.pack("<Q", 0)
     content = header + body

@@ -482,7 +482,7 @@ def _png(size, channels):
         path = _write(
             world, f"q_{size}_{channels}.png", tf.io.encode_png(image).numpy()
         )
-        _, images, _ = _read_query_images([path], SHAPE)
+        _, images, _, _ = _read_query_images([path], SHAPE)
         return images
 
     return run

@@ -6,8 +6,8 @@ test pictures as PNG files in class folders and `query.jpg` / `query.png`
 are two of them. The substitutions, all for time:
 
 - `pip install …` is skipped: the tests run in the installed package;
-- `python -m pytest tests -n 2` only collects (`--collect-only -q`): the suite
-  cannot run inside itself;
+- `python -m pytest tests -n 2 --dist loadgroup` only collects
+  (`--collect-only -q`): the suite cannot run inside itself;
 - `subic quickstart` runs 4 SuBiC epochs, and `subic train` 0 + 1 epochs
   on at most 500 pictures (`--pretrain-epochs 0 --epochs 1
   --max-train-images 500`);
@@ -134,7 +134,7 @@ def test_command_blocks_run_as_written(workdir, monkeypatch):
     ran = run_bash(bash[0], workdir)
     assert ran == [
         ["subic", "quickstart"],
-        ["python", "-m", "pytest", "tests", "-n", "2"],
+        ["python", "-m", "pytest", "tests", "-n", "2", "--dist", "loadgroup"],
     ]
     run_bash(bash[1], workdir)  # train, index build, evaluate, export
     assert (workdir / "runs/cifar48/best.keras").is_file()

@@ -19,6 +19,7 @@ import numpy as np
 from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, check_file
+from subic_keras.applications import WeightsUnavailableError, keras_cache
 from subic_keras.cli.console import debug_requested, plural, printable, quiet_imports
 from subic_keras.cli.train_options import config_from_args
 from subic_keras.datasets import load_images
@@ -28,6 +29,7 @@ from subic_keras.recipe import LearnedLittleWarning
 from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.training import train
 
 
@@ -102,7 +104,15 @@ def run_train(args) -> int:
     _announce(config)
     with warnings.catch_warnings():  # said once, at the end (`_report_training`)
         warnings.simplefilter("ignore", LearnedLittleWarning)
-        summary = train(config, on_skipped=_report_skipped)
+        try:
+            summary = train(config, on_skipped=_report_skipped)
+        except WeightsUnavailableError as error:
+            raise OSError(
+                f"--weights imagenet: the ImageNet weights of {error.name} are not "
+                f"in Keras's cache ({keras_cache()}) and could not be downloaded "
+                f"({error.reason}); copy them there from a machine with network "
+                "access, or give a weights file (--weights FILE), or --weights none"
+            ) from None
     _report_training(summary)
     return 1 if summary["stopped_on_nan"] else 0
 
@@ -278,10 +288,12 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
     known = (
         f", {report.already_indexed} already indexed" if report.already_indexed else ""
     )
+    skipped = plural(len(report.skipped), "file")
+    if report.skipped:
+        skipped += " (listed with the reason on stderr)"
     print(
         f"indexed {plural(report.added, 'picture')} of {printable(index.root)}{known}; "
-        f"skipped {plural(len(report.skipped), 'file')} (listed with the reason on "
-        f"stderr); {plural(len(index), 'picture')} in {output}"
+        f"skipped {skipped}; {plural(len(index), 'picture')} in {output}"
     )
 
 
@@ -393,9 +405,10 @@ def _read_image(path: str, shape) -> np.ndarray:
 
 def _read_query_images(
     paths: list[str], shape
-) -> tuple[list[str], np.ndarray, np.ndarray]:
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image
-    files, and the fingerprints of their pixels (0 for float arrays)."""
+    files, and the fingerprints and looks of their pixels (0 and a look of
+    zeros, which orders nothing, for float arrays)."""
     shape = tuple(shape)
     names, batches = [], []
     for path in paths:
@@ -415,9 +428,17 @@ def _read_query_images(
         ],
         dtype=np.uint64,
     )
+    looks = np.concatenate(
+        [
+            look(batch)
+            if batch.dtype == np.uint8
+            else np.zeros((len(batch), LOOK_SIZE), np.int8)
+            for batch in batches
+        ]
+    )
     if len({batch.dtype for batch in batches}) > 1:
         batches = [retrieval.as_model_inputs(batch) for batch in batches]
-    return names, np.concatenate(batches), fingerprints
+    return names, np.concatenate(batches), fingerprints, looks
 
 
 def run_search(args) -> int:
@@ -426,13 +447,15 @@ def run_search(args) -> int:
     subic = _load_subic(args.model)
     index, where = _open_index(args, args.index)
     retrieval.check_model_fits(index, subic, where, args.model)
-    names, images, fingerprints = _read_query_images(
+    names, images, fingerprints, looks = _read_query_images(
         paths, retrieval.input_shape(subic)
     )
     queries = subic.query(images, kind=args.query)
     # At most len(index) columns come back, whatever -k says; a Milvus
     # collection may leave some empty (id -1).
-    answers = index.answer(queries, args.k, where=condition, fingerprints=fingerprints)
+    answers = index.answer(
+        queries, args.k, where=condition, fingerprints=fingerprints, looks=looks
+    )
     for name, matches in zip(names, answers):
         _print_matches(name, [{"query": name, **match} for match in matches], args.json)
     return 0

@@ -27,15 +27,20 @@ concept:
 - `subic_index`: `SubicIndex`, a store and a scanner, in memory.
 - `image_index`: `ImageIndex`, a `SubicIndex` and an `ItemTable`: a
   folder's pictures, in one file (`subic index build FOLDER`).
+- `looks`: what a picture looks like (a 96-byte thumbnail), which orders
+  the ties of the codes' best results and lifts near copies of the query
+  (`SubicIndex(looks=True)`; an `ImageIndex` keeps looks by default).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
+- `ray_index`: `RayIndex`, the shards of a manifest (`save_shards`) in Ray
+  actors, on one machine or a cluster.
 - `milvus`: `MilvusIndex`, codes in a Milvus collection (Milvus Lite or a
   server).
 - `addresses`: which addresses name a Milvus database, checked without
   pymilvus.
 - `uri`: `open(uri)`, one address for every index (a `.subic` file, a
-  Milvus Lite `.db`, a Milvus server URL), and the one place that tells the
-  kinds of index file apart.
+  shard manifest `.shards.json`, a Milvus Lite `.db`, a Milvus server
+  URL), and the one place that tells the kinds of index file apart.
 - `file_format`: the byte-level specification of `.subic` files.
 - `packing`: the bit packing of codes (`M * log2 K` bits per item).
 
@@ -49,10 +54,11 @@ own layouts beside it (the native kernels' tiles: about `code_size` bytes
 per item again).
 """
 
-from subic_keras.search import filters, scanners
+from subic_keras.search import filters, looks, scanners
 from subic_keras.search.base import SearchBackend, Searcher, answer_rows
 from subic_keras.search.filters import Filter
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.ray_index import RayIndex, save_shards
 from subic_keras.search.sharding import ShardedSubicIndex, merge_results
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.uri import open
@@ -60,13 +66,16 @@ from subic_keras.search.uri import open
 __all__ = [
     "Filter",
     "ImageIndex",
+    "RayIndex",
     "SearchBackend",
     "Searcher",
     "ShardedSubicIndex",
     "SubicIndex",
     "answer_rows",
     "filters",
+    "looks",
     "merge_results",
     "open",
+    "save_shards",
     "scanners",
 ]

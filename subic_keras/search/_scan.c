@@ -1132,6 +1132,134 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Items of equal codes, in time linear in the items: a hash table of the
+ * distinct rows (open addressing, grown by doubling), then a counting sort
+ * of the items by distinct row. `first[r]` is the first item of distinct
+ * row r (rows numbered in order of their first item), and its items are
+ * `members[starts[r] .. starts[r+1]]`, increasing. Returns the number of
+ * distinct rows, -1 if it exceeds `limit` (grouping would not pay), or -2
+ * without memory. */
+static uint64_t row_hash(const uint8_t *row, long long width) {
+    uint64_t h = 0x243F6A8885A308D3ULL;
+    for (long long at = 0; at < width; at += 8) {
+        uint64_t chunk = 0;
+        memcpy(&chunk, row + at, (size_t)(width - at < 8 ? width - at : 8));
+        h = (h ^ chunk) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+typedef struct {
+    uint64_t hash; /* for rows of up to 8 bytes, the row itself, mixed */
+    int64_t group; /* -1: an empty slot */
+} Slot;
+
+static long long group_rows(const uint8_t *rows, long long n, long long width,
+                            long long limit, int64_t *first, int64_t *starts,
+                            int64_t *members) {
+    long long capacity = 1024, distinct = 0, result = -2;
+    /* A slot holds its row's hash and group: one cache line read a probe. */
+    Slot *table = malloc((size_t)capacity * sizeof(Slot));
+    int32_t *group_of = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!table || !group_of) goto done;
+    for (long long s = 0; s < capacity; s++) table[s].group = -1;
+    const int short_rows = width <= 8; /* a row is its key: no byte compare */
+    for (long long i = 0; i < n; i++) {
+        const uint8_t *row = rows + i * width;
+        uint64_t h;
+        if (short_rows) {
+            uint64_t key = 0;
+            memcpy(&key, row, (size_t)width);
+            h = key * 0x9E3779B97F4A7C15ULL; /* odd: one hash per key */
+        } else {
+            h = row_hash(row, width);
+        }
+        long long slot = (long long)((h ^ (h >> 31)) & (uint64_t)(capacity - 1));
+        int64_t found = -1;
+        while (table[slot].group >= 0) {
+            if (table[slot].hash == h &&
+                (short_rows ||
+                 !memcmp(rows + first[table[slot].group] * width, row, (size_t)width))) {
+                found = table[slot].group;
+                break;
+            }
+            slot = (slot + 1) & (capacity - 1);
+        }
+        if (found < 0) {
+            if (distinct >= limit) {
+                result = -1;
+                goto done;
+            }
+            found = distinct++;
+            first[found] = i;
+            table[slot].hash = h;
+            table[slot].group = found;
+            if (2 * distinct > capacity) { /* grow: every slot again */
+                long long grown = 2 * capacity;
+                Slot *bigger = malloc((size_t)grown * sizeof(Slot));
+                if (!bigger) goto done;
+                for (long long s = 0; s < grown; s++) bigger[s].group = -1;
+                for (long long s = 0; s < capacity; s++) {
+                    if (table[s].group < 0) continue;
+                    uint64_t hg = table[s].hash;
+                    long long t = (long long)((hg ^ (hg >> 31)) & (uint64_t)(grown - 1));
+                    while (bigger[t].group >= 0) t = (t + 1) & (grown - 1);
+                    bigger[t] = table[s];
+                }
+                free(table);
+                table = bigger;
+                capacity = grown;
+            }
+        }
+        group_of[i] = (int32_t)found;
+    }
+    /* Counting sort: each distinct row's items, in increasing positions. */
+    memset(starts, 0, (size_t)(distinct + 1) * sizeof(int64_t));
+    for (long long i = 0; i < n; i++) starts[group_of[i] + 1]++;
+    for (long long g = 0; g < distinct; g++) starts[g + 1] += starts[g];
+    for (long long i = 0; i < n; i++) members[starts[group_of[i]]++] = i;
+    for (long long g = distinct; g > 0; g--) starts[g] = starts[g - 1];
+    starts[0] = 0;
+    result = distinct;
+done:
+    free(table);
+    free(group_of);
+    return result;
+}
+
+static PyObject *group(PyObject *self, PyObject *args) {
+    Py_buffer rows, first, starts, members;
+    long long n, width, limit;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLLw*w*w*", &rows, &n, &width, &limit, &first, &starts,
+                          &members))
+        return NULL;
+    const char *problem = NULL;
+    if (n < 0 || width < 1 || limit < 0 || limit > n || limit >= INT32_MAX)
+        problem = "sizes out of range";
+    else if (rows.len != n * width)
+        problem = "rows buffer has the wrong size";
+    else if (first.len != n * 8 || starts.len != (n + 1) * 8 || members.len != n * 8)
+        problem = "output buffers have the wrong size";
+    long long distinct = 0;
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS distinct =
+            group_rows(rows.buf, n, width, limit, first.buf, starts.buf, members.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&first);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&members);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    if (distinct == -2) return PyErr_NoMemory();
+    return PyLong_FromLongLong(distinct);
+}
+
 static PyObject *kernels(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1157,6 +1285,11 @@ static PyMethodDef methods[] = {
      "members list (both empty: row r is item r); row_bits, one bit a row (LSB first), "
      "the rows that may be returned, member_bits one bit a member position, the "
      "items that may (empty: all)."},
+    {"group", group, METH_VARARGS,
+     "group(rows, n, width, limit, first, starts, members): the items of equal rows "
+     "(n rows of width bytes), in linear time; returns the number of distinct rows "
+     "(first: each one's first item; members[starts[r]:starts[r+1]]: its items), or "
+     "-1 past limit."},
     {"kernels", kernels, METH_NOARGS,
      "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},
     {NULL, NULL, 0, NULL}};

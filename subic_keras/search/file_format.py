@@ -46,9 +46,20 @@ flag bit 1 is set (an index of image files); after the ids:
     A             a UTF-8 JSON array of n values, each null or a flat
                   object of the item's attributes (`items.check_attributes`)
 
+Version 4 is version 3 with each item's look (`looks`) where header flag
+bit 2 is set, after everything else:
+
+    size          field
+    n*D int8      the looks, in insertion order
+    8   uint64    D, bytes of one look (`looks.LOOK_SIZE` for `looks.look`'s;
+                  at most `looks.MAX_LOOK_SIZE`), last so that it is found
+                  from the end
+
 `write` writes version 1 when it is given neither metadata nor an item
-table, and version 3 otherwise; `read` reads all three (a version 2 file's
-items were added at an unknown time, 0, and have no attributes).
+table, version 4 with looks, and version 3 otherwise; `read` reads all
+four (a version 2 file's items were added at an unknown time, 0, and have
+no attributes; files before version 4 have no looks, and their indexes
+order ties in insertion order).
 
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
@@ -72,18 +83,21 @@ from subic_keras._validation import load_json
 from subic_keras.paths import open_regular
 from subic_keras.search import packing
 from subic_keras.search.checks import MAX_BLOCK_SIZE, duplicates
+from subic_keras.search.looks import MAX_LOOK_SIZE
 
 MAGIC = b"SUBICIDX"
 VERSION = 1
 VERSION_WITH_PATHS = 2
 VERSION_WITH_ITEMS = 3
-_VERSIONS = (VERSION, VERSION_WITH_PATHS, VERSION_WITH_ITEMS)
+VERSION_WITH_LOOKS = 4
+_VERSIONS = (VERSION, VERSION_WITH_PATHS, VERSION_WITH_ITEMS, VERSION_WITH_LOOKS)
 # magic, version, M, K, flags, n, code_size, shortlist
 _HEADER = struct.Struct("<8sIIIIQII")
 _CHUNK = 1 << 20  # bytes read at a time to verify a file
 _DIGEST_SIZE = 32
 _FLAG_EXACT = 1
 _FLAG_ITEMS = 2
+_FLAG_LOOKS = 4
 _LENGTH = struct.Struct("<Q")
 
 
@@ -107,15 +121,17 @@ class Header:
 
 @dataclasses.dataclass(frozen=True)
 class Items:
-    """What versions 2 and 3 record beside the codes and ids: metadata, and
+    """What versions 2 to 4 record beside the codes and ids: metadata, and
     of each item (an index of image files; None otherwise) its path,
-    fingerprint, time added and attributes."""
+    fingerprint, time added and attributes, and its look (version 4; None
+    otherwise)."""
 
     metadata: dict
     paths: list[str] | None = None
     fingerprints: np.ndarray | None = None  # uint64 (n,)
     added: np.ndarray | None = None  # float64 (n,)
     attributes: list[dict | None] | None = None
+    looks: np.ndarray | None = None  # int8 (n, D)
 
 
 def write(
@@ -134,8 +150,8 @@ def write(
             order, `header.size` rows in all.
         ids: int64 ids `(header.size,)`, in insertion order.
         items: the metadata and item table of version 3 (item columns in
-            insertion order, or None for metadata alone); `None` writes
-            version 1.
+            insertion order, or None for metadata alone), and the looks of
+            version 4; `None` writes version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         digest = hashlib.sha256()
@@ -144,13 +160,20 @@ def write(
             digest.update(data)
             f.write(data)
 
+        looks = None if items is None else items.looks
+        flags = 0
+        if items is not None and items.paths is not None:
+            flags |= _FLAG_ITEMS
+        if looks is not None:
+            flags |= _FLAG_LOOKS
+        version = VERSION_WITH_ITEMS if looks is None else VERSION_WITH_LOOKS
         put(
             _HEADER.pack(
                 MAGIC,
-                VERSION if items is None else VERSION_WITH_ITEMS,
+                VERSION if items is None else version,
                 header.num_blocks,
                 header.block_size,
-                _FLAG_ITEMS if items is not None and items.paths is not None else 0,
+                flags,
                 header.size,
                 header.code_size,
                 header.shortlist or 0,
@@ -169,6 +192,9 @@ def write(
             put(np.asarray(items.added).astype("<f8").tobytes())
             attributes = json.dumps(items.attributes, sort_keys=True).encode()
             put(_LENGTH.pack(len(attributes)) + attributes)
+        if looks is not None:
+            put(np.ascontiguousarray(looks, dtype=np.int8).tobytes())
+            put(_LENGTH.pack(looks.shape[1]))
         f.write(digest.digest())
 
 
@@ -226,7 +252,11 @@ def read(
         if not (1 <= m and 2 <= k <= MAX_BLOCK_SIZE and not k & (k - 1)):
             raise fail(f"invalid block shape num_blocks={m}, block_size={k}")
         header = Header(m, k, int(n), shortlist or None)
-        known = _FLAG_EXACT | (_FLAG_ITEMS if version == VERSION_WITH_ITEMS else 0)
+        known = _FLAG_EXACT
+        if version >= VERSION_WITH_ITEMS:
+            known |= _FLAG_ITEMS
+        if version == VERSION_WITH_LOOKS:
+            known |= _FLAG_LOOKS
         if code_size != header.code_size or flags & ~known:
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
         with_items = version == VERSION_WITH_PATHS or bool(flags & _FLAG_ITEMS)
@@ -237,8 +267,10 @@ def read(
             expected += _LENGTH.size
             if with_items:
                 expected += _LENGTH.size + 8 * n
-            if with_items and version == VERSION_WITH_ITEMS:
+            if with_items and version >= VERSION_WITH_ITEMS:
                 expected += _LENGTH.size + 8 * n
+            if flags & _FLAG_LOOKS:
+                expected += _LENGTH.size + n
             if size < expected:
                 raise fail(
                     f"size is {size} bytes, the header announces at least "
@@ -291,6 +323,7 @@ def read(
                 n,
                 version,
                 with_items,
+                bool(flags & _FLAG_LOOKS),
             )
         except ValueError as error:
             raise fail(str(error)) from None
@@ -304,8 +337,20 @@ def _read_items(
     n: int,
     version: int,
     with_items: bool,
+    with_looks: bool = False,
 ) -> Items:
     """The item table in `body[start:end]`, every length checked first."""
+    looks = None
+    if with_looks:  # the last section, its size at its end: `end` moves before it
+        if end - start < _LENGTH.size:
+            raise ValueError("the looks are truncated")
+        end -= _LENGTH.size
+        (size,) = _LENGTH.unpack_from(body, end)
+        if not 1 <= size <= MAX_LOOK_SIZE or size * n > end - start:
+            raise ValueError(f"looks of {size} bytes each overrun the file")
+        end -= size * n
+        looks = np.frombuffer(body, np.int8, count=size * n, offset=end)
+        looks = looks.reshape(n, size)
 
     def section(offset: int) -> tuple[bytes | bytearray, int]:
         if end - offset < _LENGTH.size:
@@ -328,7 +373,7 @@ def _read_items(
             raise ValueError(
                 f"{end - offset} bytes of trailing data after the metadata"
             )
-        return Items(metadata)
+        return Items(metadata, looks=looks)
     if end - offset < 8 * n + _LENGTH.size:
         raise ValueError("the fingerprints are truncated")
     fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
@@ -343,7 +388,7 @@ def _read_items(
         raise ValueError("paths are repeated")
     added = np.zeros(n, np.float64)
     attributes: list = [None] * n
-    if version == VERSION_WITH_ITEMS:
+    if version >= VERSION_WITH_ITEMS:
         if end - offset < 8 * n:
             raise ValueError("the times added are truncated")
         added = np.frombuffer(body, dtype="<f8", count=n, offset=offset).astype(
@@ -360,4 +405,6 @@ def _read_items(
             raise ValueError(f"attributes are not a JSON array of {n} values")
     if offset != end:
         raise ValueError(f"{end - offset} bytes of trailing data after the items")
-    return Items(metadata, paths, fingerprints.astype(np.uint64), added, attributes)
+    return Items(
+        metadata, paths, fingerprints.astype(np.uint64), added, attributes, looks
+    )

@@ -1,16 +1,21 @@
 """`ImageIndex`: a folder's pictures, searched by picture, answered by path.
 
 An `ImageIndex` is a `Searcher` made of two parts kept in step: a
-`SubicIndex` holding each picture's code and id, and an `ItemTable`
-(`items`) holding the rest: its path relative to the folder, its class
-(the top folder), a fingerprint of its decoded pixels, when it was added,
-and the user's attributes. One `.subic` file (format version 3,
-`file_format`) holds both, so the paths can never drift from the codes;
+`SubicIndex` holding each picture's code, id and look (`looks`), and an
+`ItemTable` (`items`) holding the rest: its path relative to the folder,
+its class (the top folder), a fingerprint of its decoded pixels, when it
+was added, and the user's attributes. One `.subic` file
+(format version 4, or 3 without looks: `file_format`) holds them all, so
+the paths can never drift from the codes;
 `subic_keras.search.open` reads it.
 
-Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3), with one
-rule added for pictures: an exact copy of the query (the same pixels at the
-model's input size, by fingerprint) is listed first. With the paper's `z*`
+Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3), refined
+by what the pictures look like where the query's look is given (`looks`:
+near copies of the query first, then equal scores by look; an index keeps
+its pictures' looks unless made with `looks=False`; files written before
+looks existed search as before), with one rule added for pictures: an
+exact copy of the query (the same pixels at the model's input size, by
+fingerprint) is listed first. With the paper's `z*`
 query it already has the highest possible score, `sum_m max z*_m`, but it
 can tie with other pictures that share its code, and the class-posterior
 query scores pictures by class rather than by look; either way, a person who
@@ -20,6 +25,7 @@ Filters (`where=`) read every field of the table (`filters`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -31,6 +37,7 @@ from subic_keras.search.base import Searcher, answer_rows
 from subic_keras.search.checks import check_ids
 from subic_keras.search.items import ItemTable, check_attributes, check_paths
 from subic_keras.search.locks import ReadWriteLock
+from subic_keras.search.looks import check_looks, fitting
 from subic_keras.search.subic_index import SubicIndex
 
 FORMAT = "subic.image-index"
@@ -58,7 +65,11 @@ class ImageIndex(Searcher):
         root: the folder the paths are relative to (kept absolute).
         image_shape: the model input `(H, W, C)` the pictures were decoded
             to, recorded so that queries are decoded the same way.
-        index: the `SubicIndex` to hold the codes (default: a new one).
+        index: the `SubicIndex` to hold the codes (default: a new one,
+            with looks as `looks` says).
+        looks: keep each picture's look (`True`: `looks.look`, 96 bytes;
+            or a size, `SubicIndex`'s option), so that searches given the
+            query's look order ties by it.
 
     Raises:
         ValueError: for a bad block shape, or an `index` of another shape or
@@ -72,9 +83,10 @@ class ImageIndex(Searcher):
         root: str | os.PathLike,
         image_shape: Sequence[int] | None = None,
         index: SubicIndex | None = None,
+        looks: bool | int = True,
     ):
         if index is None:
-            index = SubicIndex(num_blocks, block_size)
+            index = SubicIndex(num_blocks, block_size, looks=looks)
         elif (index.num_blocks, index.block_size) != (num_blocks, block_size):
             raise ValueError(
                 f"index holds codes of {index.num_blocks} blocks of "
@@ -116,6 +128,11 @@ class ImageIndex(Searcher):
         return self._codes.scanner
 
     @property
+    def has_looks(self) -> bool:
+        """Whether the pictures' looks are kept (`SubicIndex.has_looks`)."""
+        return self._codes.has_looks
+
+    @property
     def model(self) -> dict | None:
         """The model that wrote the codes (`SubicIndex.model`)."""
         return self._codes.model
@@ -139,10 +156,15 @@ class ImageIndex(Searcher):
     # Mutation -----------------------------------------------------------
 
     def add(
-        self, codes, paths: Iterable[str], fingerprints=None, attributes=None
+        self,
+        codes,
+        paths: Iterable[str],
+        fingerprints=None,
+        attributes=None,
+        looks=None,
     ) -> np.ndarray:
         """Adds pictures: their codes and paths (and pixel fingerprints,
-        and attributes).
+        attributes and looks).
 
         All or nothing: everything is checked before the index changes.
 
@@ -154,6 +176,9 @@ class ImageIndex(Searcher):
             attributes: `n` flat objects (or None) of the user's fields,
                 which filters read as `attrs.NAME` (`items` says what they
                 may hold); default: none.
+            looks: `n` looks (`looks.look` of the pictures), kept by an
+                index with looks; default: none (all zeros: such pictures
+                keep insertion order among equal scores).
 
         Returns:
             The int64 ids given to the pictures.
@@ -164,6 +189,16 @@ class ImageIndex(Searcher):
         """
         paths = check_paths("paths", paths)
         attributes = check_attributes("attributes", attributes, len(paths))
+        if self.has_looks:
+            size = self._codes.look_size
+            if looks is None:
+                looks = np.zeros((len(paths), size), np.int8)
+            looks = check_looks("looks", looks, len(paths), size)
+        elif looks is not None:
+            raise ValueError(
+                "looks were given to an index that keeps none (made with looks=False "
+                "or written before looks existed)"
+            )
         if fingerprints is None:
             fingerprints = np.zeros(len(paths), np.uint64)
         fingerprints = np.asarray(fingerprints)
@@ -187,7 +222,7 @@ class ImageIndex(Searcher):
                     f"(next id {self._next_id}, the last is {MAX_ID})"
                 )
             ids = np.arange(self._next_id, self._next_id + len(paths), dtype=np.int64)
-            self._codes.add(codes, ids=ids)
+            self._codes.add(codes, ids=ids, looks=looks)
             self._next_id += len(paths)
             added = np.full(len(paths), time.time())
             self._items.append(ids, paths, fingerprints, added, attributes)
@@ -291,7 +326,7 @@ class ImageIndex(Searcher):
             return self._items.ids[self._items.keys().fingerprint_rows(fingerprint)]
 
     def search(
-        self, queries, k: int, *, where=None, fingerprints=None
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`SubicIndex.search`, with exact copies of each query listed first.
 
@@ -302,38 +337,43 @@ class ImageIndex(Searcher):
                 `"path under 'holidays/2024'"`, `"class == 'cat'"`.
             fingerprints: the queries' pixel fingerprints `(nq,)`, or `None`
                 (no exact-copy rule).
+            looks: the query pictures' looks `(nq, LOOK_SIZE)`
+                (`looks.look`), or `None`: the order of the codes alone.
+                Ignored by an index without looks.
 
         Returns:
             `(scores, ids)`, float32 and int64 `(nq, min(k, n))`, `n` the
             pictures the filter keeps: per query, the pictures identical to
-            it (insertion order), then the rest by decreasing score (ties in
-            insertion order).
+            it (insertion order), then with `looks` its near copies, then
+            the rest by decreasing score (equal scores by look with
+            `looks`, else in insertion order).
         """
-        scores, ids, _ = self._ranked(queries, k, where, fingerprints)
+        scores, ids, _ = self._ranked(queries, k, where, fingerprints, looks)
         return scores, ids
 
     def answer(
-        self, queries, k: int, *, where=None, fingerprints=None
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None
     ) -> list[list[dict]]:
         """`search`, each result as a row (`base.answer_rows`), exact copies
-        of the query marked `"exact": True`."""
-        scores, ids, exact = self._ranked(queries, k, where, fingerprints)
+        of the query marked `"exact": True`; `looks` of another size than
+        the index's are not used (`looks.fitting`)."""
+        looks = fitting(looks, self._codes.look_size)
+        scores, ids, exact = self._ranked(queries, k, where, fingerprints, looks)
         return answer_rows(self, scores, ids, exact)
 
     def _search(self, queries, k, where):
-        scores, ids, _ = self._ranked(queries, k, where, None)
+        scores, ids, _ = self._ranked(queries, k, where, None, None)
         return scores, ids
 
-    def _ranked(self, queries, k, where, fingerprints):
+    def _ranked(self, queries, k, where, fingerprints, looks):
         """`(scores, ids, exact)`: the search and which results are copies."""
         k = self._check_k(k)
         where = filters.as_filter(where)
+        if not self.has_looks:
+            looks = None
         with self._lock.read():
             keep = None if where is None else self._items.mask(where)
-            if keep is None:
-                scores, ids = self._codes.search(queries, k)
-            else:
-                scores, ids = self._codes.search_kept(queries, k, keep)
+            scores, ids = self._codes.search_kept(queries, k, keep, looks)
             exact = np.zeros(ids.shape, bool)
             if fingerprints is None or not ids.shape[1]:
                 return scores, ids, exact
@@ -379,6 +419,7 @@ class ImageIndex(Searcher):
                 list(self._items.attributes),
             )
             with self._codes.contents() as (header, chunks, ids):
+                items = dataclasses.replace(items, looks=self._codes.file_looks())
                 file_format.write(path, header, chunks, ids, items)
 
     @classmethod

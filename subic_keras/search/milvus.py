@@ -45,6 +45,7 @@ pymilvus is an optional dependency: `pip install "subic-keras[milvus]"`.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -52,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from subic_keras._validation import check_int
+from subic_keras._validation import check_int, load_json
 from subic_keras.search import filters
 from subic_keras.search.addresses import (
     check_database_exists,
@@ -63,6 +64,7 @@ from subic_keras.search.base import Searcher
 from subic_keras.search.checks import (
     check_block_size,
     check_ids,
+    check_model_record,
     check_num_blocks,
     preview,
 )
@@ -129,6 +131,9 @@ class MilvusIndex(Searcher):
         replicas: in-memory replicas to load the collection with (Milvus's
             `replica_number`, on a cluster with that many query nodes;
             default Milvus's, 1). Replicas serve searches in parallel.
+        model: the model that writes the codes (`retrieval.model_record`),
+            recorded by a new collection (property `subic.model`) and
+            read back as `model`.
 
     Raises:
         ImportError: without pymilvus (the message says how to install it).
@@ -151,8 +156,10 @@ class MilvusIndex(Searcher):
         timeout: float = 10.0,
         shards: int | None = None,
         replicas: int | None = None,
+        model: dict | None = None,
     ):
         pymilvus = _pymilvus()
+        model = check_model_record("model", model)
         uri = os.fspath(uri)
         if not isinstance(collection, str) or not collection:
             raise ValueError(
@@ -196,15 +203,17 @@ class MilvusIndex(Searcher):
             raise ConnectionError(
                 f"cannot reach Milvus at uri={uri!r}: {error}"
             ) from error
-        if exists:
-            self._open(num_blocks, block_size)
-        elif num_blocks is None or block_size is None:
+        if not exists and (num_blocks is None or block_size is None):
             raise ValueError(
                 f"collection {collection!r} does not exist at {uri!r}; give "
                 "num_blocks and block_size to create it"
             )
-        else:
-            self._create(pymilvus, num_blocks, block_size)
+        with self._errors():
+            if exists:
+                self._open(num_blocks, block_size)
+            else:
+                assert num_blocks is not None and block_size is not None
+                self._create(pymilvus, num_blocks, block_size, model)
 
     # Opening and creating -------------------------------------------------
 
@@ -219,6 +228,7 @@ class MilvusIndex(Searcher):
                 f"collection {self._name!r} at {self._uri!r} is not a SuBiC "
                 f"collection: its properties lack {list(_PROPERTIES)}"
             )
+        self._model = self._recorded_model(properties.get("subic.model"))
         version = properties["subic.format"]
         if version != str(FORMAT_VERSION):
             raise ValueError(
@@ -253,7 +263,20 @@ class MilvusIndex(Searcher):
         else:
             self._client.load_collection(self._name, replica_number=self._replicas)
 
-    def _create(self, pymilvus, num_blocks: int, block_size: int) -> None:
+    def _recorded_model(self, text: str | None) -> dict | None:
+        if text is None:
+            return None
+        try:
+            return check_model_record("subic.model", load_json(text))
+        except ValueError as error:
+            raise ValueError(
+                f"collection {self._name!r} at {self._uri!r} records an invalid "
+                f"model: {error}"
+            ) from None
+
+    def _create(
+        self, pymilvus, num_blocks: int, block_size: int, model: dict | None
+    ) -> None:
         if num_blocks * block_size > 2**31:
             raise ValueError(
                 "num_blocks * block_size must fit Milvus's sparse dimensions "
@@ -269,6 +292,7 @@ class MilvusIndex(Searcher):
             field_name="code", index_type="SPARSE_INVERTED_INDEX", metric_type="IP"
         )
         options = {} if self._shards is None else {"num_shards": self._shards}
+        recorded = {} if model is None else {"subic.model": json.dumps(model)}
         self._client.create_collection(
             self._name,
             schema=schema,
@@ -281,13 +305,21 @@ class MilvusIndex(Searcher):
                 "subic.block_size": str(block_size),
                 "subic.next_id": "0",
                 "subic.next_seq": "0",
+                **recorded,
             },
         )
         self._num_blocks, self._block_size = num_blocks, block_size
+        self._model = model
         if self._replicas is not None:
             self._load()
 
     # Properties -----------------------------------------------------------
+
+    @property
+    def model(self) -> dict | None:
+        """The model that wrote the codes, as the collection records it
+        (None for a collection created without one)."""
+        return self._model
 
     @property
     def num_blocks(self) -> int:
@@ -333,7 +365,13 @@ class MilvusIndex(Searcher):
         try:
             yield
         except pymilvus.exceptions.MilvusException as error:
-            message = getattr(error, "message", None) or str(error)
+            message = " ".join(str(getattr(error, "message", None) or error).split())
+            if "not supported" in message and "index" in message:
+                # Milvus before 2.4 has no sparse vectors to index.
+                message += (
+                    " (this Milvus server cannot index sparse vectors, which "
+                    "SuBiC's collections are: Milvus 2.4 or later can)"
+                )
             raise MilvusError(
                 f"Milvus at {self._uri!r}, collection {self._name!r}: {message}"
             ) from error

@@ -223,13 +223,20 @@ def search(
     return scores, positions
 
 
+# Rows of an evenly spaced sample that first tells whether codes repeat.
+_SAMPLE = 1 << 16
+
+
 def group_equal(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Items with equal codes, for the scan to score each code once.
 
     A trained model's codes cluster: of CIFAR-10's 60,000 pictures, a 48-bit
     model gave 18,511 distinct codes, a 64-bit one 37,541. Scanning the
     distinct ones is that much less work; an item's rank among equal codes
-    is its position, as everywhere.
+    is its position, as everywhere. Found with a hash table in C, in time
+    linear in the items (5,000,000 codes in tens of milliseconds, where
+    sorting them took seconds), so that the first search after loading an
+    index costs little more than the next.
 
     Args:
         rows: one row of bytes per item (packed codes or columns).
@@ -243,23 +250,14 @@ def group_equal(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
     n = len(rows)
     if n < 2:
         return None
-    width = rows.shape[1]
-    keys: np.ndarray
-    if width <= 8:  # one integer per row: sorted much faster than rows
-        words = np.zeros((n, 8), np.uint8)
-        words[:, :width] = rows
-        keys = words.view(np.uint64).ravel()
-    else:
-        keys = np.ascontiguousarray(rows).view(np.dtype((np.void, width))).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    if len(first) > 0.9 * n:
+    if n > 4 * _SAMPLE and group_equal(rows[:: n // _SAMPLE]) is None:
+        return None  # codes that hardly repeat (random ones): said by a sample
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    first = np.empty(n, np.int64)
+    starts = np.empty(n + 1, np.int64)
+    members = np.empty(n, np.int64)
+    limit = int(0.9 * n)
+    distinct = _scan.group(rows, n, rows.shape[1], limit, first, starts, members)
+    if distinct < 0:
         return None
-    # Distinct codes numbered in order of their first item.
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    group = rank[inverse.ravel()]
-    members = np.argsort(group, kind="stable").astype(np.int64)
-    starts = np.zeros(len(first) + 1, np.int64)
-    np.cumsum(np.bincount(group, minlength=len(first)), out=starts[1:])
-    return first[order].astype(np.int64), starts, members
+    return first[:distinct].copy(), starts[: distinct + 1].copy(), members

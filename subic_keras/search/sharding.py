@@ -10,10 +10,11 @@ whole database:
   `view`), searches each for its top `k` and merges the lists by score,
   ties in shard order;
 - across machines, each machine searches its own `SubicIndex` for the top
-  `k` and sends `(scores, ids)` (about 12 bytes per result) to one place,
-  where `merge_results` keeps the `k` best. Ties keep the order of the lists
-  passed, so shards given in id-range order merge to exactly the unsharded
-  ranking.
+  `k` with float64 scores (`SubicIndex.search_shard`) and sends `(scores,
+  ids)` (16 bytes per result) to one place, where `merge_results` keeps the
+  `k` best. Ties keep the order of the lists passed, so shards given in
+  insertion order merge to exactly the unsharded ranking. (Scores rounded
+  to float32, as `search` returns them, may tie where the sums differ.)
 """
 
 from __future__ import annotations
@@ -164,8 +165,9 @@ def merge_results(
     """Merges per-shard top-k lists into the overall top-k by score.
 
     Equal scores keep the order of `results`, then the order within each list,
-    so shards split by insertion order (`SubicIndex.shard`) merge to exactly
-    the unsharded ranking. Slots with id -1 (missing) are ignored.
+    so shards split by insertion order (`SubicIndex.shard`) and searched with
+    float64 scores (`SubicIndex.search_shard`) merge to exactly the
+    unsharded ranking. Slots with id -1 (missing) are ignored.
 
     Example:
 

@@ -1,8 +1,9 @@
 """`CodeStore`: bit-packed SuBiC codes and their ids, in insertion order.
 
 Exactly what a `.subic` file holds (`file_format`): one row of
-`code_size = ceil(M * log2 K / 8)` bytes per item (`packing`), and an int64
-id per row. Scanners (`scanners`) read it and keep their own layouts of it,
+`code_size = ceil(M * log2 K / 8)` bytes per item (`packing`), an int64
+id per row, and, in a store with a `look_size`, each item's look
+(`looks`). Scanners (`scanners`) read it and keep their own layouts of it,
 rebuilt when `version` says it changed; the store itself takes no lock (the
 index that owns it does).
 """
@@ -20,14 +21,18 @@ class CodeStore:
     Args:
         num_blocks: `M`.
         block_size: `K`, a power of two.
+        look_size: bytes of the int8 look kept per item (0: none).
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, look_size: int = 0):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.nbits = block_size.bit_length() - 1
         self.code_size = packing.code_size(num_blocks, self.nbits)
         self._packed = np.zeros((0, self.code_size), dtype=np.uint8)
         self._ids = np.zeros(0, dtype=np.int64)
+        self.look_size = look_size
+        self._looks = np.zeros((0, look_size), np.int8) if look_size else None
+        self._same: tuple[int, np.ndarray, np.ndarray] | None = None
         self.size = 0
         self.max_id = -1  # the largest id present; default ids continue after it
         # `version` changes with every change; `removals` only when rows
@@ -39,6 +44,15 @@ class CodeStore:
     def ids(self) -> np.ndarray:
         """The ids, in insertion order (a view: copy it to keep it)."""
         return self._ids[: self.size]
+
+    @property
+    def with_looks(self) -> bool:
+        return self._looks is not None
+
+    def looks(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """Looks of `rows` (positions); a store with a `look_size` only."""
+        assert self._looks is not None
+        return self._looks[: self.size][rows]
 
     def packed(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """Packed codes of `rows` (positions), a view for a slice."""
@@ -53,8 +67,43 @@ class CodeStore:
         codes = packing.unpack(flat, self.num_blocks, self.nbits, dtype)
         return codes.reshape((*packed.shape[:-1], self.num_blocks))
 
-    def append(self, packed: np.ndarray, ids: np.ndarray) -> None:
-        """Appends checked packed codes and ids (as many of each)."""
+    def same_codes(self, positions: np.ndarray) -> np.ndarray:
+        """Every position whose code equals the code at one of `positions`
+        (those included), increasing.
+
+        The codes' keys are sorted once per version of the store (about
+        0.1 s per million items), then each lookup is a binary search.
+        """
+        if not len(positions):
+            return np.zeros(0, np.int64)
+        if self._same is None or self._same[0] != self.version:
+            keys = self._keys(slice(None))
+            order = np.argsort(keys, kind="stable")
+            self._same = (self.version, order, keys[order])
+        _, order, sorted_keys = self._same
+        wanted = np.unique(self._keys(positions))
+        lo = np.searchsorted(sorted_keys, wanted, side="left")
+        hi = np.searchsorted(sorted_keys, wanted, side="right")
+        found = order[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])]
+        if self.code_size > 8:  # keys are the first 8 bytes: check the rest
+            rows = self.packed()
+            equal = (rows[found][:, None] == rows[positions][None]).all(-1).any(-1)
+            found = found[equal]
+        return np.sort(found)
+
+    def _keys(self, rows) -> np.ndarray:
+        """One uint64 per row: its packed code's first 8 bytes."""
+        packed = self.packed(rows)
+        width = min(8, self.code_size)
+        words = np.zeros((len(packed), 8), np.uint8)
+        words[:, :width] = packed[:, :width]
+        return words.view(np.uint64).ravel()
+
+    def append(
+        self, packed: np.ndarray, ids: np.ndarray, looks: np.ndarray | None = None
+    ) -> None:
+        """Appends checked packed codes and ids (as many of each), and their
+        looks in a store with a `look_size`."""
         needed = self.size + len(ids)
         if needed > len(self._ids):
             capacity = max(needed, 2 * len(self._ids), 1024)
@@ -63,8 +112,15 @@ class CodeStore:
             grown_ids = np.empty(capacity, dtype=np.int64)
             grown_ids[: self.size] = self._ids[: self.size]
             self._packed, self._ids = grown_packed, grown_ids
+            if self._looks is not None:
+                grown_looks = np.empty((capacity, self.look_size), np.int8)
+                grown_looks[: self.size] = self._looks[: self.size]
+                self._looks = grown_looks
         self._packed[self.size : needed] = packed
         self._ids[self.size : needed] = ids
+        if self._looks is not None:
+            assert looks is not None
+            self._looks[self.size : needed] = looks
         self.size = needed
         if len(ids):
             self.max_id = max(self.max_id, int(ids.max()))
@@ -81,4 +137,6 @@ class CodeStore:
         """Keeps the rows where `mask` is true, in order."""
         self._packed = self.packed()[mask].copy()
         self._ids = self.ids[mask].copy()
+        if self._looks is not None:
+            self._looks = self.looks()[mask].copy()
         self.truncate(len(self._ids))

@@ -29,6 +29,7 @@ from subic_keras.search.checks import (
 )
 from subic_keras.search.items import IdColumns
 from subic_keras.search.locks import ReadWriteLock
+from subic_keras.search.looks import check_look_size, check_looks, fitting, refine
 from subic_keras.search.store import CodeStore
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -83,6 +84,11 @@ class SubicIndex(SearchBackend):
             machine runs.
         shortlist: candidates per query that `"faiss-fastscan"` re-scores,
             at least `k`; `None` means `max(2k, k + 64)`.
+        looks: keep each item's look, given to `add`: `True` for
+            `looks.look` of its picture (96 bytes), or a size in bytes for
+            int8 descriptors of your own (compared by cosine); a search
+            given the queries' looks then orders tie groups (and near
+            copies of the query) by them (`subic_keras.search.looks`).
         add_chunk_size: items encoded and added per step, which bounds the
             temporary memory of `add`.
         search_chunk_size: queries searched per step.
@@ -100,6 +106,7 @@ class SubicIndex(SearchBackend):
         scanner: str = "auto",
         *,
         shortlist: int | None = None,
+        looks: bool | int = False,
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ):
@@ -122,7 +129,8 @@ class SubicIndex(SearchBackend):
         self._add_chunk = check_int("add_chunk_size", add_chunk_size, minimum=1)
         # The base class's: queries per step of search and search_codes.
         self._query_chunk = check_int("search_chunk_size", search_chunk_size, minimum=1)
-        self._store = CodeStore(num_blocks, block_size)
+        look_size = check_look_size("looks", looks)
+        self._store = CodeStore(num_blocks, block_size, look_size)
         self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
         self._masks = filters.MaskCache()
@@ -148,6 +156,16 @@ class SubicIndex(SearchBackend):
         return self._shortlist
 
     @property
+    def has_looks(self) -> bool:
+        """Whether the index keeps its items' looks (the `looks` option)."""
+        return self._store.with_looks
+
+    @property
+    def look_size(self) -> int:
+        """Bytes of each item's look (0: the index keeps none)."""
+        return self._store.look_size
+
+    @property
     def model(self) -> dict | None:
         """The model that wrote the codes (`retrieval.model_record`), saved
         with the index and checked against the model that searches it; None
@@ -165,8 +183,8 @@ class SubicIndex(SearchBackend):
 
     @property
     def bytes_per_item(self) -> int:
-        """Stored bytes per item: the packed code plus its int64 id."""
-        return self._store.code_size + 8
+        """Stored bytes per item: the packed code, its int64 id and its look."""
+        return self._store.code_size + 8 + self._store.look_size
 
     @property
     def lock(self) -> ReadWriteLock:
@@ -186,7 +204,7 @@ class SubicIndex(SearchBackend):
 
     # Mutation -----------------------------------------------------------
 
-    def add(self, codes, ids=None) -> np.ndarray:
+    def add(self, codes, ids=None, looks=None) -> np.ndarray:
         """Adds codes to the index.
 
         Everything is validated before the index changes, so a rejected call
@@ -206,6 +224,9 @@ class SubicIndex(SearchBackend):
                 per-block argmax (lowest index on ties).
             ids: int64 ids `(n,)`, >= 0 and unique. Default: consecutive ids
                 after the largest id in the index (0 for an empty index).
+            looks: the items' looks, int8 `(n, LOOK_SIZE)` (`looks.look`
+                of their pictures): required by an index made with `looks`,
+                refused by others.
 
         Returns:
             The int64 ids of the added items.
@@ -217,6 +238,7 @@ class SubicIndex(SearchBackend):
         """
         codes, ids = self._checked_additions(codes, ids)
         n = len(codes)
+        looks = self._checked_looks(looks, n)
         with self._lock.write():
             store = self._store
             if ids is None:
@@ -228,17 +250,35 @@ class SubicIndex(SearchBackend):
                 clash = ids[np.isin(ids, store.ids)]
                 if clash.size:
                     raise ValueError(f"ids already in the index: {preview(clash)}")
-            self._append(codes, ids)
+            self._append(codes, ids, looks)
         return ids
 
-    def _append(self, codes: np.ndarray, ids: np.ndarray) -> None:
+    def _checked_looks(self, looks, n: int) -> np.ndarray | None:
+        if not self.has_looks:
+            if looks is not None:
+                raise ValueError(
+                    "looks were given to an index that keeps none; make it with "
+                    "SubicIndex(..., looks=True)"
+                )
+            return None
+        if looks is None:
+            raise ValueError(
+                "looks must be given: this index keeps each item's look "
+                "(`subic_keras.search.looks.look` of its picture)"
+            )
+        return check_looks("looks", looks, n, self.look_size)
+
+    def _append(
+        self, codes: np.ndarray, ids: np.ndarray, looks: np.ndarray | None = None
+    ) -> None:
         """Adds validated codes; undoes a partial add if packing fails."""
         before = self._store.size
         try:
             for start in range(0, len(codes), self._add_chunk):
                 stop = start + self._add_chunk
                 packed = packing.pack(codes[start:stop], self._nbits)
-                self._store.append(packed, ids[start:stop])
+                part = None if looks is None else looks[start:stop]
+                self._store.append(packed, ids[start:stop], part)
         except BaseException:
             if self._store.size > before:
                 self._store.truncate(before)
@@ -309,7 +349,20 @@ class SubicIndex(SearchBackend):
             raise KeyError(f"ids not in the index: {preview(ids[~found])}")
         return positions
 
-    def search(self, queries, k: int, *, where=None) -> tuple[np.ndarray, np.ndarray]:
+    def get_looks(self, ids=None) -> np.ndarray:
+        """The looks `(n, LOOK_SIZE)` of `ids` (default: all, in insertion
+        order), of an index made with `looks`."""
+        if not self.has_looks:
+            raise ValueError("this index keeps no looks (made without looks=True)")
+        if ids is not None:
+            ids = check_ids("ids", ids)
+        with self._lock.read():
+            rows = slice(None) if ids is None else self._positions(ids)
+            return self._store.looks(rows).copy()
+
+    def search(
+        self, queries, k: int, *, where=None, looks=None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Asymmetric search: the `k` best codes for each real query `z*`.
 
         `score(z*, c) = sum_m z*[m*K + c_m]`; highest first, equal scores in
@@ -332,6 +385,9 @@ class SubicIndex(SearchBackend):
                 every item.
             where: ids, or a filter on `id` (`subic_keras.search.filters`):
                 the exact top `k` among those items.
+            looks: the queries' looks `(nq, LOOK_SIZE)` (`looks.look` of
+                the query pictures), for an index made with `looks`: the
+                codes' best are then ordered by them (`looks.refine`).
 
         Returns:
             `(scores, ids)`: float32 and int64 `(nq, min(k, n))`, `n` the
@@ -341,31 +397,83 @@ class SubicIndex(SearchBackend):
             ValueError: for a bad shape, NaN/inf queries, `k < 1`, or a
                 filter on a field other than `id`.
         """
-        return super().search(queries, k, where=where)
+        if looks is None:
+            return super().search(queries, k, where=where)
+        k = self._check_k(k)
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        where = filters.as_filter(where)
+        with self.view() as view:
+            keep = None if where is None else self._mask(view, where)
+            return self._top_k(view, queries, k, keep, looks)
+
+    def search_shard(
+        self, queries, k: int, *, where=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`search` with float64 scores: what a shard sends to
+        `sharding.merge_results`.
+
+        The scans sum in float64; `search` rounds the sums to float32, where
+        two different sums can become equal (1 + 2**-30 and 1) and a merge
+        could no longer tell which came first. Merged from these, shards
+        given in insertion order rank exactly as one index would.
+        """
+        k = self._check_k(k)
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        where = filters.as_filter(where)
+        with self.view() as view:
+            keep = None if where is None else self._mask(view, where)
+            return top_k(view, queries, k, self._query_chunk, keep, np.float64)
+
+    def _answer_search(self, queries, k, where, looks):
+        return self.search(
+            queries, k, where=where, looks=fitting(looks, self.look_size)
+        )
 
     def _search(self, queries, k, where):
         with self.view() as view:
-            keep = None
-            if where is not None:
-                state = (self._store.version, self._store.removals)
-                keep = self._masks.mask(where, IdColumns(view.ids), state)
+            keep = None if where is None else self._mask(view, where)
             return top_k(view, queries, k, self._query_chunk, keep)
 
+    def _mask(self, view: View, where: filters.Filter) -> np.ndarray | None:
+        state = (self._store.version, self._store.removals)
+        return self._masks.mask(where, IdColumns(view.ids), state)
+
+    def _top_k(self, view: View, queries, k: int, keep, looks):
+        """`top_k`, refined by the queries' `looks` where they are given."""
+        if looks is None:
+            return top_k(view, queries, k, self._query_chunk, keep)
+        if not self.has_looks:
+            raise ValueError(
+                "looks were given to search an index that keeps none; build it "
+                "with looks (SubicIndex(..., looks=True))"
+            )
+        looks = check_looks("looks", looks, len(queries), self.look_size)
+        kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
+        if not kept:  # nothing to refine: the empty answer
+            return top_k(view, queries, k, self._query_chunk, keep)
+        scores, positions = refine(
+            view.search, self._store, queries, looks, min(k, kept), keep
+        )
+        return scores, view.ids[positions]
+
     def search_kept(
-        self, queries, k: int, keep: np.ndarray
+        self, queries, k: int, keep: np.ndarray, looks=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`search` among the items where `keep` (one boolean per item, in
         insertion order, the order of `get_ids()`) is true: what an index
-        with its own item table (`ImageIndex`) filters with."""
+        with its own item table (`ImageIndex`) filters with; `keep=None`
+        searches every item."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
         with self.view() as view:
-            if np.shape(keep) != view.ids.shape:
+            if keep is not None and np.shape(keep) != view.ids.shape:
                 raise ValueError(
                     f"keep must hold one boolean per item ({len(view.ids)}), "
                     f"received shape {np.shape(keep)}"
                 )
-            return top_k(view, queries, k, self._query_chunk, np.asarray(keep, bool))
+            if keep is not None:
+                keep = np.asarray(keep, bool)
+            return self._top_k(view, queries, k, keep, looks)
 
     def _scan(self, queries: np.ndarray, k: int, keep: np.ndarray | None = None):
         """The scanner's top `k` scores and positions (locked)."""
@@ -425,7 +533,10 @@ class SubicIndex(SearchBackend):
                 shard = self._empty_like()
                 for start in range(lo, hi, self._add_chunk):
                     rows = slice(start, min(hi, start + self._add_chunk))
-                    shard._store.append(self._store.packed(rows), self._store.ids[rows])
+                    looks = self._store.looks(rows) if self.has_looks else None
+                    shard._store.append(
+                        self._store.packed(rows), self._store.ids[rows], looks
+                    )
                 shards.append(shard)
         return shards
 
@@ -435,6 +546,7 @@ class SubicIndex(SearchBackend):
             self._block_size,
             scanner=self.scanner,
             shortlist=self._shortlist,
+            looks=self.look_size,
             add_chunk_size=self._add_chunk,
             search_chunk_size=self._query_chunk,
         )
@@ -452,9 +564,14 @@ class SubicIndex(SearchBackend):
         """
         with self.contents() as (header, chunks, ids):
             items = None
-            if self._model is not None:
-                items = file_format.Items({"model": self._model})
+            if self._model is not None or self.has_looks:
+                metadata = {} if self._model is None else {"model": self._model}
+                items = file_format.Items(metadata, looks=self.file_looks())
             file_format.write(path, header, chunks, ids, items)
+
+    def file_looks(self) -> np.ndarray | None:
+        """The looks a file of this index holds (inside `contents()`)."""
+        return self._store.looks() if self.has_looks else None
 
     @contextlib.contextmanager
     def contents(self) -> Iterator[tuple[file_format.Header, Iterator, np.ndarray]]:
@@ -496,12 +613,13 @@ class SubicIndex(SearchBackend):
             ValueError: naming the path, if the file is not a SuBiC index, has
                 an unsupported version, is truncated or fails its checksum.
         """
-        header, packed, ids, _ = file_format.read(path)
+        header, packed, ids, items = file_format.read(path)
         return cls.from_parts(
             path,
             header,
             packed,
             ids,
+            looks=None if items is None else items.looks,
             scanner=scanner,
             add_chunk_size=add_chunk_size,
             search_chunk_size=search_chunk_size,
@@ -515,13 +633,14 @@ class SubicIndex(SearchBackend):
         packed: np.ndarray,
         ids: np.ndarray,
         *,
+        looks: np.ndarray | None = None,
         scanner: str = "auto",
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ) -> SubicIndex:
         """The index of what `file_format.read(path)` returned (the path
-        names the file in errors). A file's shortlist applies where the
-        scanner is `"faiss-fastscan"`."""
+        names the file in errors), with the file's looks if it holds them.
+        A file's shortlist applies where the scanner is `"faiss-fastscan"`."""
         # A scanner this machine cannot run is the caller's error, not the file's.
         name = scanners.resolve(scanner, header.num_blocks, header.block_size)
         try:
@@ -530,6 +649,7 @@ class SubicIndex(SearchBackend):
                 header.block_size,
                 scanner=name,
                 shortlist=header.shortlist if name == "faiss-fastscan" else None,
+                looks=0 if looks is None else looks.shape[1],
                 add_chunk_size=add_chunk_size,
                 search_chunk_size=search_chunk_size,
             )
@@ -537,17 +657,22 @@ class SubicIndex(SearchBackend):
             raise ValueError(
                 f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
             ) from error
-        index._store.append(packed, ids)
+        index._store.append(packed, ids, looks)
         return index
 
 
 def top_k(
-    view: View, queries: np.ndarray, k: int, chunk: int, keep: np.ndarray | None = None
+    view: View,
+    queries: np.ndarray,
+    k: int,
+    chunk: int,
+    keep: np.ndarray | None = None,
+    dtype=np.float32,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-`min(k, n)` of a view (`n` items, those of `keep` if given),
-    positions mapped to its ids, float32 scores."""
+    positions mapped to its ids, scores of `dtype`."""
     found = min(k, len(view.ids) if keep is None else int(np.count_nonzero(keep)))
-    scores = np.empty((len(queries), found), dtype=np.float32)
+    scores = np.empty((len(queries), found), dtype=dtype)
     found_ids = np.empty((len(queries), found), dtype=np.int64)
     if not found:
         return scores, found_ids

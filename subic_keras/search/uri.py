@@ -4,6 +4,9 @@ An index is named by a URI:
 
 - a path to a `.subic` file (`SubicIndex.save`, or `ImageIndex.save` for
   a folder's pictures): opened in memory;
+- a path ending in `.shards.json`: a shard manifest, its `.subic` shards
+  searched by Ray actors (`ray_index.RayIndex`), on one machine or a
+  cluster;
 - a path ending in `.db`: a Milvus Lite database (embedded, local);
 - `http://host:19530`, `https://...`, `tcp://host:port` or
   `unix:/path/to/milvus.sock`: a Milvus server or cluster.
@@ -21,6 +24,7 @@ from subic_keras.search import file_format
 from subic_keras.search.addresses import is_database as is_database
 from subic_keras.search.base import Searcher
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.ray_index import is_manifest
 from subic_keras.search.subic_index import SubicIndex
 
 DEFAULT_COLLECTION = "subic"
@@ -54,8 +58,8 @@ def open(  # the package's `open`: `sk.search.open(uri)`
 
     Returns:
         A `Searcher`: a `SubicIndex` (codes and ids), an `ImageIndex` (a
-        file that records its items: a folder's pictures), or a
-        `MilvusIndex`.
+        file that records its items: a folder's pictures), a `RayIndex` (a
+        shard manifest) or a `MilvusIndex`.
 
     Raises:
         ValueError: for a file that is not an index, an unknown collection,
@@ -66,8 +70,15 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         from subic_keras.search.milvus import MilvusIndex
 
         return MilvusIndex(uri, collection)
+    if is_manifest(uri):
+        from subic_keras.search.ray_index import RayIndex
+
+        return RayIndex(uri, scanner=scanner)
     header, packed, ids, items = file_format.read(uri)
-    codes = SubicIndex.from_parts(uri, header, packed, ids, scanner=scanner)
+    looks = None if items is None else items.looks
+    codes = SubicIndex.from_parts(
+        uri, header, packed, ids, looks=looks, scanner=scanner
+    )
     if items is None:
         return codes
     try:
@@ -101,7 +112,8 @@ def add_codes(
         num_blocks, block_size: `M` and `K`.
         collection: the Milvus collection (Milvus URIs only).
         model: the model that wrote the codes (`retrieval.model_record`),
-            recorded by a `.subic` file (a Milvus collection does not yet).
+            recorded by a `.subic` file or a new Milvus collection; an
+            existing collection that records another model is refused.
 
     Returns:
         The ids added, and the number of items at `uri` now.
@@ -109,7 +121,18 @@ def add_codes(
     if is_database(uri):
         from subic_keras.search.milvus import MilvusIndex
 
-        with MilvusIndex(uri, collection, num_blocks, block_size) as database:
+        with MilvusIndex(
+            uri, collection, num_blocks, block_size, model=model
+        ) as database:
+            recorded = database.model
+            if model is not None and recorded and recorded["digest"] != model["digest"]:
+                wrote = recorded.get("file") or "another model"
+                raise ValueError(
+                    f"collection {collection!r} at {os.fspath(uri)!r} holds codes "
+                    f"of {wrote} (digest {recorded['digest'][:12]}), not of "
+                    f"{model.get('file') or 'this model'} (digest "
+                    f"{model['digest'][:12]}): add them to a new collection"
+                )
             return database.add(codes, ids=ids), len(database)
     index = SubicIndex(num_blocks, block_size)
     index.model = model

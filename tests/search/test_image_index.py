@@ -180,7 +180,10 @@ def _items(paths, metadata=None, attributes=None):
 
 
 def test_crafted_item_tables_are_refused_with_the_reason(filled, tmp_path):
-    index = filled[0]
+    # Version 3, without looks: the item table ends the file.
+    _, codes, fingerprints, _ = filled
+    index = ImageIndex(4, 16, "/photos", (32, 32, 3), looks=False)
+    index.add(codes, _paths(300), fingerprints)
     path = tmp_path / "photos.subic"
     index.save(path)
     table_start = 40 + 300 * (len(index.get_codes()[0]) // 2 + 8)

@@ -260,3 +260,34 @@ def test_filters_become_milvus_expressions_with_the_same_answers(rng, uri):
     ):
         remote.search(queries, 5, where="path under 'cats'")
     remote.close()
+
+
+def test_a_collection_records_the_model_that_wrote_it(rng, uri):
+    from subic_keras.search.uri import add_codes
+    from subic_keras.search.uri import open as open_index
+
+    record = {"digest": "a" * 64, "file": "best.keras", "num_blocks": 4}
+    codes = rng.integers(0, 16, (20, 4))
+    add_codes(uri, codes, None, num_blocks=4, block_size=16, model=record)
+    with open_index(uri, collection="subic") as reopened:
+        assert reopened.model == record
+    other = {**record, "digest": "b" * 64, "file": "again.keras"}
+    with pytest.raises(ValueError, match=r"holds codes of best.keras.*not of again"):
+        add_codes(uri, codes, None, num_blocks=4, block_size=16, model=other)
+    with MilvusIndex(uri, "subic") as database:
+        assert len(database) == 20  # nothing was added
+    with MilvusIndex(uri, "unrecorded", 4, 16) as database:
+        assert database.model is None
+
+
+def test_a_server_without_sparse_vectors_is_named(uri, monkeypatch):
+    # Milvus 2.3's answer to SuBiC's collection, raised by create_collection.
+    def refuse(self, *args, **kwargs):
+        raise pymilvus.exceptions.MilvusException(
+            code=1100, message="create index on 104 field is not supported"
+        )
+
+    monkeypatch.setattr(pymilvus.MilvusClient, "create_collection", refuse)
+    with pytest.raises(milvus.MilvusError, match="cannot index sparse vectors") as info:
+        MilvusIndex(uri, "old_server", 4, 16)
+    assert "\n" not in str(info.value)

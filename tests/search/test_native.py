@@ -307,6 +307,25 @@ def test_group_equal():
 
 
 @needs_native
+@pytest.mark.parametrize("width", [1, 3, 6, 8, 9, 16])
+def test_group_equal_matches_a_sort(rng, width):
+    # Rows of few values repeat; past 8 bytes the hash table compares bytes.
+    rows = rng.integers(0, 2, (5000, width)).astype(np.uint8)
+    rows[:, 4:] = 0  # at most 16 distinct rows, whatever the width
+    first, starts, members = native.group_equal(rows)
+    keys = rows.view(np.dtype((np.void, width))).ravel()
+    _, expected_first = np.unique(keys, return_index=True)
+    np.testing.assert_array_equal(first, np.sort(expected_first))
+    for r, start in enumerate(first):
+        items = members[starts[r] : starts[r + 1]]
+        assert items[0] == start and np.all(np.diff(items) > 0)
+        assert (rows[items] == rows[start]).all()
+    np.testing.assert_array_equal(np.sort(members), np.arange(5000))
+    # Codes that hardly repeat are told from a sample, at once.
+    assert native.group_equal(rng.integers(0, 256, (300_000, 8), np.uint8)) is None
+
+
+@needs_native
 def test_the_binding_checks_the_groups():
     layout = native.Layout.for_kernel(2, 16, "portable")
     tiles = np.zeros(native.TILE, np.uint8)

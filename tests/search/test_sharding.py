@@ -126,3 +126,19 @@ def test_shards_may_use_different_scanners(rng):
     want = whole.search(queries, 50)
     np.testing.assert_array_equal(found[1], want[1])
     np.testing.assert_allclose(found[0], want[0], rtol=1e-6)
+
+
+def test_float64_shard_scores_merge_to_the_unsharded_ranking(scanner):
+    # Scores 1 + 2**-30 and 1 are one float32 value: merged from float32,
+    # the later shard's better item would come second.
+    index = SubicIndex(2, 4)
+    index.add([[0, 1], [1, 0]])  # item 1 scores 1 + 2**-30, item 0 scores 1
+    query = np.array([[1.0, 1.0, 0, 0, 2.0**-30, 0, 0, 0]], np.float32)
+    expected = index.search(query, 2)[1]
+    shards = index.shard(2)
+    scores, ids = merge_results([shard.search_shard(query, 2) for shard in shards], 2)
+    assert ids.tolist() == expected.tolist() and scores.dtype == np.float64
+    if scanner.startswith("native"):  # faiss's scans sum in float32 themselves
+        assert expected.tolist() == [[1, 0]] and scores[0, 0] == 1 + 2.0**-30
+        rounded = merge_results([shard.search(query, 2) for shard in shards], 2)
+        assert rounded[1].tolist() == [[0, 1]]  # the float32 tie, in shard order

@@ -1,12 +1,12 @@
 """Tests for subic_keras.search.subic_index.SubicIndex."""
 
-import resource
 import subprocess
 import sys
 import threading
 
 import numpy as np
 import pytest
+from limits import with_memory_limit
 from search_reference import (
     brute_search,
     distinct_codes,
@@ -84,11 +84,11 @@ def test_failed_add_is_rolled_back(rng, monkeypatch):
     append = store.CodeStore.append
     calls = []
 
-    def flaky(self, packed, ids):
+    def flaky(self, packed, ids, looks=None):
         calls.append(len(packed))
         if len(calls) == 2:
             raise MemoryError("simulated")
-        append(self, packed, ids)
+        append(self, packed, ids, looks)
 
     monkeypatch.setattr(store.CodeStore, "append", flaky)
     with pytest.raises(MemoryError):
@@ -334,15 +334,11 @@ print(codes[0].shape, sharded[0].shape, merged[0].shape)
 def test_huge_k_fits_in_4_gb():
     """200 queries with k = 10**12 would need 2.4 PB if padded to k."""
 
-    def limit_memory():
-        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-
     done = subprocess.run(
-        [sys.executable, "-c", _HUGE_K_SCRIPT],
+        with_memory_limit([sys.executable, "-c", _HUGE_K_SCRIPT], 4 * 2**30),
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=limit_memory,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[0] == "(200, 5000) (200, 5000) (200, 20)"

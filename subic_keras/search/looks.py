@@ -1,0 +1,302 @@
+"""What a picture looks like: the second description that orders ties.
+
+SuBiC's codes are trained for classes (paper Sec. 3): a trained model gives
+few distinct codes (the 48-bit CIFAR-10 model of `subic train`'s defaults,
+27,641 for 60,000 pictures), so a query's best score is shared by a tie
+group of tens to thousands of pictures of its class, and a copy of a
+picture (cropped, recompressed, mirrored) is one of them. A code cannot
+order that group; what the pictures look like can.
+
+A *look* is a picture's thumbnail, `LOOK_SIDE x LOOK_SIDE` in colour (box
+averaged from the decoded picture), made mirror-symmetric (the thumbnail
+plus its mirror image, of which the left half is kept), centred and scaled
+to int8: `LOOK_SIZE` = 96 bytes per item. Similarity is the cosine of two
+looks. Chosen by `benchmarks/refine.py` on a validation split against the
+soft block probabilities `b̃` and the backbone's feature (random
+projection to 64 dimensions, int8): the thumbnail finds the original of an
+altered copy more often than either, and costs no forward pass.
+
+`refine` is the ranking: the codes rank first (`M` additions per item), the
+best `max(k, SHORTLIST)` of them (and the tie group of the `k`-th, whole,
+where it goes on beyond them, up to `MAX_CANDIDATES`) are then ordered:
+
+1. near copies of the query (look similarity >= `NEAR_COPY`) among the
+   codes' best `SHORTLIST` (with their tie group), most similar first;
+2. the rest by code score, equal scores by look similarity, then in
+   insertion order.
+
+So the ranking of the codes is kept (2.), except that a picture that looks
+like the query picture is lifted above pictures that merely share its
+class (1.).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from subic_keras._validation import check_int
+
+LOOK_SIDE = 8
+LOOK_SIZE = LOOK_SIDE * (LOOK_SIDE // 2) * 3
+# Looks of the user's own (`SubicIndex(looks=size)`) are at most this long.
+MAX_LOOK_SIZE = 4096
+# Chosen on validation (`benchmarks/refine.py`): near copies above it,
+# candidates taken from the codes' best `SHORTLIST`.
+NEAR_COPY = 0.9
+SHORTLIST = 1000
+# The most candidates a query re-ranks (a tie group beyond it keeps the
+# codes' order, insertion order, past this many members).
+MAX_CANDIDATES = 10_000
+_CHUNK = 64  # queries whose candidates are compared at a time
+
+
+def look(pictures) -> np.ndarray:
+    """The looks of uint8 pictures: int8 `(n, LOOK_SIZE)`.
+
+    Example:
+
+    >>> pictures = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
+    >>> looks = look(pictures)
+    >>> looks.shape, looks.dtype.name
+    ((2, 96), 'int8')
+    >>> round(float(similarity(looks[:1], looks)[0, 0]), 4)   # itself
+    1.0
+    >>> bool(np.array_equal(look(pictures[:, :, ::-1]), looks))   # mirrored
+    True
+
+    Args:
+        pictures: uint8 `(n, H, W)`, `(n, H, W, 1)` or `(n, H, W, 3)`.
+
+    Raises:
+        ValueError: for another dtype or shape.
+    """
+    from PIL import Image
+
+    pictures = np.asarray(pictures)
+    if pictures.ndim == 3:
+        pictures = pictures[..., None]
+    if (
+        pictures.dtype != np.uint8
+        or pictures.ndim != 4
+        or pictures.shape[-1]
+        not in (
+            1,
+            3,
+        )
+    ):
+        raise ValueError(
+            "pictures must be uint8 (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
+            f"received {pictures.dtype} {pictures.shape}"
+        )
+    side = LOOK_SIDE
+    thumbs = np.empty((len(pictures), side, side, 3), np.float32)
+    for i, picture in enumerate(pictures):
+        image = Image.fromarray(picture[..., 0] if picture.shape[-1] == 1 else picture)
+        thumbs[i] = np.asarray(
+            image.convert("RGB").resize((side, side), Image.Resampling.BOX),
+            np.float32,
+        )
+    # Mirror-symmetric: a mirrored copy has the same look.
+    symmetric = (thumbs + thumbs[:, :, ::-1])[:, :, : side // 2]
+    flat = symmetric.reshape(len(pictures), -1)
+    flat -= flat.mean(axis=1, keepdims=True)
+    largest = np.abs(flat).max(axis=1, keepdims=True)
+    scaled = flat * (127 / np.maximum(largest, 1e-6))
+    return np.rint(scaled).astype(np.int8)
+
+
+def int8_looks(features, dims: int | None = None, seed: int = 0) -> np.ndarray:
+    """Looks of real features `(n, d)` (an embedding of your own, for
+    `SubicIndex(looks=dims)`): optionally projected to `dims` dimensions by
+    a seeded random orthogonal matrix (which keeps cosines on average),
+    then each row scaled so that its largest magnitude is 127, as int8.
+
+    Example:
+
+    >>> features = np.random.default_rng(0).random((3, 1024), dtype=np.float32)
+    >>> int8_looks(features, dims=64).shape
+    (3, 64)
+
+    Raises:
+        ValueError: for features that are not a finite 2-D array, or `dims`
+            not in [1, min(d, MAX_LOOK_SIZE)].
+    """
+    features = np.asarray(features, np.float32)
+    if features.ndim != 2 or not np.isfinite(features).all():
+        raise ValueError(
+            f"features must be a finite (n, d) array, received shape {features.shape}"
+        )
+    if dims is not None:
+        if not isinstance(dims, int) or not 1 <= dims <= min(
+            features.shape[1], MAX_LOOK_SIZE
+        ):
+            raise ValueError(
+                f"dims must be in [1, {min(features.shape[1], MAX_LOOK_SIZE)}], "
+                f"received {dims!r}"
+            )
+        gaussian = np.random.default_rng(seed).standard_normal(
+            (features.shape[1], dims)
+        )
+        features = features @ np.linalg.qr(gaussian)[0].astype(np.float32)
+    largest = np.abs(features).max(axis=1, keepdims=True)
+    return np.rint(features * (127 / np.maximum(largest, 1e-12))).astype(np.int8)
+
+
+@contextlib.contextmanager
+def settings(*, near_copy: float | None = None, shortlist: int | None = None):
+    """Runs searches with other refinement settings, then restores them:
+    what `benchmarks/refine.py` chooses `NEAR_COPY` and `SHORTLIST` with.
+
+    Args:
+        near_copy: the look similarity from which a result is a near copy
+            (above 1: no near copies, ties only).
+        shortlist: results of the codes that are refined.
+    """
+    global NEAR_COPY, SHORTLIST
+    saved = NEAR_COPY, SHORTLIST
+    if near_copy is not None:
+        NEAR_COPY = float(near_copy)
+    if shortlist is not None:
+        SHORTLIST = check_int("shortlist", shortlist, minimum=1)
+    try:
+        yield
+    finally:
+        NEAR_COPY, SHORTLIST = saved
+
+
+def fitting(looks, size: int):
+    """`looks` if they are looks of `size` bytes, else None: the thumbnails
+    that a command or the server passes with every query are of no use to
+    an index of other looks (or of none), which then ranks by its codes."""
+    if looks is None or not size or np.shape(looks)[-1:] != (size,):
+        return None
+    return looks
+
+
+def check_look_size(name: str, looks) -> int:
+    """The bytes per look an index option asks for: `False` (or 0) none,
+    `True` `LOOK_SIZE` (`look`'s), or a count up to `MAX_LOOK_SIZE` (looks
+    of the user's own)."""
+    if looks is None or isinstance(looks, bool):
+        return LOOK_SIZE if looks else 0
+    if isinstance(looks, (int, np.integer)) and 0 <= looks <= MAX_LOOK_SIZE:
+        return int(looks)
+    raise ValueError(
+        f"{name} must be True, False or a size in [0, {MAX_LOOK_SIZE}] bytes, "
+        f"received {looks!r}"
+    )
+
+
+def check_looks(name: str, looks, n: int, size: int = LOOK_SIZE) -> np.ndarray:
+    """`looks` as int8 `(n, size)`, or a ValueError naming `name`."""
+    array = np.asarray(looks)
+    if array.shape != (n, size) or array.dtype != np.int8:
+        raise ValueError(
+            f"{name} must be int8 ({n}, {size}), one look per item "
+            f"(`subic_keras.search.looks.look`), received {array.dtype} {array.shape}"
+        )
+    return array
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarities of looks `a (na, d)` and `b (nb, d)`: `(na, nb)`."""
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    norms = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=1)[None]
+    return (a @ b.T) / np.maximum(norms, 1e-6)
+
+
+def refine(
+    search, store, queries: np.ndarray, query_looks: np.ndarray, k: int, keep=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The refined top `k` of a store (module docstring).
+
+    The codes' best `SHORTLIST` of every query are compared with its look
+    at once (a batch of queries at a time); a query whose `k`-th result
+    ties with the shortlist's last (a tie group that goes on beyond the
+    shortlist) gets that group whole, up to `MAX_CANDIDATES`.
+
+    Args:
+        search: `(queries, k, keep) -> (scores, positions)`, the codes'
+            exact top `k` (`SubicIndex.view().search`).
+        store: the `CodeStore` searched, with looks.
+        queries: checked float32 queries `(nq, M*K)`.
+        query_looks: the queries' looks `(nq, store.look_size)`.
+        k: results per query, at most the items searched.
+        keep: one boolean per position, or None for every item.
+
+    Returns:
+        `(scores, positions)`: the code scores (float32) and positions of
+        the `k` results, in the refined order.
+    """
+    kept = store.size if keep is None else int(np.count_nonzero(keep))
+    wide = min(kept, max(k, SHORTLIST))
+    scores, positions = search(queries, wide, keep)
+    out_scores = np.empty((len(queries), k), np.float32)
+    out_positions = np.empty((len(queries), k), np.int64)
+    for start in range(0, len(queries), _CHUNK):
+        rows = slice(start, start + _CHUNK)
+        score, position = scores[rows], positions[rows]
+        likeness = _likeness(query_looks[rows], store.looks(position))
+        best = order(score, likeness, position, _eligible(score))[:, :k]
+        out_scores[rows] = np.take_along_axis(score, best, axis=1)
+        out_positions[rows] = np.take_along_axis(position, best, axis=1)
+    if wide == kept:
+        return out_scores, out_positions
+    for row in np.flatnonzero(scores[:, k - 1] == scores[:, -1]):
+        # The tie group reaching the top k goes on beyond the shortlist.
+        score, position = scores[row], positions[row]
+        tied = store.same_codes(position[score == score[-1]])
+        if keep is not None:
+            tied = tied[keep[tied]]
+        tied = tied[~np.isin(tied, position)][: max(0, MAX_CANDIDATES - wide)]
+        position = np.concatenate([position, tied])
+        score = np.concatenate([score, np.full(len(tied), score[-1])])
+        likeness = _likeness(query_looks[row : row + 1], store.looks(position[None]))
+        best = order(score[None], likeness, position[None], _eligible(score[None]))
+        out_scores[row] = score[best[0, :k]]
+        out_positions[row] = position[best[0, :k]]
+    return out_scores, out_positions
+
+
+def _likeness(query_looks: np.ndarray, looks: np.ndarray) -> np.ndarray:
+    """Cosines of each query's look `(c, d)` with its candidates' `(c, w, d)`."""
+    q = query_looks.astype(np.float32)
+    items = looks.astype(np.float32)
+    dots = np.einsum("cwd,cd->cw", items, q)
+    norms = np.linalg.norm(items, axis=-1) * np.linalg.norm(q, axis=-1)[:, None]
+    return dots / np.maximum(norms, 1e-6)
+
+
+def _eligible(scores: np.ndarray) -> np.ndarray:
+    """The candidates that may be near copies: the codes' best `SHORTLIST`
+    (with their last tie group), whatever `k`."""
+    bar = scores[:, min(SHORTLIST, scores.shape[1]) - 1]
+    return scores >= bar[:, None]
+
+
+def order(
+    scores: np.ndarray,
+    likeness: np.ndarray,
+    positions: np.ndarray,
+    eligible: np.ndarray | None = None,
+) -> np.ndarray:
+    """The refined order of each query's candidates (module docstring).
+
+    Args:
+        scores: code scores `(..., c)`.
+        likeness: look similarities to the query `(..., c)`.
+        positions: insertion positions `(..., c)`, the last tie-break.
+        eligible: the candidates that may be near copies (default: all).
+
+    Returns:
+        Indices into the candidates along the last axis, best first.
+    """
+    near = likeness >= NEAR_COPY
+    if eligible is not None:
+        near &= eligible
+    first = np.where(near, -likeness, -scores.astype(np.float64))
+    # np.lexsort sorts by its last key first, along the last axis.
+    return np.lexsort((positions, -likeness, first, ~near), axis=-1)

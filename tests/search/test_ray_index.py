@@ -1,0 +1,175 @@
+"""RayIndex on a simulated Ray cluster (`ray.cluster_utils.Cluster`): exact
+results, actor kills, node loss, adds and removes across shards."""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from search_reference import relu_queries
+
+from subic_keras.search import SubicIndex
+from subic_keras.search import open as open_index
+from subic_keras.search.ray_index import RayIndex, read_manifest, save_shards
+
+ray = pytest.importorskip("ray", reason="the [ray] extra")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+# One worker runs them all (the README's `--dist loadgroup`): one cluster.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
+
+@pytest.fixture(autouse=True)
+def scanner():
+    """One run: the shards choose their own scanner."""
+    return "ray"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two worker nodes, all on this machine."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cluster = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1}
+    )
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster, workers
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _trained_like(rng, n):
+    centres = rng.integers(0, 64, (n // 40, 8))
+    return centres[rng.integers(0, len(centres), n)]
+
+
+@pytest.fixture
+def sharded(cluster, tmp_path, rng):
+    index = SubicIndex(8, 64)
+    index.add(_trained_like(rng, 6000))
+    save_shards(index, tmp_path / "codes.shards.json", 3)
+    return index, open_index(tmp_path / "codes.shards.json")
+
+
+def test_results_equal_one_index_ties_included(sharded, rng):
+    index, remote = sharded
+    assert isinstance(remote, RayIndex) and len(remote) == 6000
+    queries = relu_queries(rng, 20, 8, 64)
+    for k in (1, 10, 500):
+        for got, want in zip(remote.search(queries, k), index.search(queries, k)):
+            np.testing.assert_array_equal(got, want)
+    where = "id < 2500 or id >= 5900"
+    for got, want in zip(
+        remote.search(queries, 50, where=where), index.search(queries, 50, where=where)
+    ):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_killed_shard_fails_no_search(sharded, rng):
+    index, remote = sharded
+    queries = relu_queries(rng, 5, 8, 64)
+    expected = index.search(queries, 20)
+    failures, stalls = [], []
+
+    def searches():
+        for _ in range(40):
+            start = time.perf_counter()
+            try:
+                got = remote.search(queries, 20)
+                assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+            except Exception as error:  # counted, then asserted
+                failures.append(error)
+            stalls.append(time.perf_counter() - start)
+
+    thread = threading.Thread(target=searches)
+    thread.start()
+    time.sleep(0.3)
+    ray.kill(remote.actors[1], no_restart=False)  # its process dies
+    thread.join(timeout=120)
+    assert not thread.is_alive() and not failures, failures
+    assert max(stalls) < 30
+
+
+def test_a_lost_node_fails_no_search(cluster, tmp_path, rng):
+    cluster_, workers = cluster
+    index = SubicIndex(8, 64)
+    index.add(_trained_like(rng, 3000))
+    save_shards(index, tmp_path / "lost.shards.json", 3)
+    remote = RayIndex(tmp_path / "lost.shards.json")
+    queries = relu_queries(rng, 3, 8, 64)
+    expected = index.search(queries, 10)
+    nodes = set(ray.get([actor.node_id.remote() for actor in remote.actors]))
+    lost = [w for w in workers if w.node_id in nodes]
+    assert lost, "no shard was placed on a worker node"
+    cluster_.remove_node(lost[0])
+    start = time.perf_counter()
+    for _ in range(5):
+        got = remote.search(queries, 10)
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert time.perf_counter() - start < 90  # the shards restarted elsewhere
+    workers.append(cluster_.add_node(num_cpus=1))  # the next test's node
+
+
+def test_adds_and_removes_across_shards(sharded, rng, tmp_path):
+    index, remote = sharded
+    added = remote.add(_trained_like(rng, 50))
+    assert added.tolist() == list(range(6000, 6050)) and len(remote) == 6050
+    with pytest.raises(ValueError, match="ids already in the index"):
+        remote.add(rng.integers(0, 64, (2, 8)), ids=[3, 7000])
+    index.add(remote.get_codes(added), ids=added)
+    queries = relu_queries(rng, 8, 8, 64)
+    for got, want in zip(remote.search(queries, 30), index.search(queries, 30)):
+        np.testing.assert_array_equal(got, want)
+    gone = [0, 2999, 6049]  # one in the first, the second and the last shard
+    assert remote.remove(gone) == 3 and len(remote) == 6047
+    with pytest.raises(KeyError, match="12345"):
+        remote.remove([1, 12345])
+    assert len(remote) == 6047  # all or nothing
+    ids = remote.get_ids()
+    assert len(set(ids.tolist())) == len(ids) and not np.isin(gone, ids).any()
+    # Every change is in the shards' files: a new index of the manifest has it.
+    reopened = open_index(tmp_path / "codes.shards.json")
+    np.testing.assert_array_equal(reopened.get_ids(), ids)
+
+
+def test_manifest_mistakes_are_named(tmp_path):
+    path = tmp_path / "bad.shards.json"
+    cases = [
+        ("not JSON", "{"),
+        ("format", json.dumps({"format": "other"})),
+        (
+            "outside the manifest's folder",
+            json.dumps(
+                {
+                    "format": "subic.shards",
+                    "version": 1,
+                    "num_blocks": 2,
+                    "block_size": 4,
+                    "shards": ["../x.subic"],
+                }
+            ),
+        ),
+        (
+            "list of 1 to",
+            json.dumps(
+                {
+                    "format": "subic.shards",
+                    "version": 1,
+                    "num_blocks": 2,
+                    "block_size": 4,
+                    "shards": [],
+                }
+            ),
+        ),
+    ]
+    for message, text in cases:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            read_manifest(path)
+    with pytest.raises(ValueError, match="must end in '.shards.json'"):
+        save_shards(SubicIndex(2, 4), tmp_path / "x.json", 2)
