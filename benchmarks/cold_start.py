@@ -89,7 +89,7 @@ def main(argv=None) -> None:
                 f"{entry['batch_1000']['warm_s']:.3f} s"
             )
     result = {
-        **common.run_metadata(__name__, "numpy"),
+        **common.run_metadata("cold_start", "numpy"),
         "items": args.num_items,
         "distinct_codes": distinct,
         "group_s": group_s,

@@ -170,7 +170,7 @@ def main(argv=None) -> None:
             + fan_out_ms,
         }
     result = {
-        **common.run_metadata(__name__, "numpy", "ray"),
+        **common.run_metadata("ray_search", "numpy", "ray"),
         "items": args.num_items,
         "k": K,
         "results": results,

@@ -259,7 +259,7 @@ def main(argv=None) -> None:
         args.singles,
     )
     result = {
-        **common.run_metadata(__name__, "numpy", "tensorflow", "keras"),
+        **common.run_metadata("refine", "numpy", "tensorflow", "keras"),
         "model": os.path.basename(args.model),
         "look": {"default": default, "bytes": looks.LOOK_SIZE},
         "validation": {

@@ -619,7 +619,7 @@ class SubicIndex(SearchBackend):
             header,
             packed,
             ids,
-            looks=None if items is None else items.looks,
+            items=items,
             scanner=scanner,
             add_chunk_size=add_chunk_size,
             search_chunk_size=search_chunk_size,
@@ -633,16 +633,18 @@ class SubicIndex(SearchBackend):
         packed: np.ndarray,
         ids: np.ndarray,
         *,
-        looks: np.ndarray | None = None,
+        items: file_format.Items | None = None,
         scanner: str = "auto",
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ) -> SubicIndex:
         """The index of what `file_format.read(path)` returned (the path
-        names the file in errors), with the file's looks if it holds them.
-        A file's shortlist applies where the scanner is `"faiss-fastscan"`."""
+        names the file in errors), with the looks and the model record of
+        its `items` where it holds them. A file's shortlist applies where
+        the scanner is `"faiss-fastscan"`."""
         # A scanner this machine cannot run is the caller's error, not the file's.
         name = scanners.resolve(scanner, header.num_blocks, header.block_size)
+        looks = None if items is None else items.looks
         try:
             index = cls(
                 header.num_blocks,
@@ -658,6 +660,13 @@ class SubicIndex(SearchBackend):
                 f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
             ) from error
         index._store.append(packed, ids, looks)
+        if items is not None:
+            try:
+                index.model = items.metadata.get("model")
+            except ValueError as error:
+                raise ValueError(
+                    f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
+                ) from None
         return index
 
 

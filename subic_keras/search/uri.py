@@ -75,19 +75,10 @@ def open(  # the package's `open`: `sk.search.open(uri)`
 
         return RayIndex(uri, scanner=scanner)
     header, packed, ids, items = file_format.read(uri)
-    looks = None if items is None else items.looks
     codes = SubicIndex.from_parts(
-        uri, header, packed, ids, looks=looks, scanner=scanner
+        uri, header, packed, ids, items=items, scanner=scanner
     )
-    if items is None:
-        return codes
-    try:
-        codes.model = items.metadata.get("model")
-    except ValueError as error:
-        raise ValueError(
-            f"{os.fspath(uri)!r} is not a valid SuBiC index file: {error}"
-        ) from None
-    if items.paths is None:
+    if items is None or items.paths is None:
         return codes
     return ImageIndex.from_parts(uri, codes, items)
 

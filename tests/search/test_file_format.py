@@ -56,6 +56,20 @@ def test_save_load_round_trip(rng, tmp_path, num_blocks, block_size, kwargs):
     np.testing.assert_array_equal(new_id, [index.get_ids().max() + 1])
 
 
+def test_the_model_record_is_loaded_by_every_way_of_opening(tmp_path):
+    from subic_keras.search import open as open_index
+
+    index = SubicIndex(4, 16)
+    index.add(np.zeros((3, 4), int))
+    index.model = {"digest": "c" * 64, "file": "best.keras"}
+    index.save(tmp_path / "m.subic")
+    for loaded in (
+        SubicIndex.load(tmp_path / "m.subic"),
+        open_index(tmp_path / "m.subic"),
+    ):
+        assert loaded.model == index.model
+
+
 def test_a_scanner_this_machine_lacks_is_not_the_files_fault(tmp_path):
     SubicIndex(4, 16).save(tmp_path / "good")
     with pytest.raises(ValueError, match="^scanner must be one of auto"):
