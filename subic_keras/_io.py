@@ -235,14 +235,23 @@ def load_keras_file(path: str | os.PathLike, compile: bool = True):
     """
     import keras
 
+    import subic_keras
+
+    # The package's classes (`SubicTrainModel`, its layers) must be known to
+    # Keras before a file that names them is read, whatever was imported.
+    subic_keras._register_keras_objects()
     path = check_keras_file(path)
     try:
         return keras.saving.load_model(path, compile=compile)
     except Exception as error:
         # Keras raises anything from TypeError to h5py's OSError for a
-        # well-formed archive it cannot rebuild.
+        # well-formed archive it cannot rebuild, its message often followed
+        # by the model's whole configuration: the first 300 characters say it.
+        reason = " ".join(str(error).split())
+        if len(reason) > 300:
+            reason = reason[:300] + " …"
         raise ValueError(
-            f"cannot load the Keras model in {path!r}: {type(error).__name__}: {error}"
+            f"cannot load the Keras model in {path!r}: {type(error).__name__}: {reason}"
         ) from error
 
 

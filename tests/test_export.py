@@ -130,6 +130,21 @@ def tiny():
 # SavedModel: layout and versions -------------------------------------------
 
 
+@pytest.mark.slow
+def test_load_subic_needs_no_other_import(tmp_path):
+    # A fresh process that imports only `subic_keras.export`: the package's
+    # classes are registered before the file is read.
+    tiny_subic().train_model.save(tmp_path / "tiny.keras")
+    script = (
+        "from subic_keras.export import load_subic; "
+        f"print(load_subic({str(tmp_path / 'tiny.keras')!r}).num_blocks)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr[-2000:]
+
+
 def test_layout_and_default_versions(tiny, tmp_path):
     first = export_saved_model(tiny, str(tmp_path))
     assert first == str(tmp_path / "subic" / "1")
