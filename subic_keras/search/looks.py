@@ -20,8 +20,12 @@ altered copy more often than either, and costs no forward pass.
 best `max(k, SHORTLIST)` of them (and the tie group of the `k`-th, whole,
 where it goes on beyond them, up to `MAX_CANDIDATES`) are then ordered:
 
-1. near copies of the query (look similarity >= `NEAR_COPY`) among the
-   codes' best `SHORTLIST` (with their tie group), most similar first;
+1. near copies of the query among the codes' best `SHORTLIST` (with their
+   tie group), most similar first: those with a look similarity of at
+   least `NEAR_COPY`, and the most alike one if it stands out (at least
+   `STANDOUT_FLOOR`, and `STANDOUT` more alike than the next: a copy
+   altered more than `NEAR_COPY` allows still looks like the query far
+   more than pictures that merely share its class);
 2. the rest by code score, equal scores by look similarity, then in
    insertion order.
 
@@ -43,9 +47,14 @@ LOOK_SIZE = LOOK_SIDE * (LOOK_SIDE // 2) * 3
 # Looks of the user's own (`SubicIndex(looks=size)`) are at most this long.
 MAX_LOOK_SIZE = 4096
 # Chosen on validation (`benchmarks/refine.py`): near copies above it,
-# candidates taken from the codes' best `SHORTLIST`.
+# candidates taken from the codes' best `SHORTLIST`, and the margin by which
+# one that stands out beats the rest.
 NEAR_COPY = 0.9
 SHORTLIST = 1000
+# The most alike candidate is a near copy too when at least STANDOUT_FLOOR
+# alike and STANDOUT more alike than the next (above 1: no such rule).
+STANDOUT = 0.05
+STANDOUT_FLOOR = 0.6
 # The most candidates a query re-ranks (a tie group beyond it keeps the
 # codes' order, insertion order, past this many members).
 MAX_CANDIDATES = 10_000
@@ -145,25 +154,35 @@ def int8_looks(features, dims: int | None = None, seed: int = 0) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def settings(*, near_copy: float | None = None, shortlist: int | None = None):
+def settings(
+    *,
+    near_copy: float | None = None,
+    shortlist: int | None = None,
+    standout: float | None = None,
+):
     """Runs searches with other refinement settings, then restores them:
-    what `benchmarks/refine.py` chooses `NEAR_COPY` and `SHORTLIST` with.
+    what `benchmarks/refine.py` chooses `NEAR_COPY`, `SHORTLIST` and
+    `STANDOUT` with.
 
     Args:
         near_copy: the look similarity from which a result is a near copy
             (above 1: no near copies, ties only).
         shortlist: results of the codes that are refined.
+        standout: the margin by which the most alike result must beat the
+            next to be a near copy (above 1: no such rule).
     """
-    global NEAR_COPY, SHORTLIST
-    saved = NEAR_COPY, SHORTLIST
+    global NEAR_COPY, SHORTLIST, STANDOUT
+    saved = NEAR_COPY, SHORTLIST, STANDOUT
     if near_copy is not None:
         NEAR_COPY = float(near_copy)
     if shortlist is not None:
         SHORTLIST = check_int("shortlist", shortlist, minimum=1)
+    if standout is not None:
+        STANDOUT = float(standout)
     try:
         yield
     finally:
-        NEAR_COPY, SHORTLIST = saved
+        NEAR_COPY, SHORTLIST, STANDOUT = saved
 
 
 def fitting(looks, size: int):
@@ -297,6 +316,16 @@ def order(
     near = likeness >= NEAR_COPY
     if eligible is not None:
         near &= eligible
+    if STANDOUT <= 1 and likeness.shape[-1] >= 2:
+        # The one candidate that looks like the query far more than any
+        # other is a near copy too (a copy altered more than NEAR_COPY
+        # allows stands out from pictures that merely share its class).
+        alike = likeness if eligible is None else np.where(eligible, likeness, -2.0)
+        top = -np.partition(-alike, 1, axis=-1)[..., :2]
+        stands_out = (top[..., 0] >= STANDOUT_FLOOR) & (
+            top[..., 0] - top[..., 1] >= STANDOUT
+        )
+        near |= (alike == top[..., :1]) & stands_out[..., None]
     first = np.where(near, -likeness, -scores.astype(np.float64))
     # np.lexsort sorts by its last key first, along the last axis.
     return np.lexsort((positions, -likeness, first, ~near), axis=-1)

@@ -38,7 +38,16 @@ def _reference(queries, query_looks, codes, item_looks, k, keep=None):
         cand_scores = np.array([by_position[p] for p in candidates])
         likeness = looks.similarity(query_look[None], item_looks[candidates])[0]
         threshold = cand_scores[min(looks.SHORTLIST, len(candidates)) - 1]
-        near = (likeness >= looks.NEAR_COPY) & (cand_scores >= threshold)
+        eligible = cand_scores >= threshold
+        near = (likeness >= looks.NEAR_COPY) & eligible
+        if looks.STANDOUT <= 1:  # the one that stands out
+            alike = np.sort(likeness[eligible])[::-1]
+            if (
+                len(alike) > 1
+                and alike[0] >= looks.STANDOUT_FLOOR
+                and alike[0] - alike[1] >= looks.STANDOUT
+            ):
+                near |= eligible & (likeness == alike[0])
         key = sorted(
             range(len(candidates)),
             key=lambda i: (
@@ -130,6 +139,35 @@ def test_ties_are_ordered_by_look_and_near_copies_come_first(rng):
     assert ids[0].tolist() == [5, 4, 3, 2, 1, 0, 6]
     assert scores[0].tolist() == [2.0] * 6 + [0.0]
     assert looks.NEAR_COPY == 0.9  # restored
+
+
+@pytest.mark.parametrize("standout", [0.1, 2.0])
+def test_the_reference_holds_with_and_without_the_standout_rule(rng, standout):
+    n = 400
+    codes = rng.integers(0, 3, (n, 3))
+    pictures = _pictures(rng, n)
+    # Query looks: a picture's, blurred towards noise, so that its original
+    # is alike but not a near copy, and stands out.
+    noisy = np.clip(
+        pictures[:6].astype(int) + rng.integers(-110, 110, (6, 32, 32, 3)), 0, 255
+    ).astype(np.uint8)
+    item_looks, query_looks = looks.look(pictures), looks.look(noisy)
+    index = SubicIndex(3, 4, looks=True)
+    index.add(codes, looks=item_looks)
+    # Whole numbers: float32 sums (faiss's) are exact, as the reference's.
+    queries = rng.integers(0, 8, (6, 12)).astype(np.float32)
+    with looks.settings(standout=standout):  # every item a candidate
+        scores, ids = index.search(queries, 20, looks=query_looks)
+        reference = _reference(queries, query_looks, codes, item_looks, 20)
+    for row, (expected_scores, expected_ids) in enumerate(reference):
+        assert ids[row].tolist() == expected_ids.tolist()
+        np.testing.assert_allclose(scores[row], expected_scores, rtol=1e-5)
+    if standout <= 1:  # the originals stand out from random pictures
+        likeness = looks.similarity(query_looks, item_looks)
+        alike = np.sort(likeness, axis=1)[:, ::-1]
+        assert (alike[:, 0] < looks.NEAR_COPY).any()
+        shown = (alike[:, 0] - alike[:, 1] >= standout) & (alike[:, 0] >= 0.6)
+        assert shown.any()
 
 
 def test_the_last_tie_group_is_taken_whole_beyond_the_shortlist(rng):
