@@ -37,7 +37,7 @@ from subic_keras.search.base import Searcher, answer_rows
 from subic_keras.search.checks import check_ids
 from subic_keras.search.items import ItemTable, check_attributes, check_paths
 from subic_keras.search.locks import ReadWriteLock
-from subic_keras.search.looks import check_looks, fitting
+from subic_keras.search.looks import fitting
 from subic_keras.search.subic_index import SubicIndex
 
 FORMAT = "subic.image-index"
@@ -189,16 +189,8 @@ class ImageIndex(Searcher):
         """
         paths = check_paths("paths", paths)
         attributes = check_attributes("attributes", attributes, len(paths))
-        if self.has_looks:
-            size = self._codes.look_size
-            if looks is None:
-                looks = np.zeros((len(paths), size), np.int8)
-            looks = check_looks("looks", looks, len(paths), size)
-        elif looks is not None:
-            raise ValueError(
-                "looks were given to an index that keeps none (made with looks=False "
-                "or written before looks existed)"
-            )
+        if self.has_looks and looks is None:  # `SubicIndex.add` checks them
+            looks = np.zeros((len(paths), self._codes.look_size), np.int8)
         if fingerprints is None:
             fingerprints = np.zeros(len(paths), np.uint64)
         fingerprints = np.asarray(fingerprints)

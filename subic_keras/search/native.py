@@ -234,9 +234,8 @@ def group_equal(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
     model gave 18,511 distinct codes, a 64-bit one 37,541. Scanning the
     distinct ones is that much less work; an item's rank among equal codes
     is its position, as everywhere. Found with a hash table in C, in time
-    linear in the items (5,000,000 codes in tens of milliseconds, where
-    sorting them took seconds), so that the first search after loading an
-    index costs little more than the next.
+    linear in the items rather than a sort's (`benchmarks/cold_start.py`
+    measures it and the first search after loading an index).
 
     Args:
         rows: one row of bytes per item (packed codes or columns).

@@ -175,13 +175,10 @@ class _Shard:
         self.path = path
         self.index = SubicIndex.load(path, scanner=scanner)
 
-    def info(self) -> tuple[int, int, dict | None, int]:
-        index = self.index
-        return index.num_blocks, index.block_size, index.model, len(index)
+    def info(self) -> tuple[int, int, dict | None]:
+        return self.index.num_blocks, self.index.block_size, self.index.model
 
     def search(self, queries, k: int, where):
-        if not len(self.index):
-            return np.zeros((len(queries), 0)), np.zeros((len(queries), 0), np.int64)
         return self.index.search_shard(queries, k, where=where)
 
     def size(self) -> int:
@@ -197,20 +194,24 @@ class _Shard:
         return self.index.get_ids()
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
-        return ids[np.isin(ids, self.index.get_ids())]
+        """The ids of `ids` this shard holds."""
+        return ids[self._present(ids)]
+
+    def _present(self, ids: np.ndarray) -> np.ndarray:
+        return np.isin(ids, self.index.get_ids())
 
     def codes(self, ids: np.ndarray) -> np.ndarray:
         return self.index.get_codes(ids)
 
     def add(self, codes: np.ndarray, ids: np.ndarray) -> None:
-        present = np.isin(ids, self.index.get_ids())
+        present = self._present(ids)
         if present.all() and len(ids):  # a retried call: added already
             return
         self.index.add(codes[~present], ids=ids[~present])
         self.index.save(self.path)
 
     def remove(self, ids: np.ndarray) -> int:
-        held = ids[np.isin(ids, self.index.get_ids())]
+        held = self.holds(ids)
         if len(held):
             self.index.remove(held)
             self.index.save(self.path)
@@ -299,7 +300,7 @@ class RayIndex(Searcher):
                 f"within {timeout:g} s (each asks for {num_cpus:g} CPUs; the "
                 f"cluster has {ray.cluster_resources().get('CPU', 0):g})"
             ) from None
-        for path, (m, k, _, _) in zip(self._manifest.shards, infos):
+        for path, (m, k, _) in zip(self._manifest.shards, infos):
             if (m, k) != (self._manifest.num_blocks, self._manifest.block_size):
                 raise ValueError(
                     f"shard {path!r} holds codes of {m} blocks of {k}, the manifest "
@@ -343,11 +344,10 @@ class RayIndex(Searcher):
         )
 
     def _search(self, queries, k, where):
-        parts = self._all("search", queries, k, where)
-        scores, ids = merge_results(parts, k)
-        found = ids >= 0
-        width = int(found.sum(axis=1).max()) if len(ids) else 0
-        return scores[:, :width].astype(np.float32), ids[:, :width]
+        # Each shard answers min(k, its kept items), so the merge has no
+        # missing slot: min(k, kept items) columns, as one index answers.
+        scores, ids = merge_results(self._all("search", queries, k, where), k)
+        return scores.astype(np.float32), ids
 
     def get_ids(self) -> np.ndarray:
         """Every id, in manifest order, then insertion order."""

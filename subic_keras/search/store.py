@@ -45,10 +45,6 @@ class CodeStore:
         """The ids, in insertion order (a view: copy it to keep it)."""
         return self._ids[: self.size]
 
-    @property
-    def with_looks(self) -> bool:
-        return self._looks is not None
-
     def looks(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """Looks of `rows` (positions); a store with a `look_size` only."""
         assert self._looks is not None
@@ -71,8 +67,8 @@ class CodeStore:
         """Every position whose code equals the code at one of `positions`
         (those included), increasing.
 
-        The codes' keys are sorted once per version of the store (about
-        0.1 s per million items), then each lookup is a binary search.
+        The codes' keys are sorted once per version of the store, then each
+        lookup is a binary search.
         """
         if not len(positions):
             return np.zeros(0, np.int64)

@@ -158,7 +158,7 @@ class SubicIndex(SearchBackend):
     @property
     def has_looks(self) -> bool:
         """Whether the index keeps its items' looks (the `looks` option)."""
-        return self._store.with_looks
+        return self._store.look_size > 0
 
     @property
     def look_size(self) -> int:
@@ -257,8 +257,8 @@ class SubicIndex(SearchBackend):
         if not self.has_looks:
             if looks is not None:
                 raise ValueError(
-                    "looks were given to an index that keeps none; make it with "
-                    "SubicIndex(..., looks=True)"
+                    "looks were given to an index that keeps none (made without "
+                    "looks=True, or written before looks existed)"
                 )
             return None
         if looks is None:
@@ -397,14 +397,7 @@ class SubicIndex(SearchBackend):
             ValueError: for a bad shape, NaN/inf queries, `k < 1`, or a
                 filter on a field other than `id`.
         """
-        if looks is None:
-            return super().search(queries, k, where=where)
-        k = self._check_k(k)
-        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        where = filters.as_filter(where)
-        with self.view() as view:
-            keep = None if where is None else self._mask(view, where)
-            return self._top_k(view, queries, k, keep, looks)
+        return self._checked_search(queries, k, where, looks)
 
     def search_shard(
         self, queries, k: int, *, where=None
@@ -417,31 +410,33 @@ class SubicIndex(SearchBackend):
         could no longer tell which came first. Merged from these, shards
         given in insertion order rank exactly as one index would.
         """
+        return self._checked_search(queries, k, where, dtype=np.float64)
+
+    def _checked_search(self, queries, k, where, looks=None, dtype=np.float32):
+        """`_search` of arguments checked here (`Searcher.search`'s checks)."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        where = filters.as_filter(where)
-        with self.view() as view:
-            keep = None if where is None else self._mask(view, where)
-            return top_k(view, queries, k, self._query_chunk, keep, np.float64)
+        return self._search(queries, k, filters.as_filter(where), looks, dtype)
 
     def _answer_search(self, queries, k, where, looks):
         return self.search(
             queries, k, where=where, looks=fitting(looks, self.look_size)
         )
 
-    def _search(self, queries, k, where):
+    def _search(self, queries, k, where, looks=None, dtype=np.float32):
         with self.view() as view:
             keep = None if where is None else self._mask(view, where)
-            return top_k(view, queries, k, self._query_chunk, keep)
+            return self._top_k(view, queries, k, keep, looks, dtype)
 
     def _mask(self, view: View, where: filters.Filter) -> np.ndarray | None:
         state = (self._store.version, self._store.removals)
         return self._masks.mask(where, IdColumns(view.ids), state)
 
-    def _top_k(self, view: View, queries, k: int, keep, looks):
-        """`top_k`, refined by the queries' `looks` where they are given."""
+    def _top_k(self, view: View, queries, k: int, keep, looks, dtype=np.float32):
+        """`top_k` (scores of `dtype`), refined by the queries' `looks` where
+        they are given."""
         if looks is None:
-            return top_k(view, queries, k, self._query_chunk, keep)
+            return top_k(view, queries, k, self._query_chunk, keep, dtype)
         if not self.has_looks:
             raise ValueError(
                 "looks were given to search an index that keeps none; build it "
