@@ -1,6 +1,8 @@
 """`subic serve`: image search over HTTP, a REST API and a web page.
 
-One process holds one model and one `ImageIndex` and answers:
+One process holds one model and one index of a folder's pictures (an
+`ImageIndex` file, or a shard manifest of such files searched on Ray,
+`RayIndex`) and answers:
 
 - `POST /search?k=10`: a picture as the request body (`Content-Type:
   image/png`, `image/jpeg`, ...) or as the multipart field `image`. Answers
@@ -66,6 +68,7 @@ from subic_keras.search import filters
 from subic_keras.search.base import answer_rows
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import look
+from subic_keras.search.ray_index import RayIndex, is_manifest
 
 LOG = logging.getLogger(__name__)
 
@@ -101,10 +104,33 @@ class ReloadBusyError(RuntimeError):
     """A reload asked for while another one is still running."""
 
 
+# What a server searches: one picture index, or its shards on Ray.
+Pictures = ImageIndex | RayIndex
+
+
 @dataclasses.dataclass(frozen=True)
 class _Loaded:
-    index: ImageIndex
+    index: Pictures
     loaded_at: float
+
+
+def open_pictures(path: str, scanner: str = "auto") -> Pictures:
+    """The picture index at `path`: a file built from a folder
+    (`ImageIndex`), or a shard manifest of such files (`RayIndex`).
+
+    Raises:
+        ValueError: for a file or manifest of codes without image paths.
+    """
+    if not is_manifest(path):
+        return ImageIndex.load(path, scanner=scanner)
+    index = RayIndex(path, scanner=scanner)
+    if index.root is None:
+        raise ValueError(
+            f"{path!r} lists shards of codes without image paths; build picture "
+            "shards from a folder with `subic index build MODEL DIR --output "
+            "X.shards.json`"
+        )
+    return index
 
 
 def served_folder(folder: str | os.PathLike) -> str:
@@ -132,7 +158,9 @@ class SearchService:
 
     Args:
         model_path: the SuBiC `.keras` model that built the index.
-        index_path: an index file built from a folder (`ImageIndex`).
+        index_path: an index file built from a folder (`ImageIndex`), or a
+            shard manifest of such files (`RayIndex`, on the Ray cluster
+            of `RAY_ADDRESS`, or one started here).
         query: the query kind (`None`: the one saved with the model).
         max_upload_bytes: the largest picture a request may upload.
         scanner: what scans the index's codes (`SubicIndex`'s argument).
@@ -176,7 +204,8 @@ class SearchService:
         model = self.subic.query_model(self.query_kind)
         spec = tf.TensorSpec((None, *self.image_shape), tf.uint8)
         self._encode = tf.function(model, input_signature=[spec])
-        index = ImageIndex.load(self.index_path, scanner=self.scanner)
+        index = open_pictures(self.index_path, self.scanner)
+        assert index.root is not None  # open_pictures opens pictures only
         self.folder = served_folder(index.root if folder is None else folder)
         self._state = self._accept(index)
         # One reload at a time, each in a daemon thread of its own: a reload
@@ -190,12 +219,12 @@ class SearchService:
 
     # The index ------------------------------------------------------------
 
-    def _accept(self, index: ImageIndex) -> _Loaded:
+    def _accept(self, index: Pictures) -> _Loaded:
         """`index` checked against the model and the served folder."""
         retrieval.check_model_fits(
             index, self.subic, f"index {self.index_path}", self.model_path
         )
-        if os.path.realpath(index.root) != self.folder:
+        if os.path.realpath(index.root or "") != self.folder:
             raise ValueError(
                 f"index {self.index_path} records the folder {index.root!r}, but "
                 f"this server serves {self.folder!r}; an index of another folder "
@@ -204,12 +233,12 @@ class SearchService:
         return _Loaded(index, time.time())
 
     @property
-    def index(self) -> ImageIndex:
+    def index(self) -> Pictures:
         return self._state.index
 
     def _reload_now(self) -> dict:
         try:
-            state = self._accept(ImageIndex.load(self.index_path, scanner=self.scanner))
+            state = self._accept(open_pictures(self.index_path, self.scanner))
         except BaseException as error:
             self._reload_error = " ".join(str(error).split())[:500]
             raise
@@ -375,7 +404,7 @@ class SearchService:
         return {"k": k, "results": answer_rows(index, scores, ids)[0]}
 
     def _search(
-        self, index: ImageIndex, queries, k: int, where, fingerprint: int, looks=None
+        self, index: Pictures, queries, k: int, where, fingerprint: int, looks=None
     ):
         try:
             rows = index.answer(

@@ -96,3 +96,24 @@ def feature_subic():
     from subic_keras.building import build_subic
 
     return build_subic(feature_input(16), 4, 8, 4, input_shape=(16,))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A Ray head and two worker nodes of one CPU each, all on this machine
+    (`ray.cluster_utils.Cluster`), joined by this process: `(cluster,
+    workers)`. The tests that use it are in the xdist group "ray", so one
+    worker runs them all, on one cluster."""
+    ray = pytest.importorskip("ray", reason="the [ray] extra")
+    from ray import cluster_utils
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cluster = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1}
+    )
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster, workers
+    ray.shutdown()
+    cluster.shutdown()

@@ -17,7 +17,7 @@ from subic_keras._validation import check_int
 from subic_keras.paths import check_folder
 from subic_keras.search import scanners
 from subic_keras.search.addresses import check_database_exists
-from subic_keras.search.uri import is_database
+from subic_keras.search.uri import is_database, is_manifest
 
 # The largest upload or decoding memory a server is told to allow, in MB.
 _MAX_MEGABYTES = 100_000.0
@@ -96,6 +96,19 @@ def _index_build(args) -> None:
     if not is_database(args.output):
         check_output_path(args.output)
     check_int("--batch-size", args.batch_size, minimum=1)
+    sharded = is_manifest(args.output)
+    if sharded and args.folder is None:
+        raise ValueError(
+            "shards are built from a folder of pictures; give FOLDER, or write a "
+            f".subic file, received --output {args.output}"
+        )
+    if not sharded and (args.shards is not None or args.ray_address is not None):
+        raise ValueError(
+            "--shards and --ray-address build shards: give an --output ending in "
+            f".shards.json (a shard manifest), received {args.output}"
+        )
+    if args.shards is not None:
+        check_int("--shards", args.shards, minimum=1)
     check_keras_file(args.model, members=False)
     if args.folder is not None:
         refuse_given(

@@ -261,6 +261,8 @@ def run_index_build(args) -> int:
 
 
 def _index_folder(args, subic=None) -> int:
+    if search_uri.is_manifest(args.output):
+        return _index_folder_on_ray(args)
     subic = subic or _load_subic(args.model)
     index, report = retrieval.index_folder(
         subic,
@@ -271,6 +273,37 @@ def _index_folder(args, subic=None) -> int:
     )
     index.save(args.output)
     _report_folder(report, index, args.output)
+    return 0
+
+
+def _index_folder_on_ray(args) -> int:
+    import logging
+
+    from subic_keras.ray_folders import index_folder_on_ray
+    from subic_keras.search.ray_index import ray_module
+
+    # The command's output is its own, not Ray Data's progress and notices.
+    ray_module(args.ray_address)
+    import ray.data  # its logging is configured on import, then quietened
+
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    shards = args.shards or len([node for node in ray.nodes() if node["Alive"]])
+    files, report = index_folder_on_ray(
+        args.model, args.folder, args.output, shards, batch_size=args.batch_size
+    )
+    _list_skipped(report.skipped)
+    known = (
+        f", {report.already_indexed} already in finished shards"
+        if report.already_indexed
+        else ""
+    )
+    print(
+        f"indexed {plural(report.added, 'picture')} of "
+        f"{printable(os.path.realpath(args.folder))}{known}; skipped "
+        f"{plural(len(report.skipped), 'file')}; {plural(len(files), 'shard')} "
+        f"listed in {args.output}"
+    )
     return 0
 
 

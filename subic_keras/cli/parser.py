@@ -226,6 +226,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_batch_argument(build)
     _add_collection_argument(build)
+    build.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with FOLDER and an --output ending in .shards.json (a shard "
+        "manifest): encode on Ray into N shard files beside it (default: one "
+        "per node of the Ray cluster); an interrupted build resumes where it "
+        "stopped",
+    )
+    build.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="the Ray cluster to build shards on (default: RAY_ADDRESS, or a "
+        "Ray started on this machine)",
+    )
     build.set_defaults(run="run_index_build", command_name="index build")
 
     add = index_commands.add_parser(

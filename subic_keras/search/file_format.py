@@ -55,11 +55,30 @@ bit 2 is set, after everything else:
                   at most `looks.MAX_LOOK_SIZE`), last so that it is found
                   from the end
 
+Version 5 is version 4 with the grouping of the items' equal codes
+(`native.group_equal`'s: what the native scan scores once per distinct
+code) where header flag bit 3 is set, after everything else, so that a
+loaded index is searched at once instead of first finding it:
+
+    size          field
+    4*n     uint32  members: the items of each distinct code in increasing
+                    positions, distinct code after distinct code, in the
+                    order of their first items
+    4*(G+1) uint32  starts: distinct code `r` holds the items
+                    `members[starts[r]:starts[r+1]]`
+    8       uint64  G, the number of distinct codes, last
+
+`read` checks every grouping it reads (a permutation of the items, each
+group's codes equal, in canonical order), so a crafted one cannot make the
+scan read out of bounds or rank wrongly. Where codes hardly repeat, or an
+index holds 2**32 items or more, no grouping is written.
+
 `write` writes version 1 when it is given neither metadata nor an item
-table, version 4 with looks, and version 3 otherwise; `read` reads all
-four (a version 2 file's items were added at an unknown time, 0, and have
-no attributes; files before version 4 have no looks, and their indexes
-order ties in insertion order).
+table, version 5 with a grouping, version 4 with looks, and version 3
+otherwise; `read` reads all five (a version 2 file's items were added at
+an unknown time, 0, and have no attributes; files before version 4 have no
+looks, and their indexes order ties in insertion order; files before
+version 5 are grouped on their first search).
 
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
@@ -90,7 +109,16 @@ VERSION = 1
 VERSION_WITH_PATHS = 2
 VERSION_WITH_ITEMS = 3
 VERSION_WITH_LOOKS = 4
-_VERSIONS = (VERSION, VERSION_WITH_PATHS, VERSION_WITH_ITEMS, VERSION_WITH_LOOKS)
+VERSION_WITH_GROUPS = 5
+_VERSIONS = (
+    VERSION,
+    VERSION_WITH_PATHS,
+    VERSION_WITH_ITEMS,
+    VERSION_WITH_LOOKS,
+    VERSION_WITH_GROUPS,
+)
+# Members and starts are stored as uint32.
+MAX_GROUPED_ITEMS = 2**32 - 1
 # magic, version, M, K, flags, n, code_size, shortlist
 _HEADER = struct.Struct("<8sIIIIQII")
 _CHUNK = 1 << 20  # bytes read at a time to verify a file
@@ -98,6 +126,7 @@ _DIGEST_SIZE = 32
 _FLAG_EXACT = 1
 _FLAG_ITEMS = 2
 _FLAG_LOOKS = 4
+_FLAG_GROUPS = 8
 _LENGTH = struct.Struct("<Q")
 
 
@@ -121,9 +150,10 @@ class Header:
 
 @dataclasses.dataclass(frozen=True)
 class Items:
-    """What versions 2 to 4 record beside the codes and ids: metadata, and
+    """What versions 2 to 5 record beside the codes and ids: metadata, and
     of each item (an index of image files; None otherwise) its path,
-    fingerprint, time added and attributes, and its look (version 4; None
+    fingerprint, time added and attributes, its look (version 4; None
+    otherwise), and the grouping of equal codes (version 5; None
     otherwise)."""
 
     metadata: dict
@@ -132,6 +162,7 @@ class Items:
     added: np.ndarray | None = None  # float64 (n,)
     attributes: list[dict | None] | None = None
     looks: np.ndarray | None = None  # int8 (n, D)
+    groups: tuple[np.ndarray, np.ndarray] | None = None  # int64 starts, members
 
 
 def write(
@@ -150,8 +181,8 @@ def write(
             order, `header.size` rows in all.
         ids: int64 ids `(header.size,)`, in insertion order.
         items: the metadata and item table of version 3 (item columns in
-            insertion order, or None for metadata alone), and the looks of
-            version 4; `None` writes version 1.
+            insertion order, or None for metadata alone), the looks of
+            version 4 and the grouping of version 5; `None` writes version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         digest = hashlib.sha256()
@@ -161,12 +192,16 @@ def write(
             f.write(data)
 
         looks = None if items is None else items.looks
-        flags = 0
+        groups = None if items is None else items.groups
+        if header.size > MAX_GROUPED_ITEMS:
+            groups = None
+        flags, version = 0, VERSION_WITH_ITEMS
         if items is not None and items.paths is not None:
             flags |= _FLAG_ITEMS
         if looks is not None:
-            flags |= _FLAG_LOOKS
-        version = VERSION_WITH_ITEMS if looks is None else VERSION_WITH_LOOKS
+            flags, version = flags | _FLAG_LOOKS, VERSION_WITH_LOOKS
+        if groups is not None:
+            flags, version = flags | _FLAG_GROUPS, VERSION_WITH_GROUPS
         put(
             _HEADER.pack(
                 MAGIC,
@@ -195,6 +230,11 @@ def write(
         if looks is not None:
             put(np.ascontiguousarray(looks, dtype=np.int8).tobytes())
             put(_LENGTH.pack(looks.shape[1]))
+        if groups is not None:
+            starts, members = groups
+            put(np.asarray(members).astype("<u4").tobytes())
+            put(np.asarray(starts).astype("<u4").tobytes())
+            put(_LENGTH.pack(len(starts) - 1))
         f.write(digest.digest())
 
 
@@ -255,8 +295,10 @@ def read(
         known = _FLAG_EXACT
         if version >= VERSION_WITH_ITEMS:
             known |= _FLAG_ITEMS
-        if version == VERSION_WITH_LOOKS:
+        if version >= VERSION_WITH_LOOKS:
             known |= _FLAG_LOOKS
+        if version >= VERSION_WITH_GROUPS:
+            known |= _FLAG_GROUPS
         if code_size != header.code_size or flags & ~known:
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
         with_items = version == VERSION_WITH_PATHS or bool(flags & _FLAG_ITEMS)
@@ -271,6 +313,8 @@ def read(
                 expected += _LENGTH.size + 8 * n
             if flags & _FLAG_LOOKS:
                 expected += _LENGTH.size + n
+            if flags & _FLAG_GROUPS:
+                expected += _LENGTH.size + 4 * n + 4
             if size < expected:
                 raise fail(
                     f"size is {size} bytes, the header announces at least "
@@ -324,7 +368,12 @@ def read(
                 version,
                 with_items,
                 bool(flags & _FLAG_LOOKS),
+                bool(flags & _FLAG_GROUPS),
             )
+            if items.groups is not None:
+                items = dataclasses.replace(
+                    items, groups=_checked_groups(packed, *items.groups)
+                )
         except ValueError as error:
             raise fail(str(error)) from None
     return header, packed, ids, items
@@ -338,9 +387,24 @@ def _read_items(
     version: int,
     with_items: bool,
     with_looks: bool = False,
+    with_groups: bool = False,
 ) -> Items:
-    """The item table in `body[start:end]`, every length checked first."""
-    looks = None
+    """The item table in `body[start:end]`, every length checked first (a
+    grouping is returned as stored, for `_checked_groups`)."""
+    looks = groups = None
+    if with_groups:  # the last section, its count at its end
+        if end - start < _LENGTH.size:
+            raise ValueError("the grouping of equal codes is truncated")
+        end -= _LENGTH.size
+        (distinct,) = _LENGTH.unpack_from(body, end)
+        if not 1 <= distinct <= n or 4 * (n + distinct + 1) > end - start:
+            raise ValueError(
+                f"a grouping of {distinct} distinct codes overruns the file"
+            )
+        end -= 4 * (distinct + 1)
+        starts = np.frombuffer(body, "<u4", count=distinct + 1, offset=end)
+        end -= 4 * n
+        groups = (starts, np.frombuffer(body, "<u4", count=n, offset=end))
     if with_looks:  # the last section, its size at its end: `end` moves before it
         if end - start < _LENGTH.size:
             raise ValueError("the looks are truncated")
@@ -373,7 +437,7 @@ def _read_items(
             raise ValueError(
                 f"{end - offset} bytes of trailing data after the metadata"
             )
-        return Items(metadata, looks=looks)
+        return Items(metadata, looks=looks, groups=groups)
     if end - offset < 8 * n + _LENGTH.size:
         raise ValueError("the fingerprints are truncated")
     fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
@@ -406,5 +470,44 @@ def _read_items(
     if offset != end:
         raise ValueError(f"{end - offset} bytes of trailing data after the items")
     return Items(
-        metadata, paths, fingerprints.astype(np.uint64), added, attributes, looks
+        metadata,
+        paths,
+        fingerprints.astype(np.uint64),
+        added,
+        attributes,
+        looks,
+        groups,
     )
+
+
+def _checked_groups(
+    packed: np.ndarray, starts: np.ndarray, members: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A file's grouping of equal codes as int64 `(starts, members)`, once
+    it is found to be the one `native.group_equal` gives for `packed`: the
+    scan indexes with it, and scores each group by its first item's code."""
+    n = len(packed)
+    starts, members = starts.astype(np.int64), members.astype(np.int64)
+    sizes = np.diff(starts)
+    if starts[0] != 0 or starts[-1] != n or np.any(sizes <= 0):
+        raise ValueError("the grouping of equal codes has groups out of bounds")
+    if np.any(members >= n):
+        raise ValueError("the grouping of equal codes names items beyond the codes")
+    rising = np.diff(members) > 0
+    rising[starts[1:-1] - 1] = True  # a group's first item follows another's last
+    first = members[starts[:-1]]
+    if not rising.all() or np.any(np.diff(first) <= 0):
+        raise ValueError("the grouping of equal codes is not in increasing positions")
+    # Each item's group, then its code against its group's first: in item
+    # order, which reads memory in sequence (a gather by members does not).
+    group_of = np.full(n, -1, np.int64)
+    group_of[members] = np.repeat(np.arange(len(first)), sizes)
+    if np.any(group_of < 0):
+        raise ValueError("the grouping of equal codes does not hold every item once")
+    width = -(-packed.shape[1] // 8)
+    words = np.zeros((n, 8 * width), np.uint8)
+    words[:, : packed.shape[1]] = packed
+    words = words.view(np.uint64)
+    if np.any(words != words[first][group_of]):
+        raise ValueError("the grouping of equal codes groups different codes")
+    return starts, members

@@ -34,7 +34,7 @@ import numpy as np
 
 from subic_keras.search import file_format, filters
 from subic_keras.search.base import Searcher, answer_rows
-from subic_keras.search.checks import check_ids
+from subic_keras.search.checks import check_ids, preview
 from subic_keras.search.items import ItemTable, check_attributes, check_paths
 from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.looks import fitting
@@ -133,6 +133,11 @@ class ImageIndex(Searcher):
         return self._codes.has_looks
 
     @property
+    def look_size(self) -> int:
+        """Bytes of each picture's look (0: none kept)."""
+        return self._codes.look_size
+
+    @property
     def model(self) -> dict | None:
         """The model that wrote the codes (`SubicIndex.model`)."""
         return self._codes.model
@@ -162,9 +167,10 @@ class ImageIndex(Searcher):
         fingerprints=None,
         attributes=None,
         looks=None,
+        ids=None,
     ) -> np.ndarray:
         """Adds pictures: their codes and paths (and pixel fingerprints,
-        attributes and looks).
+        attributes, looks and ids).
 
         All or nothing: everything is checked before the index changes.
 
@@ -179,6 +185,8 @@ class ImageIndex(Searcher):
             looks: `n` looks (`looks.look` of the pictures), kept by an
                 index with looks; default: none (all zeros: such pictures
                 keep insertion order among equal scores).
+            ids: `n` new int64 ids, each at least the next default one;
+                default: the next ones (ids are never reused).
 
         Returns:
             The int64 ids given to the pictures.
@@ -213,9 +221,19 @@ class ImageIndex(Searcher):
                     f"the index has no ids left for {len(paths)} more pictures "
                     f"(next id {self._next_id}, the last is {MAX_ID})"
                 )
-            ids = np.arange(self._next_id, self._next_id + len(paths), dtype=np.int64)
+            if ids is None:
+                ids = np.arange(
+                    self._next_id, self._next_id + len(paths), dtype=np.int64
+                )
+            else:
+                ids = check_ids("ids", ids, len(paths))
+                if len(ids) and ids.min() < self._next_id:
+                    raise ValueError(
+                        f"ids must be >= {self._next_id} (ids are never reused), "
+                        f"received {preview(ids)}"
+                    )
             self._codes.add(codes, ids=ids, looks=looks)
-            self._next_id += len(paths)
+            self._next_id = int(ids.max()) + 1 if len(ids) else self._next_id
             added = np.full(len(paths), time.time())
             self._items.append(ids, paths, fingerprints, added, attributes)
         return ids
@@ -349,7 +367,7 @@ class ImageIndex(Searcher):
         """`search`, each result as a row (`base.answer_rows`), exact copies
         of the query marked `"exact": True`; `looks` of another size than
         the index's are not used (`looks.fitting`)."""
-        looks = fitting(looks, self._codes.look_size)
+        looks = fitting(looks, self.look_size)
         scores, ids, exact = self._ranked(queries, k, where, fingerprints, looks)
         return answer_rows(self, scores, ids, exact)
 
@@ -376,22 +394,51 @@ class ImageIndex(Searcher):
                     f"received {fingerprints.shape}"
                 )
             queries = np.asarray(queries, dtype=np.float32)
-            block = np.arange(self.num_blocks) * self.block_size
-            keys, width = self._items.keys(), ids.shape[1]
-            for row, value in enumerate(fingerprints):
-                rows = keys.fingerprint_rows(value) if value else []
-                if keep is not None and len(rows):
-                    rows = rows[keep[rows]]
-                if not len(rows):
-                    continue
-                copies = self._items.ids[rows][:width]
-                codes = self._codes.get_codes(copies)
-                copy_scores = queries[row][codes + block].sum(axis=1)
-                rest = ~np.isin(ids[row], copies)
-                ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
-                scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
-                exact[row, : len(copies)] = True
+            found = self._copies(fingerprints, keep, ids.shape[1])
+            for row, (_, copies, codes) in enumerate(found):
+                if len(copies):
+                    copies_first(scores, ids, exact, row, queries[row], copies, codes)
             return scores, ids, exact
+
+    def _copies(self, fingerprints, keep, k: int) -> list:
+        """Per fingerprint, the first `k` pictures `keep` keeps whose pixels
+        have it, in insertion order: `(positions, ids, codes)` (locked)."""
+        keys, found = self._items.keys(), []
+        for value in np.asarray(fingerprints, np.uint64):
+            rows = keys.fingerprint_rows(value) if value else np.zeros(0, np.int64)
+            if keep is not None:
+                rows = rows[keep[rows]]
+            ids = self._items.ids[rows[:k]]
+            found.append((rows[:k], ids, self._codes.get_codes(ids)))
+        return found
+
+    # Shards of a sharded search (`RayIndex`) ----------------------------
+
+    def shard_candidates(
+        self, queries, k: int, *, where=None, with_looks: bool = False
+    ) -> dict:
+        """`SubicIndex.shard_candidates` among the pictures `where` keeps."""
+        where = filters.as_filter(where)
+        with self._lock.read():
+            keep = None if where is None else self._items.mask(where)
+            return self._codes.shard_candidates(
+                queries, k, keep=keep, with_looks=with_looks
+            )
+
+    def shard_matching(self, packed: np.ndarray, *, where=None) -> dict:
+        """`SubicIndex.shard_matching` among the pictures `where` keeps."""
+        where = filters.as_filter(where)
+        with self._lock.read():
+            keep = None if where is None else self._items.mask(where)
+            return self._codes.shard_matching(packed, keep=keep)
+
+    def shard_copies(self, fingerprints, k: int, *, where=None) -> list:
+        """Per query fingerprint, the first `k` pictures `where` keeps whose
+        pixels have it, in insertion order: `(positions, ids, codes)`."""
+        where = filters.as_filter(where)
+        with self._lock.read():
+            keep = None if where is None else self._items.mask(where)
+            return self._copies(fingerprints, keep, k)
 
     # Persistence --------------------------------------------------------
 
@@ -411,7 +458,11 @@ class ImageIndex(Searcher):
                 list(self._items.attributes),
             )
             with self._codes.contents() as (header, chunks, ids):
-                items = dataclasses.replace(items, looks=self._codes.file_looks())
+                items = dataclasses.replace(
+                    items,
+                    looks=self._codes.file_looks(),
+                    groups=self._codes.file_groups(),
+                )
                 file_format.write(path, header, chunks, ids, items)
 
     @classmethod
@@ -477,3 +528,25 @@ class ImageIndex(Searcher):
         index._items.append(ids, paths, items.fingerprints, items.added, attributes)
         index._next_id = max(next_id, int(ids.max()) + 1 if len(ids) else 0)
         return index
+
+
+def copies_first(
+    scores: np.ndarray,
+    ids: np.ndarray,
+    exact: np.ndarray,
+    row: int,
+    query: np.ndarray,
+    copies: np.ndarray,
+    codes: np.ndarray,
+) -> None:
+    """Puts the exact copies of query `row` (`copies`, ids in insertion
+    order, and their `codes`) first in its results, in place, with their
+    scores, marked in `exact`; the rest keep their order."""
+    width = ids.shape[1]
+    copies, codes = copies[:width], codes[:width]
+    block = np.arange(codes.shape[1]) * (len(query) // codes.shape[1])
+    copy_scores = query[codes + block].sum(axis=1)
+    rest = ~np.isin(ids[row], copies)
+    ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
+    scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
+    exact[row, : len(copies)] = True

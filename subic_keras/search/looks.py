@@ -37,6 +37,8 @@ class (1.).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -227,10 +229,26 @@ def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a @ b.T) / np.maximum(norms, 1e-6)
 
 
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """What `refine` reads of the items it orders, by position.
+
+    Attributes:
+        count: the items searched (those a filter keeps).
+        looks: positions (any shape) to their looks `(..., D)`.
+        same_codes: positions to every searched position whose code equals
+            one of theirs.
+    """
+
+    count: int
+    looks: Callable[[np.ndarray], np.ndarray]
+    same_codes: Callable[[np.ndarray], np.ndarray]
+
+
 def refine(
-    search, store, queries: np.ndarray, query_looks: np.ndarray, k: int, keep=None
+    search, items: Candidates, queries: np.ndarray, query_looks: np.ndarray, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The refined top `k` of a store (module docstring).
+    """The refined top `k` of the items searched (module docstring).
 
     The codes' best `SHORTLIST` of every query are compared with its look
     at once (a batch of queries at a time); a query whose `k`-th result
@@ -238,42 +256,38 @@ def refine(
     shortlist) gets that group whole, up to `MAX_CANDIDATES`.
 
     Args:
-        search: `(queries, k, keep) -> (scores, positions)`, the codes'
-            exact top `k` (`SubicIndex.view().search`).
-        store: the `CodeStore` searched, with looks.
+        search: `(queries, k) -> (scores, positions)`, the codes' exact top
+            `k` among the items searched (`SubicIndex.view().search`).
+        items: the looks and equal codes of the items searched.
         queries: checked float32 queries `(nq, M*K)`.
-        query_looks: the queries' looks `(nq, store.look_size)`.
-        k: results per query, at most the items searched.
-        keep: one boolean per position, or None for every item.
+        query_looks: the queries' looks `(nq, D)`.
+        k: results per query, at most `items.count`.
 
     Returns:
         `(scores, positions)`: the code scores (float32) and positions of
         the `k` results, in the refined order.
     """
-    kept = store.size if keep is None else int(np.count_nonzero(keep))
-    wide = min(kept, max(k, SHORTLIST))
-    scores, positions = search(queries, wide, keep)
+    wide = min(items.count, max(k, SHORTLIST))
+    scores, positions = search(queries, wide)
     out_scores = np.empty((len(queries), k), np.float32)
     out_positions = np.empty((len(queries), k), np.int64)
     for start in range(0, len(queries), _CHUNK):
         rows = slice(start, start + _CHUNK)
         score, position = scores[rows], positions[rows]
-        likeness = _likeness(query_looks[rows], store.looks(position))
+        likeness = _likeness(query_looks[rows], items.looks(position))
         best = order(score, likeness, position, _eligible(score))[:, :k]
         out_scores[rows] = np.take_along_axis(score, best, axis=1)
         out_positions[rows] = np.take_along_axis(position, best, axis=1)
-    if wide == kept:
+    if wide == items.count:
         return out_scores, out_positions
     for row in np.flatnonzero(scores[:, k - 1] == scores[:, -1]):
         # The tie group reaching the top k goes on beyond the shortlist.
         score, position = scores[row], positions[row]
-        tied = store.same_codes(position[score == score[-1]])
-        if keep is not None:
-            tied = tied[keep[tied]]
+        tied = items.same_codes(position[score == score[-1]])
         tied = tied[~np.isin(tied, position)][: max(0, MAX_CANDIDATES - wide)]
         position = np.concatenate([position, tied])
         score = np.concatenate([score, np.full(len(tied), score[-1])])
-        likeness = _likeness(query_looks[row : row + 1], store.looks(position[None]))
+        likeness = _likeness(query_looks[row : row + 1], items.looks(position[None]))
         best = order(score[None], likeness, position[None], _eligible(score[None]))
         out_scores[row] = score[best[0, :k]]
         out_positions[row] = position[best[0, :k]]

@@ -54,10 +54,23 @@ class NativeScanner(Scanner):
         # Rebuilt whole: a tile mixes every item's columns, and equal codes
         # (scanned once, `native.group_equal`) may be anywhere.
         grouped = native.group_equal(store.packed())
-        if grouped is None:
-            rows, self._groups = np.arange(store.size), None
+        self._lay_out_grouped(store, None if grouped is None else grouped[1:])
+
+    def grouping(self, store: CodeStore) -> tuple[np.ndarray, np.ndarray] | None:
+        with self._sync_lock:
+            if self._synced[0] == store.version:
+                return self._groups
+        return super().grouping(store)
+
+    def _lay_out_grouped(
+        self, store: CodeStore, groups: tuple[np.ndarray, np.ndarray] | None
+    ) -> None:
+        self._groups = groups
+        if groups is None:
+            rows = np.arange(store.size)
         else:
-            rows, self._groups = grouped[0], grouped[1:]
+            starts, members = groups
+            rows = members[starts[:-1]]  # each distinct code's first item
         self.layout = native.Layout.for_kernel(
             self.num_blocks, self.block_size, self.kernel, len(rows)
         )

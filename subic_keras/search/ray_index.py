@@ -1,4 +1,4 @@
-"""`RayIndex`: an index whose shards are `.subic` files served by Ray actors.
+"""`RayIndex`: an index whose shards are index files served by Ray actors.
 
 A collection larger than one machine is split into shards (`save_shards`),
 each a `.subic` file that every node can read (a shared or replicated
@@ -9,11 +9,19 @@ folder), listed in order by a *shard manifest*, a small JSON file:
 
 (paths relative to the manifest). `subic_keras.search.open("x.shards.json")`
 and the command line's INDEX arguments open it as a `RayIndex`: one Ray
-actor per shard loads its file and scans it with the native scan, and a
-search asks every shard for its top `k` with float64 scores
-(`SubicIndex.search_shard`) and merges them (`merge_results`), so results,
-ties included, are those of one `SubicIndex` holding the shards' items in
-manifest order.
+actor per shard loads its file and scans it with the native scan. The
+shards are all indexes of codes (`SubicIndex`, `save_shards`) or all
+picture indexes of one folder (`ImageIndex`, `ray_folders` builds them);
+of pictures, a `RayIndex` answers with paths and is served by `subic
+serve` as one picture index is.
+
+Results are those of one index holding the shards' items in manifest
+order, ties included: every shard sends its best by the codes with
+float64 scores and insertion positions (`shard_candidates`), merged by
+score, then position. With looks, the merged shortlist is refined as one
+index refines it (`looks.refine`): a tie group that goes on beyond it is
+fetched from every shard (`shard_matching`). Of pictures, the exact copies
+of a query come first, from every shard in manifest order.
 
 Failures. Actors restart when their process or node dies
 (`max_restarts=-1`) and calls to them are retried (`max_task_retries=-1`):
@@ -24,9 +32,9 @@ others. A shard writes its file again (atomically) after every `add` and
 `remove`, so a restarted shard has every change that was acknowledged;
 both are idempotent, so a retried call changes nothing twice.
 
-New items go to the last shard: as in one index, they rank after every
-older item among equal scores. `remove` goes to the shards that hold the
-ids.
+New codes go to the last shard (of codes): as in one index, they rank
+after every older item among equal scores. `remove` goes to the shards
+that hold the ids.
 """
 
 from __future__ import annotations
@@ -35,21 +43,25 @@ import dataclasses
 import json
 import logging
 import os
+from typing import Any
 
 import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, load_json
-from subic_keras.search.base import Searcher
-from subic_keras.search.checks import check_ids, duplicates, preview
-from subic_keras.search.sharding import merge_results
+from subic_keras.search import filters
+from subic_keras.search import looks as _looks
+from subic_keras.search.base import Searcher, answer_rows
+from subic_keras.search.checks import check_ids, check_queries, duplicates, preview
+from subic_keras.search.image_index import ImageIndex, copies_first
+from subic_keras.search.looks import Candidates, check_looks, fitting, refine
 from subic_keras.search.subic_index import SubicIndex
 
 MANIFEST_FORMAT = "subic.shards"
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".shards.json"
 _MAX_MANIFEST_BYTES = 1 << 20
-_MAX_SHARDS = 4096
+MAX_SHARDS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +114,10 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     shards = manifest.get("shards")
     if (
         not isinstance(shards, list)
-        or not 1 <= len(shards) <= _MAX_SHARDS
+        or not 1 <= len(shards) <= MAX_SHARDS
         or not all(isinstance(s, str) and s for s in shards)
     ):
-        raise fail(f"shards must be a list of 1 to {_MAX_SHARDS} file names")
+        raise fail(f"shards must be a list of 1 to {MAX_SHARDS} file names")
     folder = os.path.dirname(os.path.abspath(path))
     paths = []
     for shard in shards:
@@ -148,38 +160,77 @@ def save_shards(
             f"{path!r}"
         )
     num_shards = check_int("num_shards", num_shards, minimum=1)
-    if num_shards > _MAX_SHARDS:
-        raise ValueError(f"num_shards must be <= {_MAX_SHARDS}, received {num_shards}")
-    stem = path[: -len(MANIFEST_SUFFIX)]
+    if num_shards > MAX_SHARDS:
+        raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
     files = []
     for number, shard in enumerate(index.shard(num_shards)):
         shard.model = index.model
-        files.append(f"{stem}-{number}.subic")
+        files.append(shard_path(path, number))
         shard.save(files[-1])
+    write_manifest(path, index.num_blocks, index.block_size, files)
+    return files
+
+
+def shard_path(manifest: str | os.PathLike, number: int) -> str:
+    """Shard `number`'s file beside `manifest`: `<stem>-<number>.subic`."""
+    return f"{os.fspath(manifest)[: -len(MANIFEST_SUFFIX)]}-{number}.subic"
+
+
+def write_manifest(
+    path: str | os.PathLike, num_blocks: int, block_size: int, files: list[str]
+) -> None:
+    """Writes a shard manifest (atomically) listing `files`, in order."""
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
-        "num_blocks": index.num_blocks,
-        "block_size": index.block_size,
+        "num_blocks": num_blocks,
+        "block_size": block_size,
         "shards": [os.path.basename(f) for f in files],
     }
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1)
-    return files
 
 
 class _Shard:
-    """One shard in a Ray actor: its file, loaded and kept up to date."""
+    """One shard in a Ray actor: its file (codes, or pictures), loaded and
+    kept up to date."""
 
     def __init__(self, path: str, scanner: str):
+        from subic_keras.search.uri import open as open_index  # uri imports us
+
         self.path = path
-        self.index = SubicIndex.load(path, scanner=scanner)
+        # A SubicIndex or an ImageIndex: the methods called are on both,
+        # or called on pictures only.
+        self.index: Any = open_index(path, scanner=scanner)
+        self.pictures = isinstance(self.index, ImageIndex)
 
-    def info(self) -> tuple[int, int, dict | None]:
-        return self.index.num_blocks, self.index.block_size, self.index.model
+    def info(self) -> dict:
+        index = self.index
+        return {
+            "blocks": (index.num_blocks, index.block_size),
+            "model": index.model,
+            "root": index.root if self.pictures else None,
+            "image_shape": index.image_shape if self.pictures else None,
+            "look_size": index.look_size,
+        }
 
-    def search(self, queries, k: int, where):
-        return self.index.search_shard(queries, k, where=where)
+    def candidates(self, queries, k: int, where, with_looks: bool) -> dict:
+        return self.index.shard_candidates(
+            queries, k, where=where, with_looks=with_looks
+        )
+
+    def matching(self, packed: np.ndarray, where) -> dict:
+        return self.index.shard_matching(packed, where=where)
+
+    def copies(self, fingerprints, k: int, where) -> list:
+        return self.index.shard_copies(fingerprints, k, where=where)
+
+    def describe(self, ids: np.ndarray) -> list[dict]:
+        """What the shard knows of the ids of `ids` it holds."""
+        return self.index.describe(self.holds(ids))
+
+    def folders(self) -> list[str]:
+        return self.index.folders() if self.pictures else []
 
     def size(self) -> int:
         return len(self.index)
@@ -213,18 +264,30 @@ class _Shard:
     def remove(self, ids: np.ndarray) -> int:
         held = self.holds(ids)
         if len(held):
-            self.index.remove(held)
+            self.index.remove(self.index.paths(held) if self.pictures else held)
             self.index.save(self.path)
         return len(held)
 
 
-def _ray():
+def ray_module(address: str | None = None):
+    """Ray, initialized (joining `address` if it is not yet).
+
+    Raises:
+        ImportError: without Ray, naming the extra that installs it.
+    """
     try:
         import ray
     except ImportError as error:
         raise ImportError(
-            "a shard manifest is searched with Ray: pip install 'subic-keras[ray]'"
+            "shards are searched and built with Ray: pip install 'subic-keras[ray]'"
         ) from error
+    if not ray.is_initialized():
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            include_dashboard=False,
+            logging_level=logging.ERROR,  # a command's output stays its own
+        )
     return ray
 
 
@@ -269,18 +332,11 @@ class RayIndex(Searcher):
         num_cpus: float = 0,
         timeout: float = 300.0,
     ):
-        ray = _ray()
         self._manifest = read_manifest(manifest)
         missing = [p for p in self._manifest.shards if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(f"shard files not found: {missing[:5]}")
-        if not ray.is_initialized():
-            ray.init(
-                address=address,
-                log_to_driver=False,
-                include_dashboard=False,
-                logging_level=logging.ERROR,  # a command's output stays its own
-            )
+        ray = ray_module(address)
         count = len(self._manifest.shards)
         actor = ray.remote(_Shard).options(
             max_restarts=-1,
@@ -300,14 +356,25 @@ class RayIndex(Searcher):
                 f"within {timeout:g} s (each asks for {num_cpus:g} CPUs; the "
                 f"cluster has {ray.cluster_resources().get('CPU', 0):g})"
             ) from None
-        for path, (m, k, _) in zip(self._manifest.shards, infos):
-            if (m, k) != (self._manifest.num_blocks, self._manifest.block_size):
+        for path, info in zip(self._manifest.shards, infos):
+            if tuple(info["blocks"]) != (self.num_blocks, self.block_size):
+                m, k = info["blocks"]
                 raise ValueError(
                     f"shard {path!r} holds codes of {m} blocks of {k}, the manifest "
-                    f"says {self._manifest.num_blocks} of {self._manifest.block_size}"
+                    f"says {self.num_blocks} of {self.block_size}"
                 )
-        models = [info[2] for info in infos]
+        models = [info["model"] for info in infos]
         self._model = models[0] if all(m == models[0] for m in models) else None
+        for field in ("root", "image_shape"):
+            if len({repr(info[field]) for info in infos}) > 1:
+                raise ValueError(
+                    f"the shards of {os.fspath(manifest)!r} differ in {field} "
+                    f"({', '.join(sorted({repr(i[field]) for i in infos}))[:300]}): "
+                    "a manifest lists shards of one folder's pictures, or of codes"
+                )
+        self._root, self._image_shape = infos[0]["root"], infos[0]["image_shape"]
+        sizes = {info["look_size"] for info in infos}
+        self._look_size = sizes.pop() if len(sizes) == 1 else 0
         repeated = duplicates(np.concatenate(self._all("ids")))
         if repeated.size:
             raise ValueError(f"shards share ids: {preview(repeated)}")
@@ -330,6 +397,25 @@ class RayIndex(Searcher):
         return self._model
 
     @property
+    def root(self) -> str | None:
+        """The folder of the shards' pictures (picture shards; else None)."""
+        return self._root
+
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        """The pictures' decoded shape (picture shards; else None)."""
+        return None if self._image_shape is None else tuple(self._image_shape)
+
+    @property
+    def has_looks(self) -> bool:
+        """Whether every shard keeps looks of one size (`looks`)."""
+        return self._look_size > 0
+
+    @property
+    def look_size(self) -> int:
+        return self._look_size
+
+    @property
     def actors(self) -> list:
         """The shards' Ray actor handles, in manifest order."""
         return list(self._actors)
@@ -343,11 +429,113 @@ class RayIndex(Searcher):
             f"shards={len(self._actors)})"
         )
 
+    # Searching ----------------------------------------------------------
+
+    def search(
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The search of one index holding the shards' items in manifest
+        order (`SubicIndex.search`; of picture shards, `ImageIndex.search`
+        with its `fingerprints` and `looks`): the same results, ties
+        included."""
+        scores, ids, _ = self._ranked(queries, k, where, fingerprints, looks)
+        return scores, ids
+
+    def answer(
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+    ) -> list[list[dict]]:
+        looks = fitting(looks, self._look_size)
+        scores, ids, exact = self._ranked(queries, k, where, fingerprints, looks)
+        return answer_rows(self, scores, ids, exact)
+
     def _search(self, queries, k, where):
-        # Each shard answers min(k, its kept items), so the merge has no
-        # missing slot: min(k, kept items) columns, as one index answers.
-        scores, ids = merge_results(self._all("search", queries, k, where), k)
-        return scores.astype(np.float32), ids
+        scores, ids, _ = self._ranked(queries, k, where, None, None)
+        return scores, ids
+
+    def _ranked(self, queries, k, where, fingerprints, looks):
+        """`(scores, ids, exact)`: each shard's best, merged by score and
+        then position in manifest order (float64, so that no two sums
+        collapse into one), refined by `looks` as one index refines
+        (`looks.refine`), exact copies first."""
+        k = self._check_k(k)
+        queries = check_queries("queries", queries, self.num_blocks, self.block_size)
+        where = filters.as_filter(where)
+        with_looks = looks is not None and self.has_looks
+        if with_looks:
+            looks = check_looks("looks", looks, len(queries), self._look_size)
+        wide = max(k, _looks.SHORTLIST) if with_looks else k
+        parts = self._all("candidates", queries, wide, where, with_looks)
+        offsets = np.cumsum([0] + [part["size"] for part in parts])[:-1]
+        kept = int(sum(part["kept"] for part in parts))
+        merged = _merge(parts, offsets)
+        found = min(k, kept)
+        if with_looks and found:
+            seen = _Seen(merged)
+
+            def same_codes(positions: np.ndarray) -> np.ndarray:
+                codes = np.unique(seen.packed(positions), axis=0)
+                more = self._all("matching", codes, where)
+                for part, offset in zip(more, offsets):
+                    part["positions"] = part["positions"] + offset
+                seen.add(more)
+                return np.concatenate([part["positions"] for part in more])
+
+            scores, positions = refine(
+                lambda _, width: (merged["scores"][:, :width],
+                                  merged["positions"][:, :width]),
+                Candidates(kept, seen.looks, same_codes),
+                queries,
+                looks,
+                found,
+            )  # fmt: skip
+            ids = seen.ids(positions)
+        else:
+            scores = merged["scores"][:, :found].astype(np.float32)
+            ids = merged["ids"][:, :found]
+        exact = np.zeros(ids.shape, bool)
+        if fingerprints is None or self._root is None or not found:
+            return scores, ids, exact
+        fingerprints = np.asarray(fingerprints, np.uint64)
+        if fingerprints.shape != (len(ids),):
+            raise ValueError(
+                f"fingerprints must have shape ({len(ids)},), one per query, "
+                f"received {fingerprints.shape}"
+            )
+        copies = self._all("copies", fingerprints, found, where)
+        for row in range(len(queries)):
+            # Shards in manifest order hold the copies in insertion order.
+            ids_of = np.concatenate([shard[row][1] for shard in copies])
+            if len(ids_of):
+                codes = np.concatenate([shard[row][2] for shard in copies])
+                copies_first(scores, ids, exact, row, queries[row], ids_of, codes)
+        return scores, ids, exact
+
+    # Items --------------------------------------------------------------
+
+    def describe(self, ids) -> list[dict]:
+        """Each item's fields (`ImageIndex.describe` of picture shards).
+
+        Raises:
+            KeyError: for an id no shard holds.
+        """
+        ids = check_ids("ids", ids)
+        rows = {row["id"]: row for part in self._all("describe", ids) for row in part}
+        missing = [int(i) for i in ids if int(i) not in rows]
+        if missing:
+            raise KeyError(f"ids not in the index: {preview(np.array(missing))}")
+        return [rows[int(i)] for i in ids]
+
+    def paths(self, ids) -> list[str]:
+        """The relative paths of `ids` (picture shards), in order.
+
+        Raises:
+            KeyError: for an id no shard holds.
+        """
+        return [row["path"] for row in self.describe(ids)]
+
+    def folders(self) -> list[str]:
+        """The folders that hold pictures, sorted (`ImageIndex.folders`)."""
+        return sorted(set().union(*self._all("folders")))
 
     def get_ids(self) -> np.ndarray:
         """Every id, in manifest order, then insertion order."""
@@ -379,8 +567,16 @@ class RayIndex(Searcher):
         ids must be new to every shard.
 
         Raises:
-            ValueError: for bad codes, or ids already held by a shard.
+            ValueError: for bad codes, ids already held by a shard, or
+                shards of pictures (whose files have paths: build them
+                again from their folder, `subic index build`).
         """
+        if self._root is not None:
+            raise ValueError(
+                "the shards hold pictures of a folder, added to by building them "
+                "again: subic index build MODEL FOLDER --output MANIFEST (only "
+                "new shards' pictures are encoded after an interruption)"
+            )
         codes, ids = self._checked_additions(codes, ids)
         every = self.get_ids()
         if ids is None:
@@ -406,3 +602,73 @@ class RayIndex(Searcher):
             missing = ids[~np.isin(ids, held)]
             raise KeyError(f"ids not in the index: {preview(missing)}")
         return int(sum(self._all("remove", ids)))
+
+
+def _merge(parts: list[dict], offsets: np.ndarray) -> dict:
+    """The shards' candidates as one list per query: by score (float64),
+    highest first, then by position in manifest order, as one index ranks."""
+    positions = np.concatenate(
+        [part["positions"] + offset for part, offset in zip(parts, offsets)], axis=1
+    )
+    scores = np.concatenate([part["scores"] for part in parts], axis=1)
+    order = np.lexsort((positions, -scores), axis=-1)
+    merged: dict[str, np.ndarray | None] = {
+        "scores": np.take_along_axis(scores, order, axis=1),
+        "positions": np.take_along_axis(positions, order, axis=1),
+    }
+    for name in ("ids", "packed", "looks"):
+        if parts[0][name] is None:
+            merged[name] = None
+            continue
+        column = np.concatenate([part[name] for part in parts], axis=1)
+        index = order.reshape(*order.shape, *([1] * (column.ndim - 2)))
+        merged[name] = np.take_along_axis(column, index, axis=1)
+    return merged
+
+
+class _Seen:
+    """The items a sharded refinement has met, by position in manifest
+    order: their ids and looks (and the shortlist's packed codes)."""
+
+    def __init__(self, merged: dict):
+        self._shortlist = _Table(
+            merged["positions"].ravel(),
+            merged["packed"].reshape(-1, merged["packed"].shape[-1]),
+        )
+        self._ids = _Table(merged["positions"].ravel(), merged["ids"].ravel())
+        looks = merged["looks"]
+        self._looks = _Table(
+            merged["positions"].ravel(), looks.reshape(-1, looks.shape[-1])
+        )
+
+    def add(self, parts: list[dict]) -> None:
+        positions = np.concatenate([part["positions"] for part in parts])
+        self._ids.add(positions, np.concatenate([part["ids"] for part in parts]))
+        self._looks.add(positions, np.concatenate([part["looks"] for part in parts]))
+
+    def packed(self, positions: np.ndarray) -> np.ndarray:
+        return self._shortlist.take(positions)
+
+    def ids(self, positions: np.ndarray) -> np.ndarray:
+        return self._ids.take(positions)
+
+    def looks(self, positions: np.ndarray) -> np.ndarray:
+        return self._looks.take(positions)
+
+
+class _Table:
+    """Rows by key (unique keys, kept sorted)."""
+
+    def __init__(self, keys: np.ndarray, rows: np.ndarray):
+        self.keys, first = np.unique(keys, return_index=True)
+        self.rows = rows[first]
+
+    def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        new = ~np.isin(keys, self.keys)
+        keys, first = np.unique(
+            np.concatenate([self.keys, keys[new]]), return_index=True
+        )
+        self.keys, self.rows = keys, np.concatenate([self.rows, rows[new]])[first]
+
+    def take(self, keys: np.ndarray) -> np.ndarray:
+        return self.rows[np.searchsorted(self.keys, keys)]

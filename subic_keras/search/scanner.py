@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from subic_keras.search import native
 from subic_keras.search.store import CodeStore
 
 
@@ -67,6 +68,44 @@ class Scanner(abc.ABC):
         if keep is not None and keep.all():
             keep = None
         return self._search(store, queries, k, keep)
+
+    def lay_out(
+        self, store: CodeStore, groups: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> None:
+        """Lays the store out now rather than on the first search.
+
+        Args:
+            store: the codes.
+            groups: the grouping of the store's equal codes an index file
+                held (`grouping`'s), which spares the native scan finding
+                it (other scanners have no use for it).
+        """
+        with self._sync_lock:
+            self._lay_out_grouped(store, groups)
+            self._synced = (store.version, store.removals, store.size)
+        if store.size:
+            # One search of a query like a model's (non-negative), as TF
+            # Serving's warm-up requests do: the first search a user makes
+            # then costs what the next ones do, not twice as much.
+            rng = np.random.default_rng(0)
+            width = self.num_blocks * self.block_size
+            query = np.maximum(rng.standard_normal((1, width)), 0).astype(np.float32)
+            self._search(store, query, min(10, store.size), None)
+
+    def grouping(self, store: CodeStore) -> tuple[np.ndarray, np.ndarray] | None:
+        """The grouping of the store's equal codes for an index file to keep
+        (`native.group_equal`'s `(starts, members)`); None where codes hardly
+        repeat or the native scan is not built."""
+        if not native.kernels():
+            return None
+        grouped = native.group_equal(store.packed())
+        return None if grouped is None else grouped[1:]
+
+    def _lay_out_grouped(
+        self, store: CodeStore, groups: tuple[np.ndarray, np.ndarray] | None
+    ) -> None:
+        """`lay_out`'s layout: `_lay_out` unless the scanner uses `groups`."""
+        self._lay_out(store, 0)
 
     @abc.abstractmethod
     def _lay_out(self, store: CodeStore, start: int) -> None:

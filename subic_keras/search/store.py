@@ -65,35 +65,32 @@ class CodeStore:
 
     def same_codes(self, positions: np.ndarray) -> np.ndarray:
         """Every position whose code equals the code at one of `positions`
-        (those included), increasing.
+        (those included), increasing."""
+        return self.with_codes(self.packed(np.asarray(positions, np.int64)))
+
+    def with_codes(self, packed: np.ndarray) -> np.ndarray:
+        """Every position whose packed code is one of the rows `packed`,
+        increasing.
 
         The codes' keys are sorted once per version of the store, then each
         lookup is a binary search.
         """
-        if not len(positions):
+        if not len(packed):
             return np.zeros(0, np.int64)
         if self._same is None or self._same[0] != self.version:
-            keys = self._keys(slice(None))
+            keys = _keys(self.packed())
             order = np.argsort(keys, kind="stable")
             self._same = (self.version, order, keys[order])
         _, order, sorted_keys = self._same
-        wanted = np.unique(self._keys(positions))
+        wanted = np.unique(_keys(packed))
         lo = np.searchsorted(sorted_keys, wanted, side="left")
         hi = np.searchsorted(sorted_keys, wanted, side="right")
         found = order[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])]
         if self.code_size > 8:  # keys are the first 8 bytes: check the rest
             rows = self.packed()
-            equal = (rows[found][:, None] == rows[positions][None]).all(-1).any(-1)
+            equal = (rows[found][:, None] == packed[None]).all(-1).any(-1)
             found = found[equal]
-        return np.sort(found)
-
-    def _keys(self, rows) -> np.ndarray:
-        """One uint64 per row: its packed code's first 8 bytes."""
-        packed = self.packed(rows)
-        width = min(8, self.code_size)
-        words = np.zeros((len(packed), 8), np.uint8)
-        words[:, :width] = packed[:, :width]
-        return words.view(np.uint64).ravel()
+        return np.sort(found).astype(np.int64)
 
     def append(
         self, packed: np.ndarray, ids: np.ndarray, looks: np.ndarray | None = None
@@ -136,3 +133,11 @@ class CodeStore:
         if self._looks is not None:
             self._looks = self.looks()[mask].copy()
         self.truncate(len(self._ids))
+
+
+def _keys(packed: np.ndarray) -> np.ndarray:
+    """One uint64 per row of packed codes: its first 8 bytes."""
+    width = min(8, packed.shape[1])
+    words = np.zeros((len(packed), 8), np.uint8)
+    words[:, :width] = packed[:, :width]
+    return words.view(np.uint64).ravel()

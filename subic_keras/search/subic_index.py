@@ -29,7 +29,13 @@ from subic_keras.search.checks import (
 )
 from subic_keras.search.items import IdColumns
 from subic_keras.search.locks import ReadWriteLock
-from subic_keras.search.looks import check_look_size, check_looks, fitting, refine
+from subic_keras.search.looks import (
+    Candidates,
+    check_look_size,
+    check_looks,
+    fitting,
+    refine,
+)
 from subic_keras.search.store import CodeStore
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -412,6 +418,61 @@ class SubicIndex(SearchBackend):
         """
         return self._checked_search(queries, k, where, dtype=np.float64)
 
+    def shard_candidates(
+        self, queries, k: int, *, where=None, keep=None, with_looks: bool = False
+    ) -> dict:
+        """What this index sends as one shard of a sharded search
+        (`RayIndex`): its `k` best by the codes among the items `where` (or
+        `keep`, one boolean per position) keeps, with float64 scores.
+
+        Returns:
+            `{"scores", "positions", "ids", "packed", "looks", "kept",
+            "size"}`: `(nq, w)` float64 scores, insertion positions and
+            ids, `w = min(k, kept)`; with `with_looks` (an index with looks)
+            the candidates' packed codes `(nq, w, code_size)` and looks
+            `(nq, w, D)`, else None; the count of items searched and of all.
+        """
+        k = self._check_k(k)
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        where = filters.as_filter(where)
+        with self.view() as view:
+            if where is not None:
+                keep = self._mask(view, where)
+            kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
+            width = min(k, kept)
+            scores = np.empty((len(queries), width), np.float64)
+            positions = np.empty((len(queries), width), np.int64)
+            for start in range(0, len(queries) if width else 0, self._query_chunk):
+                rows = slice(start, start + self._query_chunk)
+                scores[rows], positions[rows] = view.search(queries[rows], width, keep)
+            with_looks = with_looks and self.has_looks
+            return {
+                "scores": scores,
+                "positions": positions,
+                "ids": view.ids[positions],
+                "packed": self._store.packed(positions) if with_looks else None,
+                "looks": self._store.looks(positions) if with_looks else None,
+                "kept": kept,
+                "size": len(view.ids),
+            }
+
+    def shard_matching(self, packed: np.ndarray, *, where=None, keep=None) -> dict:
+        """The items of this shard whose packed codes are rows of `packed`,
+        among those `where` (or `keep`) keeps: `{"positions", "ids",
+        "looks"}` (looks None without), positions increasing."""
+        where = filters.as_filter(where)
+        with self.view() as view:
+            if where is not None:
+                keep = self._mask(view, where)
+            positions = self._store.with_codes(np.asarray(packed, np.uint8))
+            if keep is not None:
+                positions = positions[keep[positions]]
+            return {
+                "positions": positions,
+                "ids": view.ids[positions],
+                "looks": self._store.looks(positions) if self.has_looks else None,
+            }
+
     def _checked_search(self, queries, k, where, looks=None, dtype=np.float32):
         """`_search` of arguments checked here (`Searcher.search`'s checks)."""
         k = self._check_k(k)
@@ -446,8 +507,18 @@ class SubicIndex(SearchBackend):
         kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
         if not kept:  # nothing to refine: the empty answer
             return top_k(view, queries, k, self._query_chunk, keep)
+        store = self._store
+
+        def same_codes(positions: np.ndarray) -> np.ndarray:
+            tied = store.same_codes(positions)
+            return tied if keep is None else tied[keep[tied]]
+
         scores, positions = refine(
-            view.search, self._store, queries, looks, min(k, kept), keep
+            lambda queries, wide: view.search(queries, wide, keep),
+            Candidates(kept, store.looks, same_codes),
+            queries,
+            looks,
+            min(k, kept),
         )
         return scores, view.ids[positions]
 
@@ -559,14 +630,20 @@ class SubicIndex(SearchBackend):
         """
         with self.contents() as (header, chunks, ids):
             items = None
-            if self._model is not None or self.has_looks:
+            looks, groups = self.file_looks(), self.file_groups()
+            if self._model is not None or looks is not None or groups is not None:
                 metadata = {} if self._model is None else {"model": self._model}
-                items = file_format.Items(metadata, looks=self.file_looks())
+                items = file_format.Items(metadata, looks=looks, groups=groups)
             file_format.write(path, header, chunks, ids, items)
 
     def file_looks(self) -> np.ndarray | None:
         """The looks a file of this index holds (inside `contents()`)."""
         return self._store.looks() if self.has_looks else None
+
+    def file_groups(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The grouping of equal codes a file of this index holds (inside
+        `contents()`), for a loaded index to be searched at once."""
+        return self._scanner.grouping(self._store)
 
     @contextlib.contextmanager
     def contents(self) -> Iterator[tuple[file_format.Header, Iterator, np.ndarray]]:
@@ -662,6 +739,10 @@ class SubicIndex(SearchBackend):
                 raise ValueError(
                     f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
                 ) from None
+            if items.groups is not None:
+                # Laid out now, from the file's grouping: the first search
+                # costs what the next ones do.
+                index._scanner.lay_out(index._store, items.groups)
         return index
 
 

@@ -12,6 +12,8 @@ from search_reference import (
 
 from subic_keras.search import (
     SubicIndex,
+    file_format,
+    native,
 )
 
 
@@ -121,8 +123,8 @@ def test_header_problems_raise(saved, tmp_path):
     with pytest.raises(ValueError, match="magic"):
         SubicIndex.load(_rewrite(path, bad))
     bad = bytearray(data)
-    bad[8:12] = struct.pack("<I", 5)
-    with pytest.raises(ValueError, match="version 5 is not supported"):
+    bad[8:12] = struct.pack("<I", 6)
+    with pytest.raises(ValueError, match="version 6 is not supported"):
         SubicIndex.load(_rewrite(path, bad))
     # Version 2 announces an item table after the ids: without one, the
     # file is too short for what its header says.
@@ -170,8 +172,12 @@ def test_failed_save_keeps_previous_file(saved, monkeypatch):
     index, path, data = saved
     index.add(np.zeros((1, 4), dtype=int))
 
-    def broken(positions):
-        raise OSError("disk full (simulated)")
+    whole = index._store.packed
+
+    def broken(positions=slice(None)):
+        if positions == slice(None):  # the grouping, found before writing
+            return whole()
+        raise OSError("disk full (simulated)")  # a chunk, being written
 
     monkeypatch.setattr(index._store, "packed", broken)
     with pytest.raises(OSError, match="disk full"):
@@ -215,3 +221,103 @@ def test_a_sparse_file_claiming_gigabytes_costs_no_memory(tmp_path):
     message, peak_kb = done.stdout.strip().splitlines()
     assert "checksum mismatch" in message
     assert int(peak_kb) < 500_000  # the 2.5 GB body was never allocated
+
+
+# The grouping of equal codes (version 5) --------------------------------
+
+
+def _repeating_codes(rng, n=600, distinct=40, num_blocks=6, block_size=64):
+    return random_codes(rng, distinct, num_blocks, block_size)[
+        rng.integers(0, distinct, n)
+    ]
+
+
+@pytest.mark.skipif(not native.kernels(), reason="the native scan is not built")
+@pytest.mark.parametrize("scanner", [None, "faiss"])
+def test_a_file_keeps_the_grouping_and_a_load_needs_no_regrouping(
+    rng, tmp_path, monkeypatch, scanner
+):
+    codes = _repeating_codes(rng)
+    index = SubicIndex(6, 64, **({"scanner": scanner} if scanner else {}))
+    index.add(codes, ids=rng.permutation(5_000)[:600])
+    index.remove(index.get_ids()[::7])
+    index.save(tmp_path / "g.subic")
+    header = (tmp_path / "g.subic").read_bytes()[:40]
+    version, flags = header[8], header[20]
+    assert (version, flags) == (5, 8)  # version 5, flag bit 3 alone
+    _, _, _, items = file_format.read(tmp_path / "g.subic")
+    expected = native.group_equal(index._store.packed())
+    np.testing.assert_array_equal(items.groups[0], expected[1])
+    np.testing.assert_array_equal(items.groups[1], expected[2])
+
+    def no_regrouping(rows):
+        raise AssertionError("grouped again after loading")
+
+    loaded = SubicIndex.load(tmp_path / "g.subic")
+    queries = rng.random((4, 6 * 64)).astype(np.float32)
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "group_equal", no_regrouping)
+        found = loaded.search(queries, 20)
+    fresh = SubicIndex(6, 64)
+    fresh.add(index.get_codes(), ids=index.get_ids())
+    for a, b in zip(found, fresh.search(queries, 20)):
+        np.testing.assert_array_equal(a, b)
+    # Changed after loading: grouped anew, still exact.
+    loaded.add(codes[:30])
+    loaded.remove(loaded.get_ids()[:50])
+    fresh = SubicIndex(6, 64)
+    fresh.add(loaded.get_codes(), ids=loaded.get_ids())
+    for a, b in zip(loaded.search(queries, 20), fresh.search(queries, 20)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_codes_that_hardly_repeat_write_no_grouping(rng, tmp_path):
+    index = SubicIndex(6, 64)
+    index.add(random_codes(rng, 300, 6, 64))
+    index.save(tmp_path / "r.subic")
+    assert (tmp_path / "r.subic").read_bytes()[8:12] == struct.pack("<I", 1)
+
+
+def _with_groups(data, n, starts, members):
+    """`data` (a version 5 file of `n` items) with another grouping."""
+    distinct = struct.unpack_from("<Q", data, len(data) - 40)[0]
+    body = bytes(data[: len(data) - 40 - 4 * (n + distinct + 1)])
+    body += np.asarray(members, "<u4").tobytes() + np.asarray(starts, "<u4").tobytes()
+    body += struct.pack("<Q", len(starts) - 1)
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.skipif(not native.kernels(), reason="the native scan is not built")
+def test_a_crafted_grouping_is_refused(tmp_path):
+    # Items 0, 2 and 4 share a code, 1 and 3 another.
+    index = SubicIndex(2, 16)
+    index.add(np.array([[1, 2], [3, 4], [1, 2], [3, 4], [1, 2]] * 4))
+    path = tmp_path / "crafted.subic"
+    index.save(path)
+    data = path.read_bytes()
+    starts, members = file_format.read(path)[3].groups
+    n = len(members)
+    np.testing.assert_array_equal(starts, [0, 12, 20])
+    bad = {
+        "beyond the codes": (starts, [*members[:-1], n]),
+        # The last item, 19, twice, and 18 not at all.
+        "every item once": (starts, [*members[:-1], 19]),
+        "out of bounds": ([0, 12, 21], members),
+        "increasing positions": ([0, 8, 20], [*members[12:], *members[:12]]),
+        # Items 18 and 19 swapped between the groups.
+        "different codes": (starts, [*members[:11], 18, *members[12:-1], 19]),
+    }
+    for reason, (s, m) in bad.items():
+        path.write_bytes(_with_groups(data, n, s, m))
+        with pytest.raises(ValueError, match=rf"crafted\.subic.*{reason}"):
+            SubicIndex.load(path)
+    path.write_bytes(_with_groups(data, n, [0, n], np.arange(n))[:-40] + b"")
+    with pytest.raises(ValueError, match=r"crafted\.subic"):
+        SubicIndex.load(path)
+    # A count of groups the file cannot hold.
+    forged = bytearray(_with_groups(data, n, starts, members))
+    forged[-40:-32] = struct.pack("<Q", 10**12)
+    forged[-32:] = hashlib.sha256(bytes(forged[:-32])).digest()
+    path.write_bytes(bytes(forged))
+    with pytest.raises(ValueError, match="overruns the file"):
+        SubicIndex.load(path)

@@ -111,6 +111,20 @@ def test_bad_paths_are_refused_and_change_nothing(filled, paths, error, message)
     assert len(index) == len(index.get_codes()) == 300
 
 
+def test_ids_of_your_own_are_new_and_then_continue(filled):
+    index = filled[0]
+    added = index.add(np.zeros((2, 4), int), ["x/a.png", "x/b.png"], ids=[500, 420])
+    assert added.tolist() == [500, 420] and index.paths([420]) == ["x/b.png"]
+    assert index.add(np.zeros((1, 4), int), ["x/c.png"]).tolist() == [501]
+    for ids, message in [
+        ([7], "ids must be >= 502"),  # below the next id: never reused
+        ([1, 2], "one id per code"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            index.add(np.zeros((1, 4), int), ["x/d.png"], ids=ids)
+    assert len(index) == 303
+
+
 def test_bad_fingerprints_are_refused(filled):
     with pytest.raises(ValueError, match="fingerprints must be 1 unsigned"):
         filled[0].add(np.zeros((1, 4), int), ["x.png"], fingerprints=[0.5])

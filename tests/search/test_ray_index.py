@@ -15,7 +15,6 @@ from subic_keras.search import open as open_index
 from subic_keras.search.ray_index import RayIndex, read_manifest, save_shards
 
 ray = pytest.importorskip("ray", reason="the [ray] extra")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
 # One worker runs them all (the README's `--dist loadgroup`): one cluster.
@@ -28,19 +27,9 @@ def scanner():
     return "ray"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A head and two worker nodes, all on this machine."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cluster = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1}
-    )
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster, workers
-    ray.shutdown()
-    cluster.shutdown()
+@pytest.fixture
+def cluster(ray_cluster):
+    return ray_cluster
 
 
 def _trained_like(rng, n):
@@ -173,3 +162,64 @@ def test_manifest_mistakes_are_named(tmp_path):
             read_manifest(path)
     with pytest.raises(ValueError, match="must end in '.shards.json'"):
         save_shards(SubicIndex(2, 4), tmp_path / "x.json", 2)
+
+
+def test_looks_and_filters_refine_as_one_index(cluster, tmp_path, rng):
+    """Trained-like codes whose tie groups go on beyond the shortlist: the
+    merged refinement fetches them from every shard."""
+    from subic_keras.search import looks
+    from subic_keras.search.checks import one_hot
+
+    codes = _trained_like(rng, 3000)
+    own = rng.integers(-127, 128, (3000, 16), dtype=np.int8)
+    index = SubicIndex(8, 64, looks=16)
+    index.add(codes, looks=own)
+    save_shards(index, tmp_path / "looks.shards.json", 3)
+    remote = open_index(tmp_path / "looks.shards.json")
+    assert remote.has_looks and remote.look_size == 16
+    queries = relu_queries(rng, 6, 8, 64)
+    query_looks = own[[5, 1500, 2999, 7, 8, 9]]
+    with looks.settings(shortlist=50):
+        for k, where in [(1, None), (10, None), (60, "id >= 1000"), (400, None)]:
+            got = remote.search(queries, k, where=where, looks=query_looks)
+            want = index.search(queries, k, where=where, looks=query_looks)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+    # A query with an item's code and look finds that item first.
+    mine = one_hot(codes[[5, 1500, 2999]], 64)
+    assert remote.search(mine, 5, looks=own[[5, 1500, 2999]])[1][:, 0].tolist() == [
+        5,
+        1500,
+        2999,
+    ]
+
+
+def test_the_command_line_searches_and_evaluates_a_manifest(cluster, tmp_path, capsys):
+    """`subic search` and `subic evaluate --index` on codes shards answer as
+    on the one file they were split from."""
+    from subic_keras.cli import main
+
+    model = str(tmp_path / "run" / "best.keras")
+    train = ["train", "--pretrain-epochs", "1", "--epochs", "1", "--bits", "16",
+             "--block-size", "16", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(train) == 0
+    one, manifest = str(tmp_path / "db.subic"), str(tmp_path / "db.shards.json")
+    build = ["index", "build", model, "--dataset", "digits", "--output", one]
+    assert main(build) == 0
+    save_shards(SubicIndex.load(one), manifest, 3)
+    from subic_keras.datasets import load_images
+
+    np.save(tmp_path / "queries.npy", load_images("digits")[1][0][:3])
+    found = []
+    for index in (one, manifest):
+        capsys.readouterr()
+        search = ["search", model, index, str(tmp_path / "queries.npy"), "-k", "5"]
+        assert main([*search, "--json"]) == 0
+        evaluate = ["evaluate", model, "--dataset", "digits", "--protocol", "dsh"]
+        output = str(tmp_path / f"{os.path.basename(index)}.json")
+        assert main([*evaluate, "--index", index, "--output", output]) == 0
+        with open(output) as handle:
+            found.append(
+                (capsys.readouterr().out.splitlines()[:15], json.load(handle)["map"])
+            )
+    assert found[0] == found[1]

@@ -1,0 +1,312 @@
+"""Encoding a folder on a Ray cluster into picture shards and a manifest.
+
+`index_folder_on_ray` is `retrieval.index_folder` for a collection larger
+than one machine: the folder's files (found and ordered as `index_folder`
+finds them) are split into contiguous runs, one per shard; Ray Data
+decodes and encodes each run with a pool of encoder actors (each loads the
+model once), and the driver writes each shard as a picture index
+(`ImageIndex`, the format `subic index build` writes) beside a shard
+manifest (`search.ray_index`), which `search.open`, `RayIndex` and the
+command line's INDEX arguments open. A picture's code is the one
+`index_folder` gives it, and its id is its place in the folder's file
+list, so shards need not wait for one another.
+
+Resuming. A shard's file is written (atomically) only once its whole run
+is encoded, and a progress file beside the manifest
+(`<stem>.progress.json`) records each finished shard: the model's digest,
+the folder and a digest of the run's paths. Run again after an
+interruption, the build encodes only the shards not finished with the same
+model, folder and files; the progress file is removed once the manifest is
+written.
+
+Resources. Decoding happens in the encoder actors themselves (the dataset
+holds only paths), so no reading task waits for a CPU the encoders hold;
+each encoder asks for one CPU and the pool leaves one of the cluster's
+CPUs free for Ray Data's own tasks. On one machine, `index_folder` in one
+process stays the faster road (`benchmarks/ray_search.py` measures both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+
+import numpy as np
+
+from subic_keras import images as image_files
+from subic_keras._io import atomic_path
+from subic_keras._validation import check_int, load_json
+from subic_keras.paths import find_files
+from subic_keras.retrieval import FolderReport, input_shape, model_record
+from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.looks import LOOK_SIZE, look
+from subic_keras.search.ray_index import (
+    MANIFEST_SUFFIX,
+    MAX_SHARDS,
+    ray_module,
+    shard_path,
+    write_manifest,
+)
+
+PROGRESS_FORMAT = "subic.shards.progress"
+_MAX_PROGRESS_BYTES = 64 << 20
+
+
+class _Encoder:
+    """A Ray Data actor: the model, loaded once; decodes and encodes
+    batches of `{"id", "path"}` rows."""
+
+    def __init__(self, model_path: str, root: str):
+        from subic_keras.export import load_subic
+
+        self.subic = load_subic(model_path)
+        self.subic.show_progress = False
+        self.root = root
+        self.shape = input_shape(self.subic)
+
+    def __call__(self, batch: dict) -> dict:
+        paths = [str(p) for p in batch["path"]]
+        ids = np.asarray(batch["id"], np.int64)
+        (decoded,) = image_files.image_batches(
+            self.root, paths, self.shape, max(1, len(paths))
+        )
+        row = {path: i for i, path in enumerate(paths)}
+        kept = np.array([row[p] for p in decoded.paths], np.int64)
+        codes = np.zeros((len(paths), self.subic.num_blocks), np.int32)
+        looks = np.zeros((len(paths), LOOK_SIZE), np.int8)
+        fingerprints = np.zeros(len(paths), np.uint64)
+        if len(kept):
+            codes[kept] = self.subic.encode(decoded.pixels, batch_size=len(kept))
+            looks[kept] = look(decoded.pixels)
+            fingerprints[kept] = decoded.fingerprints
+        reasons = np.full(len(paths), "", object)
+        for skipped in decoded.skipped:
+            reasons[row[skipped.path]] = skipped.reason
+        return {
+            "id": ids,
+            "path": np.array(paths, object),
+            "code": codes,
+            "look": looks,
+            "fingerprint": fingerprints,
+            "reason": reasons,
+        }
+
+
+def _paths_digest(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def _progress_path(manifest: str) -> str:
+    return manifest[: -len(MANIFEST_SUFFIX)] + ".progress.json"
+
+
+def _read_progress(path: str, model: str, root: str) -> dict:
+    """The shards a build finished with this model and folder (`{}` when
+    there is no progress file, or one of another build)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_MAX_PROGRESS_BYTES + 1)
+        progress = load_json(data)
+    except (OSError, ValueError):
+        return {}
+    if (
+        len(data) > _MAX_PROGRESS_BYTES
+        or not isinstance(progress, dict)
+        or progress.get("format") != PROGRESS_FORMAT
+        or progress.get("model") != model
+        or progress.get("root") != root
+        or not isinstance(progress.get("shards"), dict)
+    ):
+        return {}
+    return progress["shards"]
+
+
+def _write_progress(path: str, model: str, root: str, shards: dict) -> None:
+    progress = {"format": PROGRESS_FORMAT, "model": model, "root": root}
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        json.dump({**progress, "shards": shards}, handle)
+
+
+def index_folder_on_ray(
+    model_path: str | os.PathLike,
+    root: str | os.PathLike,
+    manifest: str | os.PathLike,
+    num_shards: int,
+    *,
+    address: str | None = None,
+    batch_size: int = 256,
+    encoders: int | None = None,
+) -> tuple[list[str], FolderReport]:
+    """Encodes every picture under `root` on Ray into `num_shards` shards.
+
+    Example:
+
+    >>> files, report = index_folder_on_ray(
+    ...     "best.keras", "photos/", "photos.shards.json", 4)
+    >>> sharded = subic_keras.search.open("photos.shards.json")
+
+    Args:
+        model_path: the SuBiC `.keras` model; every node must be able to
+            read it (and the folder) at the same path.
+        root: the folder of pictures.
+        manifest: the shard manifest to write (`*.shards.json`); shard `s`
+            is `<stem>-<s>.subic` beside it.
+        num_shards: shards, >= 1 (a contiguous run of the files each).
+        address: the Ray cluster to join when Ray is not initialized yet
+            (`None`: `RAY_ADDRESS`, or a local one).
+        batch_size: pictures an encoder decodes and encodes at a time.
+        encoders: encoder actors (each asks for one CPU); default: the
+            cluster's CPUs but one, at least one.
+
+    Returns:
+        `(files, report)`: the shards' paths, and the counts of pictures
+        added (encoded now), already indexed (shards finished by an
+        interrupted build) and skipped, with each skipped file's reason.
+
+    Raises:
+        ValueError: for a manifest path without the `.shards.json` suffix,
+            or bad counts.
+        ImportError: without Ray.
+        NotADirectoryError, FileNotFoundError: `root` is not a folder.
+    """
+    from subic_keras.export import load_subic
+
+    manifest = os.fspath(manifest)
+    if not manifest.endswith(MANIFEST_SUFFIX):
+        raise ValueError(
+            f"manifest must end in {MANIFEST_SUFFIX!r}, received {manifest!r}"
+        )
+    num_shards = check_int("num_shards", num_shards, minimum=1)
+    if num_shards > MAX_SHARDS:
+        raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    root = os.path.realpath(root)
+    paths, skipped = find_files(root)
+    model_path = os.path.abspath(model_path)
+    subic = load_subic(model_path)
+    record = model_record(subic, model_path)
+    shape = input_shape(subic)
+    ray = ray_module(address)
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if encoders is None:
+        encoders = max(1, cpus - 1)
+    encoders = check_int("encoders", encoders, minimum=1)
+    if encoders > cpus:
+        # Each encoder asks for a CPU: more than the cluster has would wait
+        # for ever.
+        raise ValueError(
+            f"encoders must be at most the Ray cluster's CPUs ({cpus}), received "
+            f"{encoders}"
+        )
+    progress_file = _progress_path(manifest)
+    finished = _read_progress(progress_file, record["digest"], root)
+    report = FolderReport(skipped=list(skipped))
+    bounds = np.linspace(0, len(paths), num_shards + 1).astype(np.int64)
+    files = [shard_path(manifest, number) for number in range(num_shards)]
+    runs = {}  # the shards to encode now: their files' runs
+    for number, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        done = finished.get(str(number))
+        reused = _finished_shard(done, paths[lo:hi], files[number])
+        if reused is None:
+            runs[number] = paths[lo:hi]
+        else:
+            report.already_indexed += reused[0]
+            report.skipped += reused[1]
+
+    def write(number: int, column: dict[str, np.ndarray] | None) -> None:
+        index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
+        index.model = record
+        passed = [] if column is None else _add_run(index, column)
+        index.save(files[number])
+        report.added += len(index)
+        report.skipped += passed
+        finished[str(number)] = {
+            "paths": _paths_digest(runs[number]),
+            "added": len(index),
+            "skipped": [dataclasses.asdict(entry) for entry in passed],
+        }
+        _write_progress(progress_file, record["digest"], root, finished)
+
+    for number in [n for n, run in runs.items() if not run]:
+        write(number, None)
+    rows = [
+        {"id": int(bounds[number]) + i, "path": path}
+        for number, run in runs.items()
+        for i, path in enumerate(run)
+    ]
+    if rows:
+        encoded = ray.data.from_items(rows).map_batches(
+            _Encoder,
+            fn_constructor_args=(model_path, root),
+            batch_size=batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=encoders),
+            num_cpus=1,
+        )
+        # Batches come in any order: each shard is written once every
+        # row of its run has come.
+        parts: dict[int, list[dict]] = {number: [] for number in runs}
+        missing = {number: len(run) for number, run in runs.items()}
+        for batch in encoded.iter_batches(batch_size=None, batch_format="numpy"):
+            shard_of = np.searchsorted(bounds, batch["id"], side="right") - 1
+            for number in np.unique(shard_of):
+                mine = shard_of == number
+                parts[number].append({k: v[mine] for k, v in batch.items()})
+                missing[number] -= int(np.count_nonzero(mine))
+                if not missing[number]:
+                    pieces = parts.pop(number)
+                    write(
+                        number,
+                        {k: np.concatenate([p[k] for p in pieces]) for k in batch},
+                    )
+    write_manifest(manifest, subic.num_blocks, subic.block_size, files)
+    if os.path.exists(progress_file):
+        os.remove(progress_file)
+    return files, report
+
+
+def _finished_shard(done, run: list[str], file: str):
+    """`(added, skipped files)` of a shard a progress file records as
+    finished for the same run of files, whose file is there; else None."""
+    if (
+        not isinstance(done, dict)
+        or done.get("paths") != _paths_digest(run)
+        or not isinstance(done.get("added"), int)
+        or not isinstance(done.get("skipped"), list)
+        or not os.path.isfile(file)
+    ):
+        return None
+    skipped = []
+    for entry in done["skipped"]:
+        if not isinstance(entry, dict) or not all(
+            isinstance(entry.get(key), str) for key in ("path", "reason")
+        ):
+            return None
+        skipped.append(image_files.SkippedFile(entry["path"], entry["reason"]))
+    return done["added"], skipped
+
+
+def _add_run(index: ImageIndex, column: dict[str, np.ndarray]):
+    """Adds a run's decoded pictures (encoder output columns) to `index` in
+    the run's order; returns the files skipped."""
+    order = np.argsort(column["id"], kind="stable")
+    failed = column["reason"][order] != ""
+    kept = order[~failed]
+    if len(kept):
+        index.add(
+            column["code"][kept],
+            [str(path) for path in column["path"][kept]],
+            column["fingerprint"][kept],
+            looks=column["look"][kept],
+            ids=column["id"][kept],
+        )
+    return [
+        image_files.SkippedFile(str(column["path"][i]), str(column["reason"][i]))
+        for i in order[failed]
+    ]

@@ -1,0 +1,228 @@
+"""`index_folder_on_ray` and `subic index build --output X.shards.json` on a
+simulated Ray cluster: the codes of the single-process build, shards that a
+`RayIndex` opens and `subic serve` serves as one index, and a resumed build
+that encodes only what was left."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from served import ThreadServer, picture_folder, request, request_json, save_model
+
+from subic_keras import retrieval
+from subic_keras.cli import main
+from subic_keras.export import load_subic
+from subic_keras.ray_folders import _read_progress, index_folder_on_ray
+from subic_keras.search import SubicIndex
+from subic_keras.search import open as open_index
+from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.ray_index import RayIndex, save_shards, write_manifest
+from subic_keras.server import SearchService
+
+pytest.importorskip("ray", reason="the [ray] extra")
+
+# Integration tests (processes, servers, exports): `-m "not slow"` skips them.
+# One worker runs them all (the README's `--dist loadgroup`): one cluster.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
+
+@pytest.fixture(scope="module")
+def built(ray_cluster, tmp_path_factory):
+    """A model; a folder of 30 pictures and two files that are not; the
+    folder's index file (one process) and its 3 shards (built on Ray)."""
+    base = tmp_path_factory.mktemp("ray_folders")
+    model = save_model(base / "model.keras")
+    root = base / "photos"
+    paths = picture_folder(root, n=30)
+    (root / "notes.txt").write_text("not a picture")
+    (root / "b" / "empty.jpg").write_bytes(b"")
+    single, _ = retrieval.index_folder(load_subic(model), root, model_path=model)
+    single.save(base / "photos.subic")
+    manifest = base / "photos.shards.json"
+    files, report = index_folder_on_ray(model, root, manifest, 3, batch_size=8)
+    return {
+        "base": base,
+        "model": model,
+        "root": root,
+        "paths": paths,
+        "single": single,
+        "manifest": manifest,
+        "files": files,
+        "report": report,
+    }
+
+
+def _codes_by_path(files):
+    found = {}
+    for file in files:
+        shard = ImageIndex.load(file)
+        ids = shard.get_ids()
+        found.update(zip(shard.paths(ids), shard.get_codes(ids).tolist()))
+    return found
+
+
+def test_shards_hold_the_single_process_codes(built):
+    files, report, single = built["files"], built["report"], built["single"]
+    assert [os.path.basename(f) for f in files] == [
+        f"photos-{s}.subic" for s in range(3)
+    ]
+    assert report.added == 30 and report.already_indexed == 0
+    assert sorted(s.path for s in report.skipped) == ["b/empty.jpg", "notes.txt"]
+    want = dict(zip(single.get_paths(), single.get_codes().tolist()))
+    assert _codes_by_path(files) == want
+    # Every shard records the model; ids are the files' places in the folder.
+    sharded = open_index(built["manifest"])
+    assert len(sharded) == 30 and sharded.model["digest"] == single.model["digest"]
+    assert len(set(sharded.get_ids().tolist())) == 30
+    assert not os.path.exists(built["base"] / "photos.progress.json")
+
+
+def test_an_interrupted_build_resumes_from_the_command_line(
+    built, tmp_path, monkeypatch, capsys
+):
+    model, root = built["model"], built["root"]
+    manifest = tmp_path / "photos.shards.json"
+    saved = []
+    real_save = ImageIndex.save
+
+    def interrupted(self, path):
+        if saved:
+            raise KeyboardInterrupt  # the second shard is never written
+        saved.append(path)
+        real_save(self, path)
+
+    monkeypatch.setattr(ImageIndex, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        index_folder_on_ray(model, root, manifest, 3, batch_size=8)
+    monkeypatch.undo()
+    assert not manifest.exists()
+    progress = json.loads((tmp_path / "photos.progress.json").read_text())
+    assert len(progress["shards"]) == 1  # the first shard, written
+    first = len(ImageIndex.load(saved[0]))
+    capsys.readouterr()
+    build = ["index", "build", model, str(root), "--output", str(manifest)]
+    assert main([*build, "--shards", "3"]) == 0
+    out = capsys.readouterr()
+    assert (
+        f"indexed {30 - first} pictures of {os.path.realpath(root)}, {first} already "
+        "in finished shards; skipped 2 files; 3 shards listed in" in out.out
+    )
+    # The skipped files, and nothing of Ray's own logging.
+    lines = out.err.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "skipped b/empty.jpg",
+        "skipped notes.txt",
+    ]
+    assert _codes_by_path(_shard_files(manifest)) == _codes_by_path(built["files"])
+    assert not os.path.exists(tmp_path / "photos.progress.json")
+    # Progress of another model, or another folder, is not trusted.
+    path = tmp_path / "progress.json"
+    path.write_text(json.dumps(progress))
+    digest, folder = progress["model"], progress["root"]
+    assert _read_progress(str(path), digest, folder) == progress["shards"]
+    assert _read_progress(str(path), "0" * 64, folder) == {}
+    assert _read_progress(str(path), digest, "/elsewhere") == {}
+    path.write_text("{not json")
+    assert _read_progress(str(path), digest, folder) == {}
+    # Searched from the command line: paths, the query itself first.
+    query = str(root / built["paths"][4])
+    assert main(["search", model, str(manifest), query, "-k", "2"]) == 0
+    assert "(the query itself)" in capsys.readouterr().out.splitlines()[1]
+    for argv, message in [
+        (["index", "build", model, "--output", str(manifest)], "give FOLDER"),
+        (
+            ["index", "build", model, str(root), "--output", str(tmp_path / "x.subic"),
+             "--shards", "2"],
+            "--shards and --ray-address build shards",
+        ),
+        ([*build, "--shards", "0"], "--shards must be >= 1"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _shard_files(manifest):
+    folder = os.path.dirname(manifest)
+    with open(manifest) as handle:
+        shards = json.load(handle)["shards"]
+    return [os.path.join(folder, shard) for shard in shards]
+
+
+def test_serve_answers_from_shards_as_from_one_index(built):
+    """The HTTP API and page over a manifest of picture shards: the same
+    answers (paths, scores, exact copies, filters) as over one index file
+    of the folder."""
+    root, paths, model = built["root"], built["paths"], built["model"]
+    answers = []
+    for index_file in (built["manifest"], built["base"] / "photos.subic"):
+        service = SearchService(model, str(index_file))
+        with ThreadServer(service) as port:
+            found = []
+            for path, where in [(paths[0], None), (paths[7], "path under 'b'")]:
+                query = "/search?k=12" + (
+                    "" if where is None else "&where=" + where.replace(" ", "%20")
+                )
+                status, answer = request_json(
+                    port, "POST", query, (root / path).read_bytes(),
+                    {"Content-Type": "image/png"},
+                )  # fmt: skip
+                assert status == 200, answer
+                found.append(
+                    [(r["path"], r["score"], r["exact"]) for r in answer["results"]]
+                )
+            status, stats = request_json(port, "GET", "/stats")
+            found.append((stats["items"], stats["looks"], stats["folders"]))
+            first_id = answer["results"][0]["id"]
+            status, _, data = request(port, "GET", f"/items/{first_id}")
+            assert status == 200 and data == (root / paths[7]).read_bytes()
+            status, _, page = request(port, "GET", "/")
+            assert status == 200 and b"<html" in page.lower()
+            answers.append(found)
+    sharded, one = answers
+    assert sharded == one
+    assert sharded[0][0] == (paths[0], one[0][0][1], True)  # the query itself
+    assert all(path.startswith("b/") for path, _, _ in sharded[1])
+
+
+def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
+    model = built["model"]
+    files = [shutil.copy(file, tmp_path) for file in built["files"]]
+    manifest = tmp_path / "photos.shards.json"
+    write_manifest(manifest, 4, 16, files)
+    sharded = open_index(manifest)
+    with pytest.raises(ValueError, match="hold pictures of a folder"):
+        sharded.add(np.zeros((1, 4), int))
+    gone = sharded.get_ids()[[0, -1]]  # one in the first shard, one in the last
+    assert sharded.remove(gone) == 2 and len(open_index(manifest)) == 28
+    # Shards of two folders, or of pictures and codes, are not one index.
+    other = tmp_path / "other"
+    picture_folder(other, n=6)
+    single, _ = retrieval.index_folder(load_subic(model), other, model_path=model)
+    single.save(tmp_path / "other.subic")
+    codes = SubicIndex(4, 16)
+    codes.add(np.zeros((3, 4), int), ids=[900, 901, 902])
+    codes.save(tmp_path / "codes.subic")
+    for second in ("other.subic", "codes.subic"):
+        mixed = tmp_path / "mixed.shards.json"
+        write_manifest(mixed, 4, 16, [files[0], str(tmp_path / second)])
+        with pytest.raises(ValueError, match="differ in root"):
+            RayIndex(mixed)
+    # More encoders than CPUs would wait for ever: refused.
+    with pytest.raises(ValueError, match=r"encoders must be at most .* \(3\)"):
+        index_folder_on_ray(
+            model, built["root"], tmp_path / "x.shards.json", 2, encoders=4
+        )
+    # A manifest of codes is searched, not served: one line, exit 2.
+    save_shards(codes, tmp_path / "codes.shards.json", 2)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", model, str(tmp_path / "codes.shards.json")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "lists shards of codes without image paths" in err
+    assert len(err.strip().splitlines()) == 1
