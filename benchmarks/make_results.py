@@ -382,7 +382,18 @@ def refine_table(data: dict) -> list[str]:
         f"{cost['k=10']['batch_ratio']:.2f}x the time of codes only in batches "
         f"of 1,000, {cost['k=10']['single_ratio']:.2f}x for one query; "
         f"{cost['bytes_per_item']['refined']} bytes per item against "
-        f"{cost['bytes_per_item']['codes_only']}.",
+        f"{cost['bytes_per_item']['codes_only']}."
+        + (
+            " Each native kernel forced: "
+            + "; ".join(
+                f"{name}: {entry['k=10']['batch_ratio']:.0f}x batches, "
+                f"{entry['k=10']['single_ratio']:.1f}x one query"
+                for name, entry in cost["kernels"].items()
+            )
+            + "."
+            if cost.get("kernels")
+            else ""
+        ),
     ]
     return lines
 

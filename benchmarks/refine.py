@@ -25,7 +25,9 @@ look). This measures, for a trained CIFAR-10 model (48 bits, `subic train
 4. *cost*: search time on 1,000,000 trained-like codes (the model's codes of
    the 60,000 CIFAR-10 pictures, drawn with replacement: tie groups of
    hundreds) with their pictures' looks, refined against codes only, in
-   batches of 1,000 queries and one query at a time; bytes per item.
+   batches of 1,000 queries and one query at a time, with the scanner
+   "auto" picks and with each native kernel of this CPU forced; bytes per
+   item.
 
     python -m benchmarks.refine --model runs/cifar48/best.keras --data-dir data
 
@@ -45,7 +47,7 @@ from benchmarks import common
 from subic_keras import datasets, evaluation, near_duplicates, protocols
 from subic_keras.export import load_subic
 from subic_keras.models import FC0
-from subic_keras.search import SubicIndex, looks
+from subic_keras.search import SubicIndex, looks, native
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "refine.json")
 NEAR_COPY_CHOICES = (0.8, 0.85, 0.9, 0.95, 2.0)  # 2.0: no near copies
@@ -97,9 +99,11 @@ def descriptors(subic, pictures: np.ndarray, names=CANDIDATES) -> dict:
     return {name: make[name]() for name in names}
 
 
-def index_of(codes: np.ndarray, item_looks: np.ndarray | None) -> SubicIndex:
+def index_of(
+    codes: np.ndarray, item_looks: np.ndarray | None, scanner: str = "auto"
+) -> SubicIndex:
     size = 0 if item_looks is None else item_looks.shape[1]
-    index = SubicIndex(8, 64, looks=size)
+    index = SubicIndex(8, 64, looks=size, scanner=scanner)
     index.add(codes, looks=item_looks)
     return index
 
@@ -210,46 +214,65 @@ def timed(function, *args, repetitions: int = 3, **kwargs) -> float:
 
 
 def cost_task(subic, all_pictures, test_pictures, count, singles, seed=0):
-    """Search time with and without refinement on `count` trained-like codes."""
+    """Search time with and without refinement on `count` trained-like codes,
+    with the scanner "auto" picks (the top-level figures) and with each
+    native kernel this CPU runs, forced (`kernels`)."""
     rng = np.random.default_rng(seed)
     codes = subic.encode(all_pictures)
     all_looks = looks.look(all_pictures)
     drawn = rng.integers(0, len(codes), count)
-    plain = index_of(codes[drawn], None)
-    refined = index_of(codes[drawn], all_looks[drawn])
     picked = rng.choice(len(test_pictures), 1000, replace=False)
     queries = subic.query(test_pictures[picked])
     query_looks = looks.look(test_pictures[picked])
     _, counts = np.unique(codes[drawn], axis=0, return_counts=True)
-    start = time.perf_counter()
-    refined.search(queries[:1], 10, looks=query_looks[:1])  # sorts the codes once
-    first = time.perf_counter() - start
-    out = {
+    out: dict = {
         "items": count,
         "distinct_codes": len(counts),
         "largest_tie_group": int(counts.max()),
         "median_tie_group_of_an_item": float(np.median(np.repeat(counts, counts))),
-        "bytes_per_item": {"codes_only": plain.bytes_per_item,
-                           "refined": refined.bytes_per_item},
-        "first_refined_search_s": first,
-    }  # fmt: skip
-    for k in (10, 100):
-        batch_plain = timed(plain.search, queries, k)
-        batch_refined = timed(refined.search, queries, k, looks=query_looks)
-        single_plain, single_refined = [], []
-        for i in range(singles):
-            q, ql = queries[i : i + 1], query_looks[i : i + 1]
-            single_plain.append(timed(plain.search, q, k, repetitions=1))
-            single_refined.append(timed(refined.search, q, k, looks=ql, repetitions=1))
-        out[f"k={k}"] = {
-            "batch_1000_s": {"codes_only": batch_plain, "refined": batch_refined},
-            "batch_ratio": batch_refined / batch_plain,
-            "single_p50_ms": {
-                "codes_only": 1000 * float(np.median(single_plain)),
-                "refined": 1000 * float(np.median(single_refined)),
-            },
-            "single_ratio": float(np.median(single_refined) / np.median(single_plain)),
-        }
+        "kernels": {},
+    }
+    natives = [f"native-{kernel}" for kernel in native.kernels()]
+    for scanner in ["auto", *natives]:
+        plain = index_of(codes[drawn], None, scanner)
+        refined = index_of(codes[drawn], all_looks[drawn], scanner)
+        start = time.perf_counter()
+        refined.search(queries[:1], 10, looks=query_looks[:1])  # sorts the codes once
+        entry = {
+            "scanner": refined.scanner,
+            "bytes_per_item": {"codes_only": plain.bytes_per_item,
+                               "refined": refined.bytes_per_item},
+            "first_refined_search_s": time.perf_counter() - start,
+        }  # fmt: skip
+        for k in (10, 100):
+            batch_plain = timed(plain.search, queries, k)
+            batch_refined = timed(refined.search, queries, k, looks=query_looks)
+            single_plain, single_refined = [], []
+            for i in range(singles):
+                q, ql = queries[i : i + 1], query_looks[i : i + 1]
+                single_plain.append(timed(plain.search, q, k, repetitions=1))
+                single_refined.append(
+                    timed(refined.search, q, k, looks=ql, repetitions=1)
+                )
+            entry[f"k={k}"] = {
+                "batch_1000_s": {"codes_only": batch_plain, "refined": batch_refined},
+                "batch_ratio": batch_refined / batch_plain,
+                "single_p50_ms": {
+                    "codes_only": 1000 * float(np.median(single_plain)),
+                    "refined": 1000 * float(np.median(single_refined)),
+                },
+                "single_ratio": float(
+                    np.median(single_refined) / np.median(single_plain)
+                ),
+            }
+        common.log(
+            f"cost with {refined.scanner}: batch {entry['k=10']['batch_ratio']:.1f}x, "
+            f"single {entry['k=10']['single_ratio']:.1f}x"
+        )
+        if scanner == "auto":
+            out.update(entry)
+        else:
+            out["kernels"][scanner] = entry
     return out
 
 
@@ -323,6 +346,11 @@ def main(argv=None) -> None:
         f"{cost['bytes_per_item']['refined']} bytes per item refined, "
         f"{cost['bytes_per_item']['codes_only']} codes only"
     )
+    for name, entry in cost["kernels"].items():
+        print(
+            f"  {name} forced: batch {entry['k=10']['batch_ratio']:.2f}x, single "
+            f"query {entry['k=10']['single_ratio']:.2f}x"
+        )
     print(f"wrote {args.output}")
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
-pytestmark = pytest.mark.slow
+# One worker runs them all (the README's `--dist loadgroup`): one quick run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cross_domain")]
 
 REPO = Path(__file__).resolve().parents[1]
 

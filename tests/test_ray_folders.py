@@ -3,6 +3,8 @@ simulated Ray cluster: the codes of the single-process build, shards that a
 `RayIndex` opens and `subic serve` serves as one index, and a resumed build
 that encodes only what was left."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -31,7 +33,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 @pytest.fixture(scope="module")
 def built(ray_cluster, tmp_path_factory):
     """A model; a folder of 30 pictures and two files that are not; the
-    folder's index file (one process) and its 3 shards (built on Ray)."""
+    folder's index file (one process); and its 3 shards, built on Ray by a
+    build interrupted after two shards (the second with a file it skipped),
+    then resumed from the command line (what it printed, and the progress
+    file between them)."""
     base = tmp_path_factory.mktemp("ray_folders")
     model = save_model(base / "model.keras")
     root = base / "photos"
@@ -41,7 +46,27 @@ def built(ray_cluster, tmp_path_factory):
     single, _ = retrieval.index_folder(load_subic(model), root, model_path=model)
     single.save(base / "photos.subic")
     manifest = base / "photos.shards.json"
-    files, report = index_folder_on_ray(model, root, manifest, 3, batch_size=8)
+    saved = []
+    real_save = ImageIndex.save
+
+    def interrupted(self, path):
+        if len(saved) == 2:
+            raise KeyboardInterrupt  # the third shard is never written
+        saved.append(path)
+        real_save(self, path)
+
+    ImageIndex.save = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            index_folder_on_ray(model, root, manifest, 3, batch_size=8)
+    finally:
+        ImageIndex.save = real_save
+    progress = json.loads((base / "photos.progress.json").read_text())
+    first = sum(len(ImageIndex.load(path)) for path in saved)
+    out, err = io.StringIO(), io.StringIO()
+    build = ["index", "build", model, str(root), "--output", str(manifest)]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([*build, "--shards", "3", "--batch-size", "8"])
     return {
         "base": base,
         "model": model,
@@ -49,8 +74,9 @@ def built(ray_cluster, tmp_path_factory):
         "paths": paths,
         "single": single,
         "manifest": manifest,
-        "files": files,
-        "report": report,
+        "build": build,
+        "interrupted": {"first": first, "progress": progress},
+        "resumed": (status, out.getvalue(), err.getvalue()),
     }
 
 
@@ -64,60 +90,41 @@ def _codes_by_path(files):
 
 
 def test_shards_hold_the_single_process_codes(built):
-    files, report, single = built["files"], built["report"], built["single"]
+    single, manifest = built["single"], built["manifest"]
+    files = _shard_files(manifest)
     assert [os.path.basename(f) for f in files] == [
         f"photos-{s}.subic" for s in range(3)
     ]
-    assert report.added == 30 and report.already_indexed == 0
-    assert sorted(s.path for s in report.skipped) == ["b/empty.jpg", "notes.txt"]
     want = dict(zip(single.get_paths(), single.get_codes().tolist()))
     assert _codes_by_path(files) == want
     # Every shard records the model; ids are the files' places in the folder.
-    sharded = open_index(built["manifest"])
+    sharded = open_index(manifest)
     assert len(sharded) == 30 and sharded.model["digest"] == single.model["digest"]
     assert len(set(sharded.get_ids().tolist())) == 30
-    assert not os.path.exists(built["base"] / "photos.progress.json")
 
 
-def test_an_interrupted_build_resumes_from_the_command_line(
-    built, tmp_path, monkeypatch, capsys
-):
-    model, root = built["model"], built["root"]
-    manifest = tmp_path / "photos.shards.json"
-    saved = []
-    real_save = ImageIndex.save
-
-    def interrupted(self, path):
-        if saved:
-            raise KeyboardInterrupt  # the second shard is never written
-        saved.append(path)
-        real_save(self, path)
-
-    monkeypatch.setattr(ImageIndex, "save", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        index_folder_on_ray(model, root, manifest, 3, batch_size=8)
-    monkeypatch.undo()
-    assert not manifest.exists()
-    progress = json.loads((tmp_path / "photos.progress.json").read_text())
-    assert len(progress["shards"]) == 1  # the first shard, written
-    first = len(ImageIndex.load(saved[0]))
-    capsys.readouterr()
-    build = ["index", "build", model, str(root), "--output", str(manifest)]
-    assert main([*build, "--shards", "3"]) == 0
-    out = capsys.readouterr()
+def test_an_interrupted_build_resumes_from_the_command_line(built, tmp_path, capsys):
+    model, root, manifest = built["model"], built["root"], built["manifest"]
+    # Interrupted: two shards written and recorded, no manifest yet.
+    interrupted = built["interrupted"]
+    assert sorted(interrupted["progress"]["shards"]) == ["0", "1"]
+    # Resumed: only the last shard encoded; the skipped files listed (one
+    # recorded by the interrupted build), and nothing of Ray's own logging;
+    # the progress file gone.
+    status, out, err = built["resumed"]
+    first = interrupted["first"]
+    assert status == 0
     assert (
         f"indexed {30 - first} pictures of {os.path.realpath(root)}, {first} already "
-        "in finished shards; skipped 2 files; 3 shards listed in" in out.out
+        "in finished shards; skipped 2 files; 3 shards listed in" in out
     )
-    # The skipped files, and nothing of Ray's own logging.
-    lines = out.err.splitlines()
-    assert [line.split(":")[0] for line in lines] == [
+    assert [line.split(":")[0] for line in err.splitlines()] == [
         "skipped b/empty.jpg",
         "skipped notes.txt",
     ]
-    assert _codes_by_path(_shard_files(manifest)) == _codes_by_path(built["files"])
-    assert not os.path.exists(tmp_path / "photos.progress.json")
+    assert not os.path.exists(built["base"] / "photos.progress.json")
     # Progress of another model, or another folder, is not trusted.
+    progress = interrupted["progress"]
     path = tmp_path / "progress.json"
     path.write_text(json.dumps(progress))
     digest, folder = progress["model"], progress["root"]
@@ -137,7 +144,7 @@ def test_an_interrupted_build_resumes_from_the_command_line(
              "--shards", "2"],
             "--shards and --ray-address build shards",
         ),
-        ([*build, "--shards", "0"], "--shards must be >= 1"),
+        ([*built["build"], "--shards", "0"], "--shards must be >= 1"),
     ]:  # fmt: skip
         with pytest.raises(SystemExit) as stop:
             main(argv)
@@ -191,7 +198,7 @@ def test_serve_answers_from_shards_as_from_one_index(built):
 
 def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     model = built["model"]
-    files = [shutil.copy(file, tmp_path) for file in built["files"]]
+    files = [shutil.copy(file, tmp_path) for file in _shard_files(built["manifest"])]
     manifest = tmp_path / "photos.shards.json"
     write_manifest(manifest, 4, 16, files)
     sharded = open_index(manifest)

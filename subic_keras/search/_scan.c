@@ -1260,6 +1260,177 @@ static PyObject *group(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(distinct);
 }
 
+/* Refinement by looks (subic_keras/search/looks.py): each query's candidates,
+ * the codes' best, ordered by how much their looks (int8 rows of `table`)
+ * look like the query's. A candidate's likeness is the cosine of the two
+ * looks, as the NumPy fallback computes it: the exact integer dot product
+ * and squared norms, then in float32, dot / max(|a| |b|, 1e-6). Eligible
+ * candidates (score >= the query's bar) alike from `near` on, and the one
+ * eligible candidate alike from `floor` on and by `standout` more than the
+ * next, are near copies. Near copies come first, most alike first; then
+ * the rest by score (highest first), equal scores by likeness; then by
+ * position. The first k of that order are kept with a heap: O(c log k). */
+
+#if defined(__GNUC__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+
+typedef struct {
+    int near;
+    double first; /* -likeness of a near copy, -score of the rest */
+    float like;
+    int64_t position;
+    int64_t index; /* the candidate's column */
+} Ranked;
+
+/* Whether a ranks before b. */
+static int ranks_before(const Ranked *a, const Ranked *b) {
+    if (a->near != b->near) return a->near;
+    if (a->first != b->first) return a->first < b->first;
+    if (a->like != b->like) return a->like > b->like;
+    return a->position < b->position;
+}
+
+/* Sift-down in a heap whose root is the candidate ranked last. */
+static void heap_down(Ranked *heap, long long size, long long at) {
+    for (;;) {
+        long long worst = at, left = 2 * at + 1, right = left + 1;
+        if (left < size && ranks_before(&heap[worst], &heap[left])) worst = left;
+        if (right < size && ranks_before(&heap[worst], &heap[right])) worst = right;
+        if (worst == at) return;
+        Ranked swap = heap[at];
+        heap[at] = heap[worst];
+        heap[worst] = swap;
+        at = worst;
+    }
+}
+
+static int cmp_ranked(const void *a, const void *b) {
+    const Ranked *x = a, *y = b;
+    return ranks_before(x, y) ? -1 : (ranks_before(y, x) ? 1 : 0);
+}
+
+/* Returns 0, -1 for a row outside the table, -2 out of memory. */
+static int refine_rows(const int8_t *table, long long table_rows, const int64_t *rows,
+                       const double *scores, const int64_t *positions,
+                       const int8_t *queries, const double *bars, long long nq,
+                       long long c, long long d, long long k, float near, float standout,
+                       float floor, int64_t *out) {
+    float *like = malloc((size_t)(c > 0 ? c : 1) * sizeof(float));
+    Ranked *heap = malloc((size_t)(k > 0 ? k : 1) * sizeof(Ranked));
+    int result = 0;
+    if (!like || !heap) {
+        result = -2;
+        goto done;
+    }
+    for (long long q = 0; q < nq; q++) {
+        const int8_t *look = queries + q * d;
+        int64_t query_square = 0;
+        for (long long i = 0; i < d; i++) query_square += (int64_t)look[i] * look[i];
+        const float query_norm = sqrtf((float)query_square);
+        const double bar = bars[q];
+        float top0 = -3.0f, top1 = -3.0f; /* the two most alike eligible */
+        for (long long j = 0; j < c; j++) {
+            const int64_t row = rows[q * c + j];
+            if (row < 0 || row >= table_rows) {
+                result = -1;
+                goto done;
+            }
+            const int8_t *item = table + row * d;
+            if (j + 16 < c) { /* rows lie anywhere in the table: fetch ahead */
+                const int64_t ahead = rows[q * c + j + 16];
+                if (ahead >= 0 && ahead < table_rows) {
+                    PREFETCH(table + ahead * d);
+                    PREFETCH(table + ahead * d + d - 1);
+                }
+            }
+            int64_t dot = 0, square = 0;
+            for (long long i = 0; i < d; i++) {
+                dot += (int32_t)item[i] * look[i];
+                square += (int32_t)item[i] * item[i];
+            }
+            float norms = sqrtf((float)square) * query_norm;
+            if (norms < 1e-6f) norms = 1e-6f;
+            like[j] = (float)dot / norms;
+            const float alike = scores[q * c + j] >= bar ? like[j] : -2.0f;
+            if (alike > top0) {
+                top1 = top0;
+                top0 = alike;
+            } else if (alike > top1) {
+                top1 = alike;
+            }
+        }
+        const int stands_out =
+            standout <= 1.0f && c >= 2 && top0 >= floor && top0 - top1 >= standout;
+        long long size = 0;
+        for (long long j = 0; j < c; j++) {
+            const double score = scores[q * c + j];
+            const int eligible = score >= bar;
+            Ranked r;
+            r.near = eligible && (like[j] >= near || (stands_out && like[j] == top0));
+            r.first = r.near ? -(double)like[j] : -score;
+            r.like = like[j];
+            r.position = positions[q * c + j];
+            r.index = j;
+            if (size < k) {
+                heap[size++] = r;
+                if (size == k)
+                    for (long long at = k / 2 - 1; at >= 0; at--) heap_down(heap, k, at);
+            } else if (ranks_before(&r, &heap[0])) {
+                heap[0] = r;
+                heap_down(heap, k, 0);
+            }
+        }
+        qsort(heap, (size_t)size, sizeof(Ranked), cmp_ranked);
+        for (long long i = 0; i < size; i++) out[q * k + i] = heap[i].index;
+    }
+done:
+    free(like);
+    free(heap);
+    return result;
+}
+
+static PyObject *refine(PyObject *self, PyObject *args) {
+    Py_buffer table, rows, scores, positions, queries, bars, out;
+    long long table_rows, nq, c, d, k;
+    float near, standout, floor;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*Ly*y*y*y*y*LLLLfffw*", &table, &table_rows, &rows,
+                          &scores, &positions, &queries, &bars, &nq, &c, &d, &k, &near,
+                          &standout, &floor, &out))
+        return NULL;
+    const char *problem = NULL;
+    if (nq < 0 || c < 0 || d < 1 || k < 0 || k > c || table_rows < 0)
+        problem = "sizes out of range";
+    else if (table.len != table_rows * d || rows.len != nq * c * 8 ||
+             scores.len != nq * c * 8 || positions.len != nq * c * 8 ||
+             queries.len != nq * d || bars.len != nq * 8 || out.len != nq * k * 8)
+        problem = "buffers have the wrong size";
+    int result = 0;
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS result =
+            refine_rows(table.buf, table_rows, rows.buf, scores.buf, positions.buf,
+                        queries.buf, bars.buf, nq, c, d, k, near, standout, floor, out.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&scores);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&queries);
+    PyBuffer_Release(&bars);
+    PyBuffer_Release(&out);
+    if (!problem && result == -1) problem = "a candidate's row lies outside the table";
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    if (result == -2) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *kernels(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -1290,6 +1461,10 @@ static PyMethodDef methods[] = {
      "(n rows of width bytes), in linear time; returns the number of distinct rows "
      "(first: each one's first item; members[starts[r]:starts[r+1]]: its items), or "
      "-1 past limit."},
+    {"refine", refine, METH_VARARGS,
+     "refine(table, table_rows, rows, scores, positions, queries, bars, nq, c, d, k, "
+     "near, standout, floor, out): the first k of each query's c candidates in the "
+     "refined order (subic_keras/search/looks.py), as column indices written to out."},
     {"kernels", kernels, METH_NOARGS,
      "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},
     {NULL, NULL, 0, NULL}};

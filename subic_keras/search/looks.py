@@ -43,6 +43,7 @@ from collections.abc import Callable
 import numpy as np
 
 from subic_keras._validation import check_int
+from subic_keras.search import native
 
 LOOK_SIDE = 8
 LOOK_SIZE = LOOK_SIDE * (LOOK_SIDE // 2) * 3
@@ -235,13 +236,14 @@ class Candidates:
 
     Attributes:
         count: the items searched (those a filter keeps).
-        looks: positions (any shape) to their looks `(..., D)`.
+        looks: positions (any shape) to a table of looks `(T, D)` and the
+            positions' rows in it (the same shape).
         same_codes: positions to every searched position whose code equals
             one of theirs.
     """
 
     count: int
-    looks: Callable[[np.ndarray], np.ndarray]
+    looks: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     same_codes: Callable[[np.ndarray], np.ndarray]
 
 
@@ -251,9 +253,11 @@ def refine(
     """The refined top `k` of the items searched (module docstring).
 
     The codes' best `SHORTLIST` of every query are compared with its look
-    at once (a batch of queries at a time); a query whose `k`-th result
-    ties with the shortlist's last (a tie group that goes on beyond the
-    shortlist) gets that group whole, up to `MAX_CANDIDATES`.
+    and ordered in C (`native.refine`: the looks fetched ahead, the first
+    `k` kept with a heap), or with NumPy a batch of queries at a time where
+    the native scan is not built; a query whose `k`-th result ties with the
+    shortlist's last (a tie group that goes on beyond the shortlist) gets
+    that group whole, up to `MAX_CANDIDATES`.
 
     Args:
         search: `(queries, k) -> (scores, positions)`, the codes' exact top
@@ -269,45 +273,65 @@ def refine(
     """
     wide = min(items.count, max(k, SHORTLIST))
     scores, positions = search(queries, wide)
-    out_scores = np.empty((len(queries), k), np.float32)
-    out_positions = np.empty((len(queries), k), np.int64)
-    for start in range(0, len(queries), _CHUNK):
-        rows = slice(start, start + _CHUNK)
-        score, position = scores[rows], positions[rows]
-        likeness = _likeness(query_looks[rows], items.looks(position))
-        best = order(score, likeness, position, _eligible(score))[:, :k]
-        out_scores[rows] = np.take_along_axis(score, best, axis=1)
-        out_positions[rows] = np.take_along_axis(position, best, axis=1)
+    best = _ordered(scores, positions, items, query_looks, k)
+    out_scores = np.take_along_axis(scores, best, axis=1).astype(np.float32)
+    out_positions = np.take_along_axis(positions, best, axis=1)
     if wide == items.count:
         return out_scores, out_positions
     for row in np.flatnonzero(scores[:, k - 1] == scores[:, -1]):
         # The tie group reaching the top k goes on beyond the shortlist.
         score, position = scores[row], positions[row]
         tied = items.same_codes(position[score == score[-1]])
-        tied = tied[~np.isin(tied, position)][: max(0, MAX_CANDIDATES - wide)]
-        position = np.concatenate([position, tied])
-        score = np.concatenate([score, np.full(len(tied), score[-1])])
-        likeness = _likeness(query_looks[row : row + 1], items.looks(position[None]))
-        best = order(score[None], likeness, position[None], _eligible(score[None]))
-        out_scores[row] = score[best[0, :k]]
-        out_positions[row] = position[best[0, :k]]
+        tied = _without(tied, position)[: max(0, MAX_CANDIDATES - wide)]
+        position = np.concatenate([position, tied])[None]
+        score = np.concatenate([score, np.full(len(tied), score[-1])])[None]
+        best = _ordered(score, position, items, query_looks[row : row + 1], k)
+        out_scores[row] = score[0, best[0]]
+        out_positions[row] = position[0, best[0]]
     return out_scores, out_positions
 
 
+def _without(increasing: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`increasing` (sorted, distinct) without `values`, in order."""
+    at = np.searchsorted(increasing, values)
+    found = at < len(increasing)
+    found[found] = increasing[at[found]] == values[found]
+    keep = np.ones(len(increasing), bool)
+    keep[at[found]] = False
+    return increasing[keep]
+
+
+def _ordered(scores, positions, items: Candidates, query_looks, k: int) -> np.ndarray:
+    """Each row's first `k` candidates in the refined order (`order`), as
+    column indices: by the native kernel where it is built, else NumPy a
+    batch of queries at a time."""
+    table, rows = items.looks(positions)
+    bars = scores[:, min(SHORTLIST, scores.shape[1]) - 1]
+    if native.kernels():
+        return native.refine(
+            table, rows, scores, positions, query_looks, bars, k,
+            NEAR_COPY, STANDOUT, STANDOUT_FLOOR,
+        )  # fmt: skip
+    best = np.empty((len(scores), k), np.int64)
+    for start in range(0, len(scores), _CHUNK):
+        part = slice(start, start + _CHUNK)
+        likeness = _likeness(query_looks[part], table[rows[part]])
+        eligible = scores[part] >= bars[part, None]
+        best[part] = order(scores[part], likeness, positions[part], eligible)[:, :k]
+    return best
+
+
 def _likeness(query_looks: np.ndarray, looks: np.ndarray) -> np.ndarray:
-    """Cosines of each query's look `(c, d)` with its candidates' `(c, w, d)`."""
-    q = query_looks.astype(np.float32)
-    items = looks.astype(np.float32)
-    dots = np.einsum("cwd,cd->cw", items, q)
-    norms = np.linalg.norm(items, axis=-1) * np.linalg.norm(q, axis=-1)[:, None]
-    return dots / np.maximum(norms, 1e-6)
-
-
-def _eligible(scores: np.ndarray) -> np.ndarray:
-    """The candidates that may be near copies: the codes' best `SHORTLIST`
-    (with their last tie group), whatever `k`."""
-    bar = scores[:, min(SHORTLIST, scores.shape[1]) - 1]
-    return scores >= bar[:, None]
+    """Cosines of each query's look `(c, d)` with its candidates' `(c, w, d)`:
+    the exact integer dot products and squared norms, then in float32
+    `dot / max(|a| |b|, 1e-6)` (what the native kernel computes)."""
+    q = query_looks.astype(np.int32)
+    items = looks.astype(np.int32)
+    dots = np.einsum("cwd,cd->cw", items, q).astype(np.float32)
+    item_norms = np.sqrt(np.einsum("cwd,cwd->cw", items, items).astype(np.float32))
+    query_norms = np.sqrt(np.einsum("cd,cd->c", q, q).astype(np.float32))
+    norms = item_norms * query_norms[:, None]
+    return dots / np.maximum(norms, np.float32(1e-6))
 
 
 def order(

@@ -223,6 +223,55 @@ def search(
     return scores, positions
 
 
+def refine(
+    table: np.ndarray,
+    rows: np.ndarray,
+    scores: np.ndarray,
+    positions: np.ndarray,
+    query_looks: np.ndarray,
+    bars: np.ndarray,
+    k: int,
+    near_copy: float,
+    standout: float,
+    floor: float,
+) -> np.ndarray:
+    """Each query's first `k` candidates in the refined order of
+    `looks.order`, as column indices `(nq, k)`, in C (`looks._ordered`).
+
+    Args:
+        table: int8 looks `(T, D)`.
+        rows: each candidate's row in `table`, `(nq, c)`.
+        scores: the candidates' code scores `(nq, c)`, highest first.
+        positions: their insertion positions `(nq, c)`.
+        query_looks: int8 `(nq, D)`.
+        bars: each query's lowest score eligible as a near copy `(nq,)`.
+        k: candidates kept, at most `c`.
+        near_copy, standout, floor: `looks.NEAR_COPY`, `STANDOUT` and
+            `STANDOUT_FLOOR`.
+    """
+    nq, c = scores.shape
+    out = np.empty((nq, k), np.int64)
+    table = np.ascontiguousarray(table, np.int8)
+    _scan.refine(
+        table,
+        len(table),
+        np.ascontiguousarray(rows, np.int64),
+        np.ascontiguousarray(scores, np.float64),
+        np.ascontiguousarray(positions, np.int64),
+        np.ascontiguousarray(query_looks, np.int8),
+        np.ascontiguousarray(bars, np.float64),
+        nq,
+        c,
+        table.shape[1],
+        k,
+        near_copy,
+        standout,
+        floor,
+        out,
+    )
+    return out
+
+
 # Rows of an evenly spaced sample that first tells whether codes repeat.
 _SAMPLE = 1 << 16
 

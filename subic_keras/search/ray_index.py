@@ -652,8 +652,9 @@ class _Seen:
     def ids(self, positions: np.ndarray) -> np.ndarray:
         return self._ids.take(positions)
 
-    def looks(self, positions: np.ndarray) -> np.ndarray:
-        return self._looks.take(positions)
+    def looks(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The looks' table, and the rows of `positions` in it."""
+        return self._looks.rows, self._looks.where(positions)
 
 
 class _Table:
@@ -670,5 +671,8 @@ class _Table:
         )
         self.keys, self.rows = keys, np.concatenate([self.rows, rows[new]])[first]
 
+    def where(self, keys: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.keys, keys)
+
     def take(self, keys: np.ndarray) -> np.ndarray:
-        return self.rows[np.searchsorted(self.keys, keys)]
+        return self.rows[self.where(keys)]

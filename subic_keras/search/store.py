@@ -85,12 +85,17 @@ class CodeStore:
         wanted = np.unique(_keys(packed))
         lo = np.searchsorted(sorted_keys, wanted, side="left")
         hi = np.searchsorted(sorted_keys, wanted, side="right")
-        found = order[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])]
+        if len(wanted) == 1:  # one key's items, in increasing positions already
+            found = order[lo[0] : hi[0]]
+        else:
+            found = np.sort(
+                order[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])]
+            )
         if self.code_size > 8:  # keys are the first 8 bytes: check the rest
             rows = self.packed()
             equal = (rows[found][:, None] == packed[None]).all(-1).any(-1)
             found = found[equal]
-        return np.sort(found).astype(np.int64)
+        return found.astype(np.int64)
 
     def append(
         self, packed: np.ndarray, ids: np.ndarray, looks: np.ndarray | None = None

@@ -515,7 +515,7 @@ class SubicIndex(SearchBackend):
 
         scores, positions = refine(
             lambda queries, wide: view.search(queries, wide, keep),
-            Candidates(kept, store.looks, same_codes),
+            Candidates(kept, lambda positions: (store.looks(), positions), same_codes),
             queries,
             looks,
             min(k, kept),

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from subic_keras.search import SubicIndex, looks
+from subic_keras.search import SubicIndex, looks, native
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.uri import open as load_index
 
@@ -303,3 +303,36 @@ def test_crafted_looks_are_refused(rng, tmp_path):
         path.write_bytes(bytes(crafted) + hashlib.sha256(crafted).digest())
         with pytest.raises(ValueError, match=message):
             load_index(path)
+
+
+@pytest.mark.skipif(not native.kernels(), reason="the native scan is not built")
+def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
+    """The C refinement and its NumPy fallback give the same order, on
+    candidates with equal scores, equal looks (equal likeness), near copies,
+    stand-outs and shortlists of every size."""
+    for _ in range(60):
+        nq, c = int(rng.integers(1, 5)), int(rng.integers(2, 400))
+        d = int(rng.choice([8, 96, 1000]))
+        palette = rng.integers(-128, 128, (int(rng.integers(2, 30)), d), dtype=np.int8)
+        palette[0] = 0  # a look of all zeros: likeness 0, not NaN
+        table = palette[rng.integers(0, len(palette), 2 * c)]
+        positions = np.stack([rng.permutation(2 * c)[:c] for _ in range(nq)])
+        scores = -np.sort(-rng.integers(0, 6, (nq, c)).astype(np.float64), axis=1)
+        query_looks = palette[rng.integers(0, len(palette), nq)]
+        items = looks.Candidates(0, lambda p, table=table: (table, p), None)
+        k = int(rng.integers(1, c + 1))
+        near = float(rng.choice([0.5, 0.9, 2.0]))
+        standout = float(rng.choice([0.05, 0.3, 2.0]))
+        with looks.settings(
+            near_copy=near, standout=standout, shortlist=int(rng.integers(1, c + 1))
+        ):
+            in_c = looks._ordered(scores, positions, items, query_looks, k)
+            with monkeypatch.context() as patch:
+                patch.setattr(native, "kernels", lambda: ())
+                in_numpy = looks._ordered(scores, positions, items, query_looks, k)
+        np.testing.assert_array_equal(in_c, in_numpy)
+    with pytest.raises(ValueError, match="row lies outside the table"):
+        native.refine(
+            table, positions + 10**6, scores, positions, query_looks,
+            scores[:, 0], 1, 0.9, 0.05, 0.6,
+        )  # fmt: skip
