@@ -35,6 +35,18 @@ DATA_SKIP = (
 )
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules with slow tests first, each module kept whole (its fixtures
+    are made once): with `-n 2`, the long tests start early and the short
+    ones fill the workers' ends, instead of a long test starting last."""
+
+    def module(item):
+        return getattr(item, "module", None)
+
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: module(item) not in slow)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Says how many tests were skipped for want of the data directory, and
     how the fuzz cases (tests/test_fuzz.py) ended, by expected outcome."""

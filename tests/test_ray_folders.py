@@ -107,10 +107,10 @@ def test_an_interrupted_build_resumes_from_the_command_line(built, tmp_path, cap
     model, root, manifest = built["model"], built["root"], built["manifest"]
     # Interrupted: two shards written and recorded, no manifest yet.
     interrupted = built["interrupted"]
-    assert sorted(interrupted["progress"]["shards"]) == ["0", "1"]
-    # Resumed: only the last shard encoded; the skipped files listed (one
-    # recorded by the interrupted build), and nothing of Ray's own logging;
-    # the progress file gone.
+    assert len(interrupted["progress"]["shards"]) == 2  # any two: batches race
+    # Resumed: only the third shard encoded; the skipped files listed (one
+    # at least recorded by the interrupted build: each of shards 1 and 2
+    # has one), and nothing of Ray's own logging; the progress file gone.
     status, out, err = built["resumed"]
     first = interrupted["first"]
     assert status == 0
