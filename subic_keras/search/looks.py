@@ -253,9 +253,10 @@ def refine(
     """The refined top `k` of the items searched (module docstring).
 
     The codes' best `SHORTLIST` of every query are compared with its look
-    and ordered in C (`native.refine`: the looks fetched ahead, the first
-    `k` kept with a heap), or with NumPy a batch of queries at a time where
-    the native scan is not built; a query whose `k`-th result ties with the
+    and ordered in C (`native.refine`: the looks fetched ahead, their dot
+    products in AVX2 where the CPU has it, the first `k` kept with a heap),
+    or with NumPy a batch of queries at a time where the native scan is not
+    built; a query whose `k`-th result ties with the
     shortlist's last (a tie group that goes on beyond the shortlist) gets
     that group whole, up to `MAX_CANDIDATES`.
 

@@ -234,6 +234,7 @@ def refine(
     near_copy: float,
     standout: float,
     floor: float,
+    simd: bool = True,
 ) -> np.ndarray:
     """Each query's first `k` candidates in the refined order of
     `looks.order`, as column indices `(nq, k)`, in C (`looks._ordered`).
@@ -248,6 +249,8 @@ def refine(
         k: candidates kept, at most `c`.
         near_copy, standout, floor: `looks.NEAR_COPY`, `STANDOUT` and
             `STANDOUT_FLOOR`.
+        simd: AVX2 dot products where the CPU runs them (exact integers:
+            the same order); False: portable C, as on other CPUs.
     """
     nq, c = scores.shape
     out = np.empty((nq, k), np.int64)
@@ -267,6 +270,7 @@ def refine(
         near_copy,
         standout,
         floor,
+        simd,
         out,
     )
     return out

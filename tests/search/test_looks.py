@@ -307,12 +307,13 @@ def test_crafted_looks_are_refused(rng, tmp_path):
 
 @pytest.mark.skipif(not native.kernels(), reason="the native scan is not built")
 def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
-    """The C refinement and its NumPy fallback give the same order, on
-    candidates with equal scores, equal looks (equal likeness), near copies,
-    stand-outs and shortlists of every size."""
+    """The C refinement (AVX2 and portable dot products) and its NumPy
+    fallback give the same order, on candidates with equal scores, equal
+    looks (equal likeness), near copies, stand-outs, shortlists of every
+    size and looks of 8 to 4,096 bytes (a tail past the last 16)."""
     for _ in range(60):
         nq, c = int(rng.integers(1, 5)), int(rng.integers(2, 400))
-        d = int(rng.choice([8, 96, 1000]))
+        d = int(rng.choice([8, 96, 1000, 4096]))
         palette = rng.integers(-128, 128, (int(rng.integers(2, 30)), d), dtype=np.int8)
         palette[0] = 0  # a look of all zeros: likeness 0, not NaN
         table = palette[rng.integers(0, len(palette), 2 * c)]
@@ -323,14 +324,20 @@ def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
         k = int(rng.integers(1, c + 1))
         near = float(rng.choice([0.5, 0.9, 2.0]))
         standout = float(rng.choice([0.05, 0.3, 2.0]))
-        with looks.settings(
-            near_copy=near, standout=standout, shortlist=int(rng.integers(1, c + 1))
-        ):
+        shortlist = int(rng.integers(1, c + 1))
+        with looks.settings(near_copy=near, standout=standout, shortlist=shortlist):
             in_c = looks._ordered(scores, positions, items, query_looks, k)
             with monkeypatch.context() as patch:
                 patch.setattr(native, "kernels", lambda: ())
                 in_numpy = looks._ordered(scores, positions, items, query_looks, k)
         np.testing.assert_array_equal(in_c, in_numpy)
+        # The portable C dot products, as a CPU without AVX2 takes them.
+        portable = native.refine(
+            table, positions, scores, positions, query_looks,
+            scores[:, shortlist - 1], k, near, standout, looks.STANDOUT_FLOOR,
+            simd=False,
+        )  # fmt: skip
+        np.testing.assert_array_equal(portable, in_numpy)
     with pytest.raises(ValueError, match="row lies outside the table"):
         native.refine(
             table, positions + 10**6, scores, positions, query_looks,
