@@ -387,12 +387,7 @@ class ImageIndex(Searcher):
             exact = np.zeros(ids.shape, bool)
             if fingerprints is None or not ids.shape[1]:
                 return scores, ids, exact
-            fingerprints = np.asarray(fingerprints, dtype=np.uint64)
-            if fingerprints.shape != (len(ids),):
-                raise ValueError(
-                    f"fingerprints must have shape ({len(ids)},), one per query, "
-                    f"received {fingerprints.shape}"
-                )
+            fingerprints = check_fingerprints(fingerprints, len(ids))
             queries = np.asarray(queries, dtype=np.float32)
             found = self._copies(fingerprints, keep, ids.shape[1])
             for row, (_, copies, codes) in enumerate(found):
@@ -550,3 +545,14 @@ def copies_first(
     ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
     scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
     exact[row, : len(copies)] = True
+
+
+def check_fingerprints(fingerprints, n: int) -> np.ndarray:
+    """The queries' pixel fingerprints as uint64 `(n,)`, one per query."""
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    if fingerprints.shape != (n,):
+        raise ValueError(
+            f"fingerprints must have shape ({n},), one per query, "
+            f"received {fingerprints.shape}"
+        )
+    return fingerprints

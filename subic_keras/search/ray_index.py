@@ -53,7 +53,11 @@ from subic_keras.search import filters
 from subic_keras.search import looks as _looks
 from subic_keras.search.base import Searcher, answer_rows
 from subic_keras.search.checks import check_ids, check_queries, duplicates, preview
-from subic_keras.search.image_index import ImageIndex, copies_first
+from subic_keras.search.image_index import (
+    ImageIndex,
+    check_fingerprints,
+    copies_first,
+)
 from subic_keras.search.looks import Candidates, check_looks, fitting, refine
 from subic_keras.search.subic_index import SubicIndex
 
@@ -495,12 +499,7 @@ class RayIndex(Searcher):
         exact = np.zeros(ids.shape, bool)
         if fingerprints is None or self._root is None or not found:
             return scores, ids, exact
-        fingerprints = np.asarray(fingerprints, np.uint64)
-        if fingerprints.shape != (len(ids),):
-            raise ValueError(
-                f"fingerprints must have shape ({len(ids)},), one per query, "
-                f"received {fingerprints.shape}"
-            )
+        fingerprints = check_fingerprints(fingerprints, len(ids))
         copies = self._all("copies", fingerprints, found, where)
         for row in range(len(queries)):
             # Shards in manifest order hold the copies in insertion order.

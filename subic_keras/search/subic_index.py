@@ -439,12 +439,9 @@ class SubicIndex(SearchBackend):
             if where is not None:
                 keep = self._mask(view, where)
             kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
-            width = min(k, kept)
-            scores = np.empty((len(queries), width), np.float64)
-            positions = np.empty((len(queries), width), np.int64)
-            for start in range(0, len(queries) if width else 0, self._query_chunk):
-                rows = slice(start, start + self._query_chunk)
-                scores[rows], positions[rows] = view.search(queries[rows], width, keep)
+            scores, positions = top_positions(
+                view, queries, k, self._query_chunk, keep, np.float64
+            )
             with_looks = with_looks and self.has_looks
             return {
                 "scores": scores,
@@ -756,13 +753,24 @@ def top_k(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-`min(k, n)` of a view (`n` items, those of `keep` if given),
     positions mapped to its ids, scores of `dtype`."""
+    scores, positions = top_positions(view, queries, k, chunk, keep, dtype)
+    return scores, view.ids[positions]
+
+
+def top_positions(
+    view: View,
+    queries: np.ndarray,
+    k: int,
+    chunk: int,
+    keep: np.ndarray | None = None,
+    dtype=np.float32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k` with insertion positions instead of ids, `chunk` queries a
+    scan."""
     found = min(k, len(view.ids) if keep is None else int(np.count_nonzero(keep)))
     scores = np.empty((len(queries), found), dtype=dtype)
-    found_ids = np.empty((len(queries), found), dtype=np.int64)
-    if not found:
-        return scores, found_ids
-    for start in range(0, len(queries), chunk):
+    positions = np.empty((len(queries), found), dtype=np.int64)
+    for start in range(0, len(queries) if found else 0, chunk):
         rows = slice(start, start + chunk)
-        scores[rows], positions = view.search(queries[rows], found, keep)
-        found_ids[rows] = view.ids[positions]
-    return scores, found_ids
+        scores[rows], positions[rows] = view.search(queries[rows], found, keep)
+    return scores, positions
