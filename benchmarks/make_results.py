@@ -341,8 +341,10 @@ def refine_table(data: dict) -> list[str]:
         else f"not the default: {validation['chosen']}"
     )
     lines = [
-        "Ties ordered by look (`subic_keras.search.looks`: a 96-byte thumbnail "
-        "per picture orders the codes' best results), CIFAR-10 test set, "
+        "Ties ordered by look (`subic_keras.search.looks`: "
+        f"{data['look']['bytes']} bytes of each picture's centre, compared with "
+        "the query seen as itself and as crops and mirror images of its "
+        "original, order the codes' best results), CIFAR-10 test set, "
         f"48-bit model {data['model']}, one run of `python -m benchmarks.refine` "
         f"on {machine.get('cpu', 'a CPU')}; the look and its settings "
         f"({default}) chosen on a validation split "
@@ -371,9 +373,9 @@ def refine_table(data: dict) -> list[str]:
     cost = data["cost"]
     lines += [
         "",
-        "What bounds the refined recall: the thumbnail alone, over the whole "
+        "What bounds the refined recall: the look alone, over the whole "
         "database, finds the original first for "
-        f"{near['thumbnail_alone_whole_database']['recall@1']:.3f} of the "
+        f"{near['look_alone_whole_database']['recall@1']:.3f} of the "
         "queries, and the codes' shortlist holds it for "
         f"{near['original_in_codes_shortlist']:.3f}.",
         "",

@@ -7,12 +7,13 @@ look). This measures, for a trained CIFAR-10 model (48 bits, `subic train
 --dataset cifar10 --bits 48`):
 
 1. *choice*, on the validation split of the training set (5,000 pictures,
-   never trained on): which look, among the thumbnail of `looks.look`,
-   the soft block probabilities `b̃` (int8) and the backbone's feature
-   (random projection to 64 dimensions, int8), with which near-copy
-   threshold and shortlist, finds the original of an altered copy most
-   often (recall@1) without lowering the category mAP of the paper's
-   protocol on that split;
+   never trained on): which look, among the library's (`looks.look`,
+   queries by their views `looks.query_look`), the same from the query's
+   own look alone (one view), the soft block probabilities `b̃` (int8) and
+   the backbone's feature (random projection to 64 dimensions, int8), with
+   which near-copy threshold, shortlist and stand-out margin, finds the
+   original of an altered copy most often (recall@1) without lowering the
+   category mAP of the paper's protocol on that split;
 2. *near duplicates*, on the test set: every one of the 10,000 test
    pictures is in the database; 1,000 of them, altered
    (`subic_keras.near_duplicates.alter`: crop of 60–90 % of the area, JPEG
@@ -37,6 +38,7 @@ Writes `benchmarks/results/refine.json` with the command, CPU and versions.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 
@@ -50,11 +52,10 @@ from subic_keras.models import FC0
 from subic_keras.search import SubicIndex, looks, native
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "refine.json")
-NEAR_COPY_CHOICES = (0.8, 0.85, 0.9, 0.95, 2.0)  # 2.0: no near copies
-SHORTLIST_CHOICES = (100, 1000)
-# The margin of the one candidate that stands out (2.0: no such rule),
-# tried with the thresholds that keep the category mAP.
-STANDOUT_CHOICES = (0.05, 0.1, 0.15)
+NEAR_COPY_CHOICES = (0.95, 0.97, 2.0)  # 2.0: no near copies
+SHORTLIST_CHOICES = (1000, 2000, 3000)
+# The margin of the one candidate that stands out (2.0: no such rule).
+STANDOUT_CHOICES = (0.02, 0.05, 2.0)
 
 
 def setting_key(name: str, near_copy, shortlist, standout) -> str:
@@ -78,14 +79,21 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-CANDIDATES = ("thumbnail", "block_probs", "backbone_64")
+# The library's look (`looks.look`, queries by their views), the same look
+# from one view of the query (no crop or mirror assumed), the soft block
+# probabilities and the backbone's feature (same description both sides).
+CANDIDATES = ("look", "look_one_view", "block_probs", "backbone_64")
 
 
-def descriptors(subic, pictures: np.ndarray, names=CANDIDATES) -> dict:
-    """The candidate looks `names` of `pictures` (module docstring)."""
+def descriptors(subic, pictures: np.ndarray, names=CANDIDATES, queries=False) -> dict:
+    """The candidate looks `names` of `pictures` (module docstring), of
+    items or, with `queries`, of queries."""
     model = subic.train_model
     make = {
-        "thumbnail": lambda: looks.look(pictures),
+        "look": lambda: (looks.query_look if queries else looks.look)(pictures),
+        "look_one_view": lambda: (
+            looks.query_look(pictures)[:, 0] if queries else looks.look(pictures)
+        ),
         "block_probs": lambda: looks.int8_looks(
             model.predict(pictures, batch_size=500, verbose=0)["block_probs"]
         ),
@@ -97,6 +105,12 @@ def descriptors(subic, pictures: np.ndarray, names=CANDIDATES) -> dict:
         ),
     }
     return {name: make[name]() for name in names}
+
+
+def settings_of(name: str, settings: list) -> list:
+    """The library's look is tried with every setting, the others with the
+    library's (they were far behind with any)."""
+    return settings if name == "look" else [current()]
 
 
 def index_of(
@@ -131,15 +145,15 @@ def near_duplicate_task(subic, pictures, candidates, count, seed, settings):
     altered, applied = near_duplicates.alter(pictures[chosen], seed=seed)
     codes = subic.encode(pictures)
     queries = subic.query(altered)
-    # The thumbnail's too, for the bounds below.
-    query_candidates = descriptors(subic, altered, {*candidates, "thumbnail"})
+    # The library's too, for the bounds below.
+    query_candidates = descriptors(subic, altered, {*candidates, "look"}, queries=True)
     results = {}
     plain = index_of(codes, None)
     _, codes_only = plain.search(queries, 10)
     results["codes_only"] = near_duplicates.recall_at(codes_only, chosen)
     for name, item_looks in candidates.items():
         index = index_of(codes, item_looks)
-        for setting in settings:
+        for setting in settings_of(name, settings):
             near_copy, shortlist, standout = setting
             with looks.settings(
                 near_copy=near_copy, shortlist=shortlist, standout=standout
@@ -152,14 +166,19 @@ def near_duplicate_task(subic, pictures, candidates, count, seed, settings):
     results["codes_only"]["by_alteration"] = by_alteration(codes_only, chosen, applied)
     # What bounds the refined figure: the look alone over the whole
     # database, and how often the codes' shortlist holds the original.
-    alone = looks.similarity(query_candidates["thumbnail"], candidates["thumbnail"])
-    results["thumbnail_alone_whole_database"] = near_duplicates.recall_at(
+    alone = looks.similarity(query_candidates["look"], looks.look(pictures))
+    results["look_alone_whole_database"] = near_duplicates.recall_at(
         np.argsort(-alone, axis=1, kind="stable")[:, :10], chosen
     )
-    _, shortlisted = plain.search(queries, looks.SHORTLIST)
+    _, shortlisted = plain.search(queries, max(SHORTLIST_CHOICES))
+    held = shortlisted == chosen[:, None]
     results["original_in_codes_shortlist"] = float(
-        (shortlisted == chosen[:, None]).any(axis=1).mean()
+        held[:, : looks.SHORTLIST].any(axis=1).mean()
     )
+    results["original_in_codes_best"] = {
+        str(size): float(held[:, :size].any(axis=1).mean())
+        for size in SHORTLIST_CHOICES
+    }
     return results
 
 
@@ -180,14 +199,17 @@ def category_task(subic, pictures, labels, candidates, settings):
     queries = subic.query(pictures[query_idx])
     ql, dl = labels[query_idx], labels[database_idx]
     results = {"codes_only": ranked_map(index_of(codes, None), queries, None, ql, dl)}
+    query_candidates = descriptors(
+        subic, pictures[query_idx], list(candidates), queries=True
+    )
     for name, item_looks in candidates.items():
         index = index_of(codes, item_looks[database_idx])
-        for setting in settings:
+        for setting in settings_of(name, settings):
             near_copy, shortlist, standout = setting
             with looks.settings(
                 near_copy=near_copy, shortlist=shortlist, standout=standout
             ):
-                value = ranked_map(index, queries, item_looks[query_idx], ql, dl)
+                value = ranked_map(index, queries, query_candidates[name], ql, dl)
             results[setting_key(name, *setting)] = value
     return results
 
@@ -223,10 +245,17 @@ def cost_task(subic, all_pictures, test_pictures, count, singles, seed=0):
     drawn = rng.integers(0, len(codes), count)
     picked = rng.choice(len(test_pictures), 1000, replace=False)
     queries = subic.query(test_pictures[picked])
-    query_looks = looks.look(test_pictures[picked])
+    query_looks = looks.query_look(test_pictures[picked])
     _, counts = np.unique(codes[drawn], axis=0, return_counts=True)
+    plain = index_of(codes[drawn], None)
+    scores, _ = plain.search(queries, looks.SHORTLIST)
     out: dict = {
         "items": count,
+        # Those whose 10th result ties with the shortlist's last: their tie
+        # group is ordered whole (up to looks.MAX_CANDIDATES).
+        "queries_ordering_a_whole_tie_group": float(
+            (scores[:, 9] == scores[:, -1]).mean()
+        ),
         "distinct_codes": len(counts),
         "largest_tie_group": int(counts.max()),
         "median_tie_group_of_an_item": float(np.median(np.repeat(counts, counts))),
@@ -282,19 +311,20 @@ def main(argv=None) -> None:
     (x_train, y_train), (x_test, y_test) = datasets.load_cifar10(args.data_dir)
     _, validation = protocols.train_validation_split(y_train, 0.1, seed=0)
     x_val, y_val = x_train[validation], y_train[validation]
-    settings = [(n, s, 2.0) for n in NEAR_COPY_CHOICES for s in SHORTLIST_CHOICES]
-    settings += [(n, 1000, m) for n in (0.9, 0.95) for m in STANDOUT_CHOICES]
+    settings = list(
+        itertools.product(NEAR_COPY_CHOICES, SHORTLIST_CHOICES, STANDOUT_CHOICES)
+    )
 
     common.log("choice on the validation split")
     candidates = descriptors(subic, x_val)
     near_val = near_duplicate_task(subic, x_val, candidates, args.queries, 1, settings)
     categories_val = category_task(subic, x_val, y_val, candidates, settings)
     chosen = choose(near_val, categories_val)
-    default = setting_key("thumbnail", *current())
+    default = setting_key("look", *current())
     common.log(f"chosen on validation: {chosen}; the library's default: {default}")
 
     common.log("near duplicates and categories on the test set")
-    test_looks = {"thumbnail": looks.look(x_test)}
+    test_looks = {"look": looks.look(x_test)}
     defaults = [current()]
     near_test = near_duplicate_task(
         subic, x_test, test_looks, args.queries, 0, defaults
@@ -330,8 +360,8 @@ def main(argv=None) -> None:
         f"{near_test['codes_only']['recall@10']:.3f} / {refined['recall@10']:.3f}"
     )
     print(
-        "bounds: the thumbnail alone over the whole database, recall@1 "
-        f"{near_test['thumbnail_alone_whole_database']['recall@1']:.3f}; the "
+        "bounds: the look alone over the whole database, recall@1 "
+        f"{near_test['look_alone_whole_database']['recall@1']:.3f}; the "
         f"original in the codes' best {looks.SHORTLIST}: "
         f"{near_test['original_in_codes_shortlist']:.3f}"
     )

@@ -24,7 +24,7 @@ from subic_keras.models import Subic
 from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import look
+from subic_keras.search.looks import LOOK_SIZE, look
 
 
 def build_index(
@@ -166,7 +166,8 @@ def check_model_fits(
     wrote it) another model altogether.
 
     An index that records no model (written by an earlier version) cannot
-    be checked: a one-line warning on standard error says so.
+    be checked: a one-line warning on standard error says so, as it says of
+    a picture index whose looks are an earlier version's.
 
     Raises:
         ValueError: naming the index, both models and what differs.
@@ -183,6 +184,15 @@ def check_model_fits(
             f"{where} holds pictures decoded to {tuple(shape)}, but the model "
             f"takes {input_shape(subic)}"
         )
+    if getattr(index, "root", None) is not None and index.has_looks:
+        if index.look_size != LOOK_SIZE:  # earlier releases' 96-byte thumbnails
+            print(
+                f"warning: {where} keeps looks of an earlier version "
+                f"({index.look_size} bytes each, not {LOOK_SIZE}), of no use to "
+                "this one's queries: its ties stay in insertion order until it is "
+                "built again",
+                file=sys.stderr,
+            )
     current = model_record(subic, model_path)
     recorded = index.model
     model = current["file"] or "the model"

@@ -67,7 +67,7 @@ from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
 from subic_keras.search.base import answer_rows
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import look
+from subic_keras.search.looks import query_look
 from subic_keras.search.ray_index import RayIndex, is_manifest
 
 LOG = logging.getLogger(__name__)
@@ -356,7 +356,7 @@ class SearchService:
             k,
             condition,
             image_files.fingerprint(pixels),
-            look(pixels[None]),
+            query_look(pixels[None]),
         )
         best = int(np.argmax(probabilities[0]))
         answer.update(

@@ -15,7 +15,7 @@ from subic_keras.export import load_subic
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as search_open
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import look
+from subic_keras.search.looks import query_look
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
 pytestmark = pytest.mark.slow
@@ -85,7 +85,7 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
         subic.query(pixels[None]),
         3,
         fingerprints=[images.fingerprint(pixels)],
-        looks=look(pixels[None]),
+        looks=query_look(pixels[None]),
     )[0]
     for row, match in zip(rows, matches):
         assert {**row, "score": pytest.approx(row["score"], abs=1e-4)} == {
@@ -344,6 +344,38 @@ def test_an_index_without_its_model_is_searched_with_a_warning(model, folder, ca
     assert err.count("\n") == 1 and "cannot be checked against it" in err
 
 
+def test_looks_of_an_earlier_version_leave_ties_in_insertion_order(
+    model, folder, capsys
+):
+    from subic_keras.search.image_index import ImageIndex
+
+    root, paths = folder
+    output = str(root.parent / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    built = search_open(output)
+    # As versions 4 and 5 wrote: 96-byte looks of another kind.
+    old = ImageIndex(
+        built.num_blocks, built.block_size, root, built.image_shape, looks=96
+    )
+    old.add(
+        built.get_codes(),
+        built.get_paths(),
+        looks=np.random.default_rng(0).integers(-127, 128, (len(paths), 96), np.int8),
+    )
+    old.model = built.model
+    old.save(output)
+    capsys.readouterr()
+    query = str(root / paths[0])
+    assert main(["search", model, output, query, "-k", "5", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1
+    assert "keeps looks of an earlier version (96 bytes each, not 108)" in err
+    subic = load_subic(model)
+    pixels = images.read_image(query, retrieval.input_shape(subic))
+    _, ids = old.search(subic.query(pixels[None]), 5)  # the codes' order
+    assert [json.loads(line)["id"] for line in out.splitlines()] == ids[0].tolist()
+
+
 def test_ties_are_ordered_by_what_the_pictures_look_like(model, tmp_path, capsys):
     # One picture faded into noise, ever more: the untrained model gives
     # them few codes (tie groups), and the names run against the likeness
@@ -373,7 +405,7 @@ def test_ties_are_ordered_by_what_the_pictures_look_like(model, tmp_path, capsys
     likeness = dict(
         zip(
             [f"a/img_{i:02d}.png" for i in range(30)],
-            looks.similarity(looks.look(base.astype(np.uint8)[None]), looks.look(
+            looks.similarity(looks.query_look(base.astype(np.uint8)[None]), looks.look(
                 np.stack([images.read_image(root / "a" / f"img_{i:02d}.png",
                                             (32, 32, 3)) for i in range(30)])
             ))[0],

@@ -29,7 +29,7 @@ from subic_keras.recipe import LearnedLittleWarning
 from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import LOOK_SIZE, look
+from subic_keras.search.looks import LOOK_SIZE, VIEWS, query_look
 from subic_keras.training import train
 
 
@@ -463,9 +463,9 @@ def _read_query_images(
     )
     looks = np.concatenate(
         [
-            look(batch)
+            query_look(batch)
             if batch.dtype == np.uint8
-            else np.zeros((len(batch), LOOK_SIZE), np.int8)
+            else np.zeros((len(batch), VIEWS, LOOK_SIZE), np.int8)
             for batch in batches
         ]
     )

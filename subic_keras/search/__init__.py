@@ -27,7 +27,7 @@ concept:
 - `subic_index`: `SubicIndex`, a store and a scanner, in memory.
 - `image_index`: `ImageIndex`, a `SubicIndex` and an `ItemTable`: a
   folder's pictures, in one file (`subic index build FOLDER`).
-- `looks`: what a picture looks like (a 96-byte thumbnail), which orders
+- `looks`: what a picture looks like (108 bytes of its centre), which orders
   the ties of the codes' best results and lifts near copies of the query
   (`SubicIndex(looks=True)`; an `ImageIndex` keeps looks by default).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and

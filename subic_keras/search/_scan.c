@@ -1315,72 +1315,203 @@ static int cmp_ranked(const void *a, const void *b) {
     return ranks_before(x, y) ? -1 : (ranks_before(y, x) ? 1 : 0);
 }
 
-/* The dot product of two looks and the squared norm of the first, exact in
- * int32 (d <= 4096, MAX_LOOK_SIZE: products of at most 2^14 each). */
-static void look_dot(const int8_t *item, const int8_t *look, long long d, int32_t *dot,
-                     int32_t *square) {
-    int32_t sum = 0, sq = 0;
-    for (long long i = 0; i < d; i++) {
-        sum += (int32_t)item[i] * look[i];
-        sq += (int32_t)item[i] * item[i];
-    }
-    *dot = sum;
+/* Looks are compared as int16 pairs, zero-padded to LOOK_PAD values (the
+ * padding adds nothing: the same integers), a query's views transposed so
+ * that one multiply-add takes a pair of an item's values against that pair
+ * of VIEW_LANES views at once (no sum across lanes). */
+#define LOOK_PAD 32
+#define VIEW_LANES 16
+#define MAX_VIEWS 64
+
+/* A look's d values as int16 (the padding after them left as it is). */
+__attribute__((noinline)) static void widen(const int8_t *restrict look, long long d,
+                                            int16_t *restrict out) {
+    for (long long i = 0; i < d; i++) out[i] = look[i];
+}
+
+static int32_t dot8(const int8_t *restrict a, const int8_t *restrict b, long long d) {
+    int32_t sum = 0;
+    for (long long i = 0; i < d; i++) sum += (int32_t)a[i] * b[i];
+    return sum;
+}
+
+/* The most alike view: the largest `dot_v * scale[v]` of an item's look
+ * (`look`, d int8 values; `item`, the same as `pairs` int32 of two int16
+ * values each) with each of `count` views (`raw`, d int8 values each;
+ * `views[p * stride + v]`, the same pairs transposed), and the look's
+ * squared norm. Dot products exact in int32 (d <= 4096, MAX_LOOK_SIZE:
+ * products of at most 2^14 each), each scaled in float32; the largest of
+ * those values is the same whichever order finds it. This portable one
+ * reads the int8 values, in the order a compiler vectorizes. */
+static float best_view(const int8_t *restrict look, const int8_t *restrict raw,
+                       long long d, const int32_t *item, const int32_t *views,
+                       long long pairs, long long stride, long long count,
+                       const float *scale, int32_t *square) {
+    (void)item, (void)views, (void)pairs, (void)stride;
+    int32_t sq = 0;
+    for (long long i = 0; i < d; i++) sq += (int32_t)look[i] * look[i];
     *square = sq;
+    int32_t dots[MAX_VIEWS];
+    for (long long v = 0; v < count; v++) dots[v] = dot8(look, raw + v * d, d);
+    float best = -INFINITY;
+    for (long long v = 0; v < count; v++) {
+        const float scaled = (float)dots[v] * scale[v];
+        if (scaled > best) best = scaled;
+    }
+    return best;
 }
 
 #if SUBIC_X86
-/* look_dot, 16 bytes at a time: widened to 16-bit, multiplied and added in
- * pairs to 32-bit (the same integers, in another order: exact). */
-SUBIC_AVX2 static void look_dot_avx2(const int8_t *item, const int8_t *look, long long d,
-                                     int32_t *dot, int32_t *square) {
-    __m256i sum = _mm256_setzero_si256(), sq = _mm256_setzero_si256();
-    long long i = 0;
-    for (; i + 16 <= d; i += 16) {
-        __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(item + i)));
-        __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(look + i)));
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(a, b));
+SUBIC_AVX2 static int32_t sum_lanes(__m256i x) {
+    __m128i half = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4e));
+    half = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0xb1));
+    return _mm_cvtsi128_si32(half);
+}
+
+/* The largest scaled dot product of 8 views' sums `sums` (lanes from
+ * `first`; those at `count` or beyond are padding), and `best`. */
+SUBIC_AVX2 static __m256 max_scaled_avx2(__m256 best, __m256i sums, const float *scale,
+                                         long long first, long long count) {
+    const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_loadu_ps(scale));
+    const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32((int)first),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 real =
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), lane));
+    return _mm256_max_ps(best, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, real));
+}
+
+/* best_view, 8 views at a time: the item's pair broadcast, multiplied by
+ * the views' pairs and added in pairs to 32-bit (exact), up to 32 views a
+ * pass, their sums kept in registers. */
+SUBIC_AVX2 static float best_view_avx2(const int8_t *look, const int8_t *raw, long long d,
+                                       const int32_t *item, const int32_t *views,
+                                       long long pairs, long long stride, long long count,
+                                       const float *scale, int32_t *square) {
+    (void)look, (void)raw, (void)d;
+    __m256i sq = _mm256_setzero_si256();
+    for (long long p = 0; p < pairs; p += 8) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(item + p));
         sq = _mm256_add_epi32(sq, _mm256_madd_epi16(a, a));
     }
-    int32_t lanes[8], lanes_sq[8];
-    _mm256_storeu_si256((__m256i *)lanes, sum);
-    _mm256_storeu_si256((__m256i *)lanes_sq, sq);
-    int32_t total = 0, total_sq = 0;
-    for (int l = 0; l < 8; l++) {
-        total += lanes[l];
-        total_sq += lanes_sq[l];
+    *square = sum_lanes(sq);
+    __m256 best = _mm256_set1_ps(-INFINITY);
+    for (long long v = 0; v < count; v += 32) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+        const long long lanes = count - v < 32 ? count - v : 32;
+        for (long long p = 0; p < pairs; p++) {
+            const __m256i a = _mm256_set1_epi32(item[p]);
+            const __m256i *b = (const __m256i *)(views + p * stride + v);
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(a, _mm256_loadu_si256(b)));
+            if (lanes > 8)
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 1)));
+            if (lanes > 16)
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 2)));
+            if (lanes > 24)
+                s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 3)));
+        }
+        best = max_scaled_avx2(best, s0, scale + v, v, count);
+        if (lanes > 8) best = max_scaled_avx2(best, s1, scale + v + 8, v + 8, count);
+        if (lanes > 16) best = max_scaled_avx2(best, s2, scale + v + 16, v + 16, count);
+        if (lanes > 24) best = max_scaled_avx2(best, s3, scale + v + 24, v + 24, count);
     }
-    int32_t rest, rest_sq;
-    look_dot(item + i, look + i, d - i, &rest, &rest_sq);
-    *dot = total + rest;
-    *square = total_sq + rest_sq;
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    half = _mm_max_ss(half, _mm_shuffle_ps(half, half, 1));
+    return _mm_cvtss_f32(half);
+}
+
+/* The largest scaled dot product of 16 views' sums (as max_scaled_avx2). */
+SUBIC_AVX512 static __m512 max_scaled_avx512(__m512 best, __m512i sums, const float *scale,
+                                             long long first, long long count) {
+    const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_loadu_ps(scale));
+    const long long real = count - first;
+    const __mmask16 mask = real >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << real) - 1);
+    return _mm512_mask_max_ps(best, mask, best, scaled);
+}
+
+/* best_view, 16 views at a time (as best_view_avx2), up to 64 a pass. */
+SUBIC_AVX512 static float best_view_avx512(const int8_t *look, const int8_t *raw,
+                                           long long d, const int32_t *item,
+                                           const int32_t *views, long long pairs,
+                                           long long stride, long long count,
+                                           const float *scale, int32_t *square) {
+    (void)look, (void)raw, (void)d;
+    __m512i sq = _mm512_setzero_si512();
+    for (long long p = 0; p < pairs; p += 16) {
+        __m512i a = _mm512_loadu_si512((const void *)(item + p));
+        sq = _mm512_add_epi32(sq, _mm512_madd_epi16(a, a));
+    }
+    *square = _mm512_reduce_add_epi32(sq);
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    for (long long p = 0; p < pairs; p++) {
+        const __m512i a = _mm512_set1_epi32(item[p]);
+        const int32_t *b = views + p * stride;
+        s0 = _mm512_add_epi32(s0, _mm512_madd_epi16(a, _mm512_loadu_si512(b)));
+        if (count > 16)
+            s1 = _mm512_add_epi32(s1, _mm512_madd_epi16(a, _mm512_loadu_si512(b + 16)));
+        if (count > 32)
+            s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(a, _mm512_loadu_si512(b + 32)));
+        if (count > 48)
+            s3 = _mm512_add_epi32(s3, _mm512_madd_epi16(a, _mm512_loadu_si512(b + 48)));
+    }
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    best = max_scaled_avx512(best, s0, scale, 0, count);
+    if (count > 16) best = max_scaled_avx512(best, s1, scale + 16, 16, count);
+    if (count > 32) best = max_scaled_avx512(best, s2, scale + 32, 32, count);
+    if (count > 48) best = max_scaled_avx512(best, s3, scale + 48, 48, count);
+    return _mm512_reduce_max_ps(best);
 }
 #endif
+
+enum { DOTS_PORTABLE = 0, DOTS_AVX2 = 1, DOTS_AVX512 = 2 };
+
+static int dots_run(int dots) {
+#if SUBIC_X86
+    if (dots == DOTS_AVX2) return cpu_runs(KERNEL_AVX2);
+    if (dots == DOTS_AVX512) return cpu_runs(KERNEL_AVX512BW);
+#endif
+    return dots == DOTS_PORTABLE;
+}
 
 /* Returns 0, -1 for a row outside the table, -2 out of memory. */
 static int refine_rows(const int8_t *table, long long table_rows, const int64_t *rows,
                        const double *scores, const int64_t *positions,
                        const int8_t *queries, const double *bars, long long nq,
-                       long long c, long long d, long long k, float near, float standout,
-                       float floor, int simd, int64_t *out) {
-    void (*dot_of)(const int8_t *, const int8_t *, long long, int32_t *, int32_t *) =
-        look_dot;
+                       long long c, long long d, long long views, long long k, float near,
+                       float standout, float floor, int dots_kind, int64_t *out) {
+    float (*best_of)(const int8_t *, const int8_t *, long long, const int32_t *,
+                     const int32_t *, long long, long long, long long, const float *,
+                     int32_t *) = best_view;
 #if SUBIC_X86
-    if (simd && cpu_runs(KERNEL_AVX2)) dot_of = look_dot_avx2;
+    if (dots_kind == DOTS_AVX2) best_of = best_view_avx2;
+    if (dots_kind == DOTS_AVX512) best_of = best_view_avx512;
 #else
-    (void)simd;
+    (void)dots_kind;
 #endif
+    const long long pairs = (d + LOOK_PAD - 1) / LOOK_PAD * LOOK_PAD / 2;
+    const long long stride = (views + VIEW_LANES - 1) / VIEW_LANES * VIEW_LANES;
     float *like = malloc((size_t)(c > 0 ? c : 1) * sizeof(float));
     Ranked *heap = malloc((size_t)(k > 0 ? k : 1) * sizeof(Ranked));
+    float *view_scale = calloc((size_t)stride, sizeof(float));
+    int32_t *item16 = calloc((size_t)pairs, sizeof(int32_t));
+    int32_t *views16 = calloc((size_t)(pairs * stride), sizeof(int32_t));
     int result = 0;
-    if (!like || !heap) {
+    if (!like || !heap || !view_scale || !item16 || !views16) {
         result = -2;
         goto done;
     }
     for (long long q = 0; q < nq; q++) {
-        const int8_t *look = queries + q * d;
-        int64_t query_square = 0;
-        for (long long i = 0; i < d; i++) query_square += (int64_t)look[i] * look[i];
-        const float query_norm = sqrtf((float)query_square);
+        const int8_t *query = queries + q * views * d;
+        for (long long v = 0; v < views; v++) {
+            int64_t square = 0;
+            for (long long i = 0; i < d; i++) {
+                ((int16_t *)(views16 + i / 2 * stride + v))[i % 2] = query[v * d + i];
+                square += (int64_t)query[v * d + i] * query[v * d + i];
+            }
+            /* 1 / the view's norm (0 for none: its dot products are 0) */
+            view_scale[v] = square ? 1.0f / sqrtf((float)square) : 0.0f;
+        }
         const double bar = bars[q];
         float top0 = -3.0f, top1 = -3.0f; /* the two most alike eligible */
         for (long long j = 0; j < c; j++) {
@@ -1397,11 +1528,11 @@ static int refine_rows(const int8_t *table, long long table_rows, const int64_t 
                     PREFETCH(table + ahead * d + d - 1);
                 }
             }
-            int32_t dot, square;
-            dot_of(item, look, d, &dot, &square);
-            float norms = sqrtf((float)square) * query_norm;
-            if (norms < 1e-6f) norms = 1e-6f;
-            like[j] = (float)dot / norms;
+            if (best_of != best_view) widen(item, d, (int16_t *)item16);
+            int32_t square;
+            const float best = best_of(item, query, d, item16, views16, pairs, stride,
+                                       views, view_scale, &square);
+            like[j] = square ? best * (1.0f / sqrtf((float)square)) : 0.0f;
             const float alike = scores[q * c + j] >= bar ? like[j] : -2.0f;
             if (alike > top0) {
                 top1 = top0;
@@ -1437,32 +1568,38 @@ static int refine_rows(const int8_t *table, long long table_rows, const int64_t 
 done:
     free(like);
     free(heap);
+    free(view_scale);
+    free(item16);
+    free(views16);
     return result;
 }
 
 static PyObject *refine(PyObject *self, PyObject *args) {
     Py_buffer table, rows, scores, positions, queries, bars, out;
-    long long table_rows, nq, c, d, k;
+    long long table_rows, nq, c, d, views, k;
     float near, standout, floor;
-    int simd;
+    int dots_kind;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*Ly*y*y*y*y*LLLLfffpw*", &table, &table_rows, &rows,
-                          &scores, &positions, &queries, &bars, &nq, &c, &d, &k, &near,
-                          &standout, &floor, &simd, &out))
+    if (!PyArg_ParseTuple(args, "y*Ly*y*y*y*y*LLLLLfffiw*", &table, &table_rows, &rows,
+                          &scores, &positions, &queries, &bars, &nq, &c, &d, &views, &k,
+                          &near, &standout, &floor, &dots_kind, &out))
         return NULL;
     const char *problem = NULL;
-    if (nq < 0 || c < 0 || d < 1 || d > 4096 || k < 0 || k > c || table_rows < 0)
+    if (nq < 0 || c < 0 || d < 1 || d > 4096 || views < 1 || views > MAX_VIEWS || k < 0 ||
+        k > c || table_rows < 0)
         problem = "sizes out of range";
+    else if (!dots_run(dots_kind))
+        problem = "this CPU does not run those dot products";
     else if (table.len != table_rows * d || rows.len != nq * c * 8 ||
              scores.len != nq * c * 8 || positions.len != nq * c * 8 ||
-             queries.len != nq * d || bars.len != nq * 8 || out.len != nq * k * 8)
+             queries.len != nq * views * d || bars.len != nq * 8 || out.len != nq * k * 8)
         problem = "buffers have the wrong size";
     int result = 0;
     if (!problem) {
         Py_BEGIN_ALLOW_THREADS result =
             refine_rows(table.buf, table_rows, rows.buf, scores.buf, positions.buf,
-                        queries.buf, bars.buf, nq, c, d, k, near, standout, floor, simd,
-                        out.buf);
+                        queries.buf, bars.buf, nq, c, d, views, k, near, standout, floor,
+                        dots_kind, out.buf);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&table);
@@ -1512,10 +1649,11 @@ static PyMethodDef methods[] = {
      "(first: each one's first item; members[starts[r]:starts[r+1]]: its items), or "
      "-1 past limit."},
     {"refine", refine, METH_VARARGS,
-     "refine(table, table_rows, rows, scores, positions, queries, bars, nq, c, d, k, "
-     "near, standout, floor, simd, out): the first k of each query's c candidates in "
-     "the refined order (subic_keras/search/looks.py), as column indices written to "
-     "out; simd: AVX2 dot products where the CPU runs them, else portable C."},
+     "refine(table, table_rows, rows, scores, positions, queries, bars, nq, c, d, views, "
+     "k, near, standout, floor, dots, out): the first k of each query's c candidates in "
+     "the refined order (subic_keras/search/looks.py; a candidate's likeness is that of "
+     "the most alike of the query's views), as column indices written to out; dots: 0 "
+     "portable C, 1 AVX2, 2 AVX-512BW (refused where the CPU does not run them)."},
     {"kernels", kernels, METH_NOARGS,
      "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},
     {NULL, NULL, 0, NULL}};

@@ -67,7 +67,7 @@ class ImageIndex(Searcher):
             to, recorded so that queries are decoded the same way.
         index: the `SubicIndex` to hold the codes (default: a new one,
             with looks as `looks` says).
-        looks: keep each picture's look (`True`: `looks.look`, 96 bytes;
+        looks: keep each picture's look (`True`: `looks.look`, 108 bytes;
             or a size, `SubicIndex`'s option), so that searches given the
             query's look order ties by it.
 
@@ -347,8 +347,8 @@ class ImageIndex(Searcher):
                 `"path under 'holidays/2024'"`, `"class == 'cat'"`.
             fingerprints: the queries' pixel fingerprints `(nq,)`, or `None`
                 (no exact-copy rule).
-            looks: the query pictures' looks `(nq, LOOK_SIZE)`
-                (`looks.look`), or `None`: the order of the codes alone.
+            looks: the query pictures' looks `(nq, VIEWS, LOOK_SIZE)`
+                (`looks.query_look`), or `None`: the order of the codes alone.
                 Ignored by an index without looks.
 
         Returns:

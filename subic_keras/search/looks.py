@@ -7,14 +7,25 @@ group of tens to thousands of pictures of its class, and a copy of a
 picture (cropped, recompressed, mirrored) is one of them. A code cannot
 order that group; what the pictures look like can.
 
-A *look* is a picture's thumbnail, `LOOK_SIDE x LOOK_SIDE` in colour (box
-averaged from the decoded picture), made mirror-symmetric (the thumbnail
-plus its mirror image, of which the left half is kept), centred and scaled
-to int8: `LOOK_SIZE` = 96 bytes per item. Similarity is the cosine of two
-looks. Chosen by `benchmarks/refine.py` on a validation split against the
-soft block probabilities `b̃` and the backbone's feature (random
-projection to 64 dimensions, int8): the thumbnail finds the original of an
-altered copy more often than either, and costs no forward pass.
+A *look* is what the centre of a picture looks like: the picture is
+box-averaged to `WORK_SIDE x WORK_SIDE` and blurred (so that every size
+reads alike and a pixel's shift moves little), and its centre, `CENTRE` of
+each side, is averaged to `LOOK_SIDE x LOOK_SIDE` in colour, centred and
+scaled to int8: `LOOK_SIZE` = 108 bytes per item (`look`). The centre,
+because a copy cropped to 64 % of the area or more still holds it whole.
+A query is looked at in `VIEWS` = 38 ways (`query_look`): as itself and as
+each of 18 crops of its original (sides 0.9 and 0.8 of it, 3 x 3 offsets),
+each mirrored and not, each read where the original's centre would lie;
+its similarity to an item is the cosine of the most alike view. The views
+cost the query, not the index: items keep one look.
+
+Chosen by `benchmarks/refine.py` on a validation split: a query's own look
+(one view) against its 38, the soft block probabilities `b̃` and the
+backbone's feature (random projection to 64 dimensions, int8). Version 5's
+look, the whole picture's 8 x 8 thumbnail made mirror-symmetric, found the
+original of an altered copy first for 0.833 of the test queries compared
+with the whole database; these views find it for 0.993, crops
+included.
 
 `refine` is the ranking: the codes rank first (`M` additions per item), the
 best `max(k, SHORTLIST)` of them (and the tie group of the `k`-th, whole,
@@ -38,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -45,18 +57,33 @@ import numpy as np
 from subic_keras._validation import check_int
 from subic_keras.search import native
 
-LOOK_SIDE = 8
-LOOK_SIZE = LOOK_SIDE * (LOOK_SIDE // 2) * 3
+LOOK_SIDE = 6
+LOOK_SIZE = LOOK_SIDE * LOOK_SIDE * 3
+# Pictures are first box-averaged to WORK_SIDE x WORK_SIDE and blurred
+# (Gaussian, BLUR pixels there), so that a look is read alike from a
+# picture of any size and a pixel's shift moves it little.
+WORK_SIDE = 32
+BLUR = 1.0
+# An item's look is of its centre, CENTRE of each side: a crop keeping at
+# least 64 % of the area (each side at least SCALES[-1]) holds it whole.
+CENTRE = 0.6
+# A query is looked at as a crop of its original of each side SCALES (1:
+# not cropped) at SHIFTS x SHIFTS offsets, mirrored and not: VIEWS looks.
+SCALES = (1.0, 0.9, 0.8)
+SHIFTS = 3
+# Query looks of the user's own (`SubicIndex(looks=size)`) have at most
+# this many views.
+MAX_VIEWS = 64
 # Looks of the user's own (`SubicIndex(looks=size)`) are at most this long.
 MAX_LOOK_SIZE = 4096
 # Chosen on validation (`benchmarks/refine.py`): near copies above it,
 # candidates taken from the codes' best `SHORTLIST`, and the margin by which
 # one that stands out beats the rest.
-NEAR_COPY = 0.9
-SHORTLIST = 1000
+NEAR_COPY = 0.95
+SHORTLIST = 3000
 # The most alike candidate is a near copy too when at least STANDOUT_FLOOR
 # alike and STANDOUT more alike than the next (above 1: no such rule).
-STANDOUT = 0.05
+STANDOUT = 0.02
 STANDOUT_FLOOR = 0.6
 # The most candidates a query re-ranks (a tie group beyond it keeps the
 # codes' order, insertion order, past this many members).
@@ -64,18 +91,130 @@ MAX_CANDIDATES = 10_000
 _CHUNK = 64  # queries whose candidates are compared at a time
 
 
+def _box(length: int, start: float, stop: float, bins: int) -> np.ndarray:
+    """The `(bins, length)` weights that average `[start, stop)` of an axis
+    of `length` pixels (pixel `p` covers `[p, p + 1)`) into `bins` equal
+    parts, each the covered share of a pixel over the part's width."""
+    edges = np.linspace(start, stop, bins + 1)
+    pixels = np.arange(length)
+    low = np.maximum(edges[:-1, None], pixels[None])
+    high = np.minimum(edges[1:, None], pixels[None] + 1)
+    return np.maximum(high - low, 0) / ((stop - start) / bins)
+
+
+def _blur(length: int, sigma: float) -> np.ndarray:
+    """A Gaussian blur along an axis as a `(length, length)` matrix, each
+    row's weights summing to 1 (so that the edges keep their level)."""
+    pixels = np.arange(length)
+    weights = np.exp(-0.5 * ((pixels[:, None] - pixels[None]) / sigma) ** 2)
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def _windows() -> np.ndarray:
+    """Where the original's centre lies in a query, for each crop the
+    query may be (`SCALES`, `SHIFTS`): `(windows, 2, 2)` of
+    `[[x0, x1], [y0, y1]]`, in fractions of the query's sides. A query that
+    is the part `[t, t + s]` of its original along an axis shows the
+    original's `u` at `(u - t) / s`."""
+    low = (1 - CENTRE) / 2
+    out = []
+    for scale in SCALES:
+        offsets = np.linspace(0, 1 - scale, SHIFTS) if scale < 1 else [0.0]
+        for tx, ty in itertools.product(offsets, offsets):
+            out.append(
+                [[(low - t) / scale, (low + CENTRE - t) / scale] for t in (tx, ty)]
+            )
+    return np.clip(np.array(out), 0, 1)
+
+
+VIEWS = 2 * len(_windows())
+
+
+def _work(pictures) -> np.ndarray:
+    """Checked uint8 pictures, box-averaged to `WORK_SIDE` and blurred:
+    float32 `(n, WORK_SIDE, WORK_SIDE, 3)`."""
+    pictures = np.asarray(pictures)
+    if pictures.ndim == 3:
+        pictures = pictures[..., None]
+    if (
+        pictures.dtype != np.uint8
+        or pictures.ndim != 4
+        or pictures.shape[-1] not in (1, 3)
+        or 0 in pictures.shape[1:3]
+    ):
+        raise ValueError(
+            "pictures must be uint8 (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
+            f"received {pictures.dtype} {pictures.shape}"
+        )
+    blur = _blur(WORK_SIDE, BLUR)
+    rows = (blur @ _box(pictures.shape[1], 0, pictures.shape[1], WORK_SIDE)).astype(
+        np.float32
+    )
+    columns = (blur @ _box(pictures.shape[2], 0, pictures.shape[2], WORK_SIDE)).astype(
+        np.float32
+    )
+    work = np.empty((len(pictures), WORK_SIDE, WORK_SIDE, 3), np.float32)
+    for start in range(0, len(pictures), 64):  # bounded float copies
+        part = pictures[start : start + 64].astype(np.float32)
+        work[start : start + 64] = np.einsum(
+            "iy,nyxc,jx->nijc", rows, part, columns, optimize=True
+        )
+    return work
+
+
+def _as_int8(views: np.ndarray) -> np.ndarray:
+    """Views `(..., side, side, 3)` flattened, centred and scaled to int8
+    (cosines are kept: the largest magnitude of each becomes 127)."""
+    flat = views.reshape(*views.shape[:-3], -1)
+    flat = flat - flat.mean(axis=-1, keepdims=True)
+    largest = np.abs(flat).max(axis=-1, keepdims=True)
+    return np.rint(flat * (127 / np.maximum(largest, 1e-6))).astype(np.int8)
+
+
 def look(pictures) -> np.ndarray:
-    """The looks of uint8 pictures: int8 `(n, LOOK_SIZE)`.
+    """The looks of uint8 pictures, as items keep them: int8 `(n, LOOK_SIZE)`.
+
+    A look is the picture's centre (`CENTRE` of each side), box-averaged to
+    `LOOK_SIDE x LOOK_SIDE` in colour from the picture at `WORK_SIDE`
+    blurred, centred and scaled to int8.
 
     Example:
 
     >>> pictures = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
     >>> looks = look(pictures)
     >>> looks.shape, looks.dtype.name
-    ((2, 96), 'int8')
-    >>> round(float(similarity(looks[:1], looks)[0, 0]), 4)   # itself
+    ((2, 108), 'int8')
+    >>> round(float(similarity(query_look(pictures[:1]), looks)[0, 0]), 4)
     1.0
-    >>> bool(np.array_equal(look(pictures[:, :, ::-1]), looks))   # mirrored
+
+    Args:
+        pictures: uint8 `(n, H, W)`, `(n, H, W, 1)` or `(n, H, W, 3)`.
+
+    Raises:
+        ValueError: for another dtype or shape.
+    """
+    work = _work(pictures)
+    low = (1 - CENTRE) / 2
+    side = _box(WORK_SIDE, low * WORK_SIDE, (low + CENTRE) * WORK_SIDE, LOOK_SIDE)
+    side = side.astype(np.float32)
+    return _as_int8(np.einsum("iy,nyxc,jx->nijc", side, work, side, optimize=True))
+
+
+def query_look(pictures) -> np.ndarray:
+    """The looks of query pictures: int8 `(n, VIEWS, LOOK_SIZE)`, one for
+    each crop of its original a query may be (`SCALES` x `SHIFTS`
+    offsets), mirrored and not: where the original's centre would lie in
+    it, read as `look` reads an item. A query's similarity to an item is
+    that of its most alike view (`similarity`), so that a crop keeping 64 %
+    of a picture's area, or its mirror image, looks like it.
+
+    Example:
+
+    >>> pictures = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
+    >>> query_look(pictures).shape == (2, VIEWS, LOOK_SIZE)
+    True
+    >>> bool(np.allclose(similarity(query_look(pictures[:, :, ::-1]), look(pictures)),
+    ...                  similarity(query_look(pictures), look(pictures)), atol=1e-3))
     True
 
     Args:
@@ -84,39 +223,16 @@ def look(pictures) -> np.ndarray:
     Raises:
         ValueError: for another dtype or shape.
     """
-    from PIL import Image
-
-    pictures = np.asarray(pictures)
-    if pictures.ndim == 3:
-        pictures = pictures[..., None]
-    if (
-        pictures.dtype != np.uint8
-        or pictures.ndim != 4
-        or pictures.shape[-1]
-        not in (
-            1,
-            3,
-        )
-    ):
-        raise ValueError(
-            "pictures must be uint8 (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
-            f"received {pictures.dtype} {pictures.shape}"
-        )
-    side = LOOK_SIDE
-    thumbs = np.empty((len(pictures), side, side, 3), np.float32)
-    for i, picture in enumerate(pictures):
-        image = Image.fromarray(picture[..., 0] if picture.shape[-1] == 1 else picture)
-        thumbs[i] = np.asarray(
-            image.convert("RGB").resize((side, side), Image.Resampling.BOX),
-            np.float32,
-        )
-    # Mirror-symmetric: a mirrored copy has the same look.
-    symmetric = (thumbs + thumbs[:, :, ::-1])[:, :, : side // 2]
-    flat = symmetric.reshape(len(pictures), -1)
-    flat -= flat.mean(axis=1, keepdims=True)
-    largest = np.abs(flat).max(axis=1, keepdims=True)
-    scaled = flat * (127 / np.maximum(largest, 1e-6))
-    return np.rint(scaled).astype(np.int8)
+    work = _work(pictures)
+    windows = _windows() * WORK_SIDE
+    rows = np.stack([_box(WORK_SIDE, w[1, 0], w[1, 1], LOOK_SIDE) for w in windows])
+    columns = np.stack([_box(WORK_SIDE, w[0, 0], w[0, 1], LOOK_SIDE) for w in windows])
+    rows, columns = rows.astype(np.float32), columns.astype(np.float32)
+    views = [
+        np.einsum("viy,nyxc,vjx->nvijc", rows, picture, columns, optimize=True)
+        for picture in (work, work[:, :, ::-1])
+    ]
+    return _as_int8(np.concatenate(views, axis=1))
 
 
 def int8_looks(features, dims: int | None = None, seed: int = 0) -> np.ndarray:
@@ -189,7 +305,7 @@ def settings(
 
 
 def fitting(looks, size: int):
-    """`looks` if they are looks of `size` bytes, else None: the thumbnails
+    """`looks` if they are looks of `size` bytes, else None: the query looks
     that a command or the server passes with every query are of no use to
     an index of other looks (or of none), which then ranks by its codes."""
     if looks is None or not size or np.shape(looks)[-1:] != (size,):
@@ -223,11 +339,38 @@ def check_looks(name: str, looks, n: int, size: int = LOOK_SIZE) -> np.ndarray:
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarities of looks `a (na, d)` and `b (nb, d)`: `(na, nb)`."""
-    a = np.asarray(a, np.float32)
+    """Cosine similarities of looks `a (na, d)` (or of query views
+    `(na, v, d)`: each one's most alike view) and `b (nb, d)`: `(na, nb)`."""
+    a = as_views(np.asarray(a, np.float32))
     b = np.asarray(b, np.float32)
-    norms = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=1)[None]
-    return (a @ b.T) / np.maximum(norms, 1e-6)
+    norms = np.linalg.norm(a, axis=2)[:, :, None] * np.linalg.norm(b, axis=1)
+    return (np.einsum("avd,bd->avb", a, b) / np.maximum(norms, 1e-6)).max(axis=1)
+
+
+def as_views(looks: np.ndarray) -> np.ndarray:
+    """Query looks `(nq, d)` as `(nq, 1, d)`, views `(nq, v, d)` as they are."""
+    return looks[:, None] if looks.ndim == 2 else looks
+
+
+def check_query_looks(name: str, looks, nq: int, size: int) -> np.ndarray:
+    """The queries' looks as int8 views `(nq, v, size)`: `query_look`'s
+    `(nq, VIEWS, size)`, or one look a query `(nq, size)` (looks of the
+    user's own); else a ValueError naming `name`."""
+    array = np.asarray(looks)
+    if (
+        array.dtype != np.int8
+        or array.ndim not in (2, 3)
+        or array.shape[0] != nq
+        or array.shape[-1] != size
+        or (array.ndim == 3 and not 1 <= array.shape[1] <= MAX_VIEWS)
+    ):
+        raise ValueError(
+            f"{name} must be int8 ({nq}, {size}), one look per query, or "
+            f"({nq}, views, {size}) with 1 to {MAX_VIEWS} views "
+            f"(`subic_keras.search.looks.query_look`), received {array.dtype} "
+            f"{array.shape}"
+        )
+    return as_views(array)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,11 +383,14 @@ class Candidates:
             positions' rows in it (the same shape).
         same_codes: positions to every searched position whose code equals
             one of theirs.
+        dots: the native dot products (`native.refine`); None: the best
+            this CPU runs.
     """
 
     count: int
     looks: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     same_codes: Callable[[np.ndarray], np.ndarray]
+    dots: str | None = None
 
 
 def refine(
@@ -252,9 +398,10 @@ def refine(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The refined top `k` of the items searched (module docstring).
 
-    The codes' best `SHORTLIST` of every query are compared with its look
+    The codes' best `SHORTLIST` of every query are compared with its views
     and ordered in C (`native.refine`: the looks fetched ahead, their dot
-    products in AVX2 where the CPU has it, the first `k` kept with a heap),
+    products in AVX-512 or AVX2 where the CPU has them, the first `k` kept
+    with a heap),
     or with NumPy a batch of queries at a time where the native scan is not
     built; a query whose `k`-th result ties with the
     shortlist's last (a tie group that goes on beyond the shortlist) gets
@@ -265,7 +412,7 @@ def refine(
             `k` among the items searched (`SubicIndex.view().search`).
         items: the looks and equal codes of the items searched.
         queries: checked float32 queries `(nq, M*K)`.
-        query_looks: the queries' looks `(nq, D)`.
+        query_looks: the queries' views `(nq, v, D)` (`check_query_looks`).
         k: results per query, at most `items.count`.
 
     Returns:
@@ -307,11 +454,12 @@ def _ordered(scores, positions, items: Candidates, query_looks, k: int) -> np.nd
     column indices: by the native kernel where it is built, else NumPy a
     batch of queries at a time."""
     table, rows = items.looks(positions)
+    query_looks = as_views(query_looks)
     bars = scores[:, min(SHORTLIST, scores.shape[1]) - 1]
     if native.kernels():
         return native.refine(
             table, rows, scores, positions, query_looks, bars, k,
-            NEAR_COPY, STANDOUT, STANDOUT_FLOOR,
+            NEAR_COPY, STANDOUT, STANDOUT_FLOOR, items.dots,
         )  # fmt: skip
     best = np.empty((len(scores), k), np.int64)
     for start in range(0, len(scores), _CHUNK):
@@ -323,16 +471,24 @@ def _ordered(scores, positions, items: Candidates, query_looks, k: int) -> np.nd
 
 
 def _likeness(query_looks: np.ndarray, looks: np.ndarray) -> np.ndarray:
-    """Cosines of each query's look `(c, d)` with its candidates' `(c, w, d)`:
-    the exact integer dot products and squared norms, then in float32
-    `dot / max(|a| |b|, 1e-6)` (what the native kernel computes)."""
+    """Cosines of each query's views `(c, v, d)` with its candidates'
+    looks `(c, w, d)`, the most alike view's, from the exact integer dot
+    products and squared norms, in float32 as the native kernel computes
+    them: `max_v(dot_v * (1 / |view_v|)) * (1 / |look|)`, 0 for a zero
+    norm."""
     q = query_looks.astype(np.int32)
     items = looks.astype(np.int32)
-    dots = np.einsum("cwd,cd->cw", items, q).astype(np.float32)
-    item_norms = np.sqrt(np.einsum("cwd,cwd->cw", items, items).astype(np.float32))
-    query_norms = np.sqrt(np.einsum("cd,cd->c", q, q).astype(np.float32))
-    norms = item_norms * query_norms[:, None]
-    return dots / np.maximum(norms, np.float32(1e-6))
+    dots = np.einsum("cwd,cvd->cwv", items, q).astype(np.float32)
+    scale = _inverse_norms(np.einsum("cvd,cvd->cv", q, q))
+    best = (dots * scale[:, None]).max(axis=2)
+    return best * _inverse_norms(np.einsum("cwd,cwd->cw", items, items))
+
+
+def _inverse_norms(squares: np.ndarray) -> np.ndarray:
+    """`1 / sqrt(square)` in float32, 0 where the square is 0."""
+    roots = np.sqrt(squares.astype(np.float32))
+    with np.errstate(divide="ignore"):
+        return np.where(squares > 0, np.float32(1) / roots, np.float32(0))
 
 
 def order(

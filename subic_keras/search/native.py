@@ -223,6 +223,21 @@ def search(
     return scores, positions
 
 
+# The dot products `refine` may run, as `_scan.refine` numbers them.
+DOTS = ("portable", "avx2", "avx512bw")
+
+
+def dots_for(scanner: str) -> str:
+    """The dot products a refinement runs beside `scanner`: those of a
+    native kernel's own CPU level (forced, as a CPU of that level would run
+    them), else the best this CPU runs."""
+    level = {"vbmi": "avx512bw", "avx512bw": "avx512bw", "avx2": "avx2"}
+    if scanner.startswith("native-"):
+        return level.get(scanner.removeprefix("native-"), "portable")
+    runs = kernels()
+    return next((dots for dots in DOTS[::-1] if dots in runs), "portable")
+
+
 def refine(
     table: np.ndarray,
     rows: np.ndarray,
@@ -234,7 +249,7 @@ def refine(
     near_copy: float,
     standout: float,
     floor: float,
-    simd: bool = True,
+    dots: str | None = None,
 ) -> np.ndarray:
     """Each query's first `k` candidates in the refined order of
     `looks.order`, as column indices `(nq, k)`, in C (`looks._ordered`).
@@ -244,14 +259,22 @@ def refine(
         rows: each candidate's row in `table`, `(nq, c)`.
         scores: the candidates' code scores `(nq, c)`, highest first.
         positions: their insertion positions `(nq, c)`.
-        query_looks: int8 `(nq, D)`.
+        query_looks: int8 views `(nq, v, D)`, 1 <= v <= 64: a candidate's
+            similarity is that of the most alike view.
         bars: each query's lowest score eligible as a near copy `(nq,)`.
         k: candidates kept, at most `c`.
         near_copy, standout, floor: `looks.NEAR_COPY`, `STANDOUT` and
             `STANDOUT_FLOOR`.
-        simd: AVX2 dot products where the CPU runs them (exact integers:
-            the same order); False: portable C, as on other CPUs.
+        dots: the dot products, one of `DOTS` (exact integers: the same
+            order whichever runs); default: the best this CPU runs.
+
+    Raises:
+        ValueError: for `dots` that this CPU does not run.
     """
+    if dots is None:
+        dots = dots_for("")
+    if dots not in DOTS:
+        raise ValueError(f"dots must be one of {DOTS}, received {dots!r}")
     nq, c = scores.shape
     out = np.empty((nq, k), np.int64)
     table = np.ascontiguousarray(table, np.int8)
@@ -266,11 +289,12 @@ def refine(
         nq,
         c,
         table.shape[1],
+        query_looks.shape[1],
         k,
         near_copy,
         standout,
         floor,
-        simd,
+        DOTS.index(dots),
         out,
     )
     return out

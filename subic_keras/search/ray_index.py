@@ -58,7 +58,7 @@ from subic_keras.search.image_index import (
     check_fingerprints,
     copies_first,
 )
-from subic_keras.search.looks import Candidates, check_looks, fitting, refine
+from subic_keras.search.looks import Candidates, check_query_looks, fitting, refine
 from subic_keras.search.subic_index import SubicIndex
 
 MANIFEST_FORMAT = "subic.shards"
@@ -466,7 +466,7 @@ class RayIndex(Searcher):
         where = filters.as_filter(where)
         with_looks = looks is not None and self.has_looks
         if with_looks:
-            looks = check_looks("looks", looks, len(queries), self._look_size)
+            looks = check_query_looks("looks", looks, len(queries), self._look_size)
         wide = max(k, _looks.SHORTLIST) if with_looks else k
         parts = self._all("candidates", queries, wide, where, with_looks)
         offsets = np.cumsum([0] + [part["size"] for part in parts])[:-1]

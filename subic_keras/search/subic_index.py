@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from subic_keras._validation import check_block_shape, check_int
-from subic_keras.search import file_format, filters, packing, scanners
+from subic_keras.search import file_format, filters, native, packing, scanners
 from subic_keras.search.base import SearchBackend
 from subic_keras.search.checks import (
     check_block_size,
@@ -33,6 +33,7 @@ from subic_keras.search.looks import (
     Candidates,
     check_look_size,
     check_looks,
+    check_query_looks,
     fitting,
     refine,
 )
@@ -91,7 +92,7 @@ class SubicIndex(SearchBackend):
         shortlist: candidates per query that `"faiss-fastscan"` re-scores,
             at least `k`; `None` means `max(2k, k + 64)`.
         looks: keep each item's look, given to `add`: `True` for
-            `looks.look` of its picture (96 bytes), or a size in bytes for
+            `looks.look` of its picture (108 bytes), or a size in bytes for
             int8 descriptors of your own (compared by cosine); a search
             given the queries' looks then orders tie groups (and near
             copies of the query) by them (`subic_keras.search.looks`).
@@ -391,9 +392,11 @@ class SubicIndex(SearchBackend):
                 every item.
             where: ids, or a filter on `id` (`subic_keras.search.filters`):
                 the exact top `k` among those items.
-            looks: the queries' looks `(nq, LOOK_SIZE)` (`looks.look` of
-                the query pictures), for an index made with `looks`: the
-                codes' best are then ordered by them (`looks.refine`).
+            looks: the queries' looks, for an index made with `looks`:
+                `looks.query_look` of the query pictures, `(nq, VIEWS,
+                LOOK_SIZE)`, or one look per query `(nq, D)` (looks of your
+                own); the codes' best are then ordered by them
+                (`looks.refine`).
 
         Returns:
             `(scores, ids)`: float32 and int64 `(nq, min(k, n))`, `n` the
@@ -500,7 +503,7 @@ class SubicIndex(SearchBackend):
                 "looks were given to search an index that keeps none; build it "
                 "with looks (SubicIndex(..., looks=True))"
             )
-        looks = check_looks("looks", looks, len(queries), self.look_size)
+        looks = check_query_looks("looks", looks, len(queries), self.look_size)
         kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
         if not kept:  # nothing to refine: the empty answer
             return top_k(view, queries, k, self._query_chunk, keep)
@@ -512,7 +515,12 @@ class SubicIndex(SearchBackend):
 
         scores, positions = refine(
             lambda queries, wide: view.search(queries, wide, keep),
-            Candidates(kept, lambda positions: (store.looks(), positions), same_codes),
+            Candidates(
+                kept,
+                lambda positions: (store.looks(), positions),
+                same_codes,
+                native.dots_for(self.scanner),
+            ),
             queries,
             looks,
             min(k, kept),

@@ -61,21 +61,70 @@ def _reference(queries, query_looks, codes, item_looks, k, keep=None):
     return out
 
 
-def test_a_look_is_mirror_symmetric_and_bounded(rng):
+def _smooth(rng, n, side=32):
+    """Pictures with shapes larger than a pixel, as photographs have."""
+    from PIL import Image
+
+    coarse = rng.integers(0, 256, (n, 6, 6, 3), np.uint8)
+    bicubic = Image.Resampling.BICUBIC
+    return np.stack(
+        [np.asarray(Image.fromarray(c).resize((side, side), bicubic)) for c in coarse]
+    )
+
+
+def test_a_look_is_the_centre_and_bounded(rng):
     pictures = _pictures(rng, 5)
     these = looks.look(pictures)
     assert these.shape == (5, looks.LOOK_SIZE) and these.dtype == np.int8
-    assert np.array_equal(these, looks.look(pictures[:, :, ::-1]))
     assert np.abs(these).max() == 127
     grey = looks.look(pictures[..., 0])
     assert np.array_equal(grey, looks.look(np.repeat(pictures[..., :1], 3, -1)))
     assert np.allclose(np.diag(looks.similarity(these, these)), 1.0, atol=1e-6)
+    # Only the centre counts: a new border leaves the look as it was.
+    framed = pictures.copy()
+    framed[:, :4], framed[:, -4:], framed[:, :, :4], framed[:, :, -4:] = 0, 9, 50, 7
+    likeness = np.diag(looks.similarity(these, looks.look(framed)))
+    assert np.allclose(likeness, 1, atol=1e-3)
+    # Any size: a picture and its double-size copy look alike.
+    double = pictures.repeat(2, axis=1).repeat(2, axis=2)
+    likeness = np.diag(looks.similarity(these, looks.look(double)))
+    assert np.allclose(likeness, 1, atol=1e-3)
     flat = looks.look(np.full((1, 8, 8, 3), 100, np.uint8))  # no variation at all
     assert not flat.any()
     with pytest.raises(ValueError, match=r"pictures must be uint8.*float32"):
         looks.look(pictures.astype(np.float32))
     with pytest.raises(ValueError, match=r"received uint8 \(5, 32, 32, 2\)"):
         looks.look(pictures[..., :2])
+    with pytest.raises(ValueError, match=r"received uint8 \(1, 0, 4, 3\)"):
+        looks.query_look(np.zeros((1, 0, 4, 3), np.uint8))
+
+
+def test_a_query_is_seen_as_a_crop_or_a_mirror_image_of_its_original(rng):
+    from PIL import Image
+
+    pictures = _smooth(rng, 40)
+    items = looks.look(pictures)
+    views = looks.query_look(pictures)
+    assert views.shape == (40, looks.VIEWS, looks.LOOK_SIZE) and views.dtype == np.int8
+    # The first view is the item's own look; the mirrored picture's views
+    # hold it too.
+    assert np.array_equal(views[:, 0], items)
+    mirrored = looks.similarity(looks.query_look(pictures[:, :, ::-1]), items)
+    assert np.allclose(np.diag(mirrored), 1, atol=1e-3)
+    # Crops keeping 64-90 % of the area, resized back: the original is the
+    # most alike picture, found by a view and not by the query's own look.
+    crops = []
+    for i, picture in enumerate(pictures):
+        side = round(32 * np.sqrt(0.64 + 0.26 * i / 39))
+        top, left = rng.integers(0, 33 - side, 2)
+        crop = Image.fromarray(picture).crop((left, top, left + side, top + side))
+        crops.append(np.asarray(crop.resize((32, 32), Image.Resampling.BILINEAR)))
+    crop_views = looks.query_look(np.stack(crops))
+    by_views = looks.similarity(crop_views, items)
+    by_own_look = looks.similarity(crop_views[:, 0], items)
+    assert (by_views.argmax(axis=1) == np.arange(40)).all()
+    assert np.diag(by_views).min() > 0.9
+    assert (np.diag(by_views) > np.diag(by_own_look)).mean() > 0.9
 
 
 @pytest.mark.parametrize("filtered", [False, True])
@@ -90,8 +139,8 @@ def test_refined_search_equals_the_reference(rng, k, filtered):
     index.add(codes, looks=item_looks)
     queries = rng.random((5, m * block)).astype(np.float32)
     # Queries that look like items 10, 20 and 30: near copies of them.
-    query_looks = looks.look(pictures[[10, 20, 30, 40, 50]])
-    query_looks[3:] = looks.look(_pictures(rng, 2))
+    query_looks = looks.query_look(pictures[[10, 20, 30, 40, 50]])
+    query_looks[3:] = looks.query_look(_pictures(rng, 2))
     keep = np.arange(n) % 3 != 0 if filtered else None
     where = np.flatnonzero(keep) if filtered else None
     with looks.settings(shortlist=60):  # tie groups go on beyond it
@@ -138,7 +187,7 @@ def test_ties_are_ordered_by_look_and_near_copies_come_first(rng):
         scores, ids = index.search(query, 7, looks=query_look)
     assert ids[0].tolist() == [5, 4, 3, 2, 1, 0, 6]
     assert scores[0].tolist() == [2.0] * 6 + [0.0]
-    assert looks.NEAR_COPY == 0.9  # restored
+    assert looks.NEAR_COPY == 0.95  # restored
 
 
 @pytest.mark.parametrize("standout", [0.1, 2.0])
@@ -267,7 +316,7 @@ def test_looks_of_your_own_and_their_mistakes(rng, tmp_path):
     index.add(rng.integers(0, 4, (30, 2)), looks=own)
     index.save(tmp_path / "own.subic")
     assert load_index(tmp_path / "own.subic").look_size == 32
-    with pytest.raises(ValueError, match=r"int8 \(1, 32\).*int8 \(1, 96\)"):
+    with pytest.raises(ValueError, match=r"int8 \(1, 32\).*int8 \(1, 108\)"):
         index.add([[0, 0]], looks=looks.look(_pictures(rng, 1)))
     with pytest.raises(ValueError, match="looks must be given"):
         index.add([[0, 0]])
@@ -310,7 +359,13 @@ def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
     """The C refinement (AVX2 and portable dot products) and its NumPy
     fallback give the same order, on candidates with equal scores, equal
     looks (equal likeness), near copies, stand-outs, shortlists of every
-    size and looks of 8 to 4,096 bytes (a tail past the last 16)."""
+    size, looks of 8 to 4,096 bytes (a tail past the last 16) and queries
+    of one to `VIEWS` views."""
+    cpu = native.kernels()
+    runs = ["portable", *[d for d in ("avx2", "avx512bw") if d in cpu]]
+    assert native.dots_for("") == runs[-1]
+    assert native.dots_for("native-vbmi") == "avx512bw"
+    assert native.dots_for("native-neon") == "portable"
     for _ in range(60):
         nq, c = int(rng.integers(1, 5)), int(rng.integers(2, 400))
         d = int(rng.choice([8, 96, 1000, 4096]))
@@ -319,7 +374,8 @@ def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
         table = palette[rng.integers(0, len(palette), 2 * c)]
         positions = np.stack([rng.permutation(2 * c)[:c] for _ in range(nq)])
         scores = -np.sort(-rng.integers(0, 6, (nq, c)).astype(np.float64), axis=1)
-        query_looks = palette[rng.integers(0, len(palette), nq)]
+        views = int(rng.choice([1, 3, looks.VIEWS]))  # a view per query, or more
+        query_looks = palette[rng.integers(0, len(palette), (nq, views))]
         items = looks.Candidates(0, lambda p, table=table: (table, p), None)
         k = int(rng.integers(1, c + 1))
         near = float(rng.choice([0.5, 0.9, 2.0]))
@@ -331,15 +387,22 @@ def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
                 patch.setattr(native, "kernels", lambda: ())
                 in_numpy = looks._ordered(scores, positions, items, query_looks, k)
         np.testing.assert_array_equal(in_c, in_numpy)
-        # The portable C dot products, as a CPU without AVX2 takes them.
-        portable = native.refine(
-            table, positions, scores, positions, query_looks,
-            scores[:, shortlist - 1], k, near, standout, looks.STANDOUT_FLOOR,
-            simd=False,
-        )  # fmt: skip
-        np.testing.assert_array_equal(portable, in_numpy)
+        # Each kind of dot products this CPU runs (portable C, as a CPU
+        # without AVX2 takes them; AVX2; AVX-512BW).
+        for dots in runs:
+            forced = native.refine(
+                table, positions, scores, positions, query_looks,
+                scores[:, shortlist - 1], k, near, standout, looks.STANDOUT_FLOOR,
+                dots,
+            )  # fmt: skip
+            np.testing.assert_array_equal(forced, in_numpy, err_msg=dots)
     with pytest.raises(ValueError, match="row lies outside the table"):
         native.refine(
             table, positions + 10**6, scores, positions, query_looks,
             scores[:, 0], 1, 0.9, 0.05, 0.6,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"dots must be one of .*received 'sse'"):
+        native.refine(
+            table, positions, scores, positions, query_looks,
+            scores[:, 0], 1, 0.9, 0.05, 0.6, "sse",
         )  # fmt: skip
