@@ -27,8 +27,9 @@ look). This measures, for a trained CIFAR-10 model (48 bits, `subic train
    the 60,000 CIFAR-10 pictures, drawn with replacement: tie groups of
    hundreds) with their pictures' looks, refined against codes only, in
    batches of 1,000 queries and one query at a time, with the scanner
-   "auto" picks and with each native kernel of this CPU forced; bytes per
-   item.
+   "auto" picks and with each native kernel of this CPU forced (the
+   refinement's dot products follow the kernel's CPU level:
+   `native.dots_for`); bytes per item.
 
     python -m benchmarks.refine --model runs/cifar48/best.keras --data-dir data
 
@@ -269,6 +270,7 @@ def cost_task(subic, all_pictures, test_pictures, count, singles, seed=0):
         refined.search(queries[:1], 10, looks=query_looks[:1])  # sorts the codes once
         entry = {
             "scanner": refined.scanner,
+            "refinement_dots": native.dots_for(refined.scanner),
             "bytes_per_item": {"codes_only": plain.bytes_per_item,
                                "refined": refined.bytes_per_item},
             "first_refined_search_s": time.perf_counter() - start,

@@ -559,6 +559,7 @@ SPLIT_AVX2(256)
 
 #define SUBIC_AVX512 __attribute__((target("avx512f,avx512bw")))
 #define SUBIC_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+#define SUBIC_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 SUBIC_VBMI static inline __m512i lookup_vbmi(__m512i v, const uint8_t *t, int table) {
     if (table <= 64) return _mm512_permutexvar_epi8(v, _mm512_loadu_si512((const void *)t));
     __m512i r0 = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)t), v,
@@ -1262,17 +1263,17 @@ static PyObject *group(PyObject *self, PyObject *args) {
 
 /* Refinement by looks (subic_keras/search/looks.py): each query's candidates,
  * the codes' best, ordered by how much their looks (int8 rows of `table`)
- * look like the query's. A candidate's likeness is the cosine of the two
- * looks, as the NumPy fallback computes it: the exact integer dot product
- * and squared norms, then in float32, dot / max(|a| |b|, 1e-6). Eligible
- * candidates (score >= the query's bar) alike from `near` on, and the one
- * eligible candidate alike from `floor` on and by `standout` more than the
- * next, are near copies. Near copies come first, most alike first; then
- * the rest by score (highest first), equal scores by likeness; then by
- * position. The first k of that order are kept with a heap: O(c log k).
- * Candidates' looks lie anywhere in the table and are fetched 16 ahead;
- * their dot products use AVX2 where the CPU has it (exact integers: the
- * portable loop's result). */
+ * look like the query's views. A candidate's likeness is that of the most
+ * alike view, as the NumPy fallback computes it: the exact integer dot
+ * products and squared norms, then in float32 max_v(dot_v * (1 / |view_v|))
+ * * (1 / |look|), 0 for a zero norm. Eligible candidates (score >= the
+ * query's bar) alike from `near` on, and the one eligible candidate alike
+ * from `floor` on and by `standout` more than the next, are near copies.
+ * Near copies come first, most alike first; then the rest by score (highest
+ * first), equal scores by likeness; then by position. The first k of that
+ * order are kept with a heap: O(c log k). Candidates' looks lie anywhere in
+ * the table and are fetched 16 ahead; their dot products use AVX-512 VNNI,
+ * AVX-512BW or AVX2 where asked (exact integers: the portable loop's). */
 
 #if defined(__GNUC__)
 #define PREFETCH(address) __builtin_prefetch(address)
@@ -1315,19 +1316,27 @@ static int cmp_ranked(const void *a, const void *b) {
     return ranks_before(x, y) ? -1 : (ranks_before(y, x) ? 1 : 0);
 }
 
-/* Looks are compared as int16 pairs, zero-padded to LOOK_PAD values (the
- * padding adds nothing: the same integers), a query's views transposed so
- * that one multiply-add takes a pair of an item's values against that pair
- * of VIEW_LANES views at once (no sum across lanes). */
-#define LOOK_PAD 32
+/* A query's views, laid out for each kind of dot products: `raw`, `count`
+ * views of d int8 values (portable); `pair`, transposed int16 pairs
+ * (`pair[p * stride + v]`, values 2p and 2p + 1 of view v: AVX2 and
+ * AVX-512BW, a multiply-add takes a look's pair against 8 or 16 views at
+ * once); `quad`, transposed int8 quads (VNNI, 16 views at once), with
+ * `shift[v]`, 128 times the sum of view v's values (VNNI multiplies
+ * unsigned bytes: a look's values plus 128). `scale[v]` is 1 / the view's
+ * norm (0 for none). Every layout is zero-padded: the padding adds
+ * nothing, so each kind gives the same integers. */
+typedef struct {
+    long long d, count, stride, pairs, quads;
+    const int8_t *raw;
+    int32_t *pair, *quad, *shift;
+    float *scale;
+    int16_t *wide; /* scratch: a look as int16 */
+    uint8_t *lifted; /* scratch: a look plus 128, as unsigned bytes */
+} Views;
+
+#define LOOK_PAD 64 /* a look's bytes, padded (zeros) to a multiple of it */
 #define VIEW_LANES 16
 #define MAX_VIEWS 64
-
-/* A look's d values as int16 (the padding after them left as it is). */
-__attribute__((noinline)) static void widen(const int8_t *restrict look, long long d,
-                                            int16_t *restrict out) {
-    for (long long i = 0; i < d; i++) out[i] = look[i];
-}
 
 static int32_t dot8(const int8_t *restrict a, const int8_t *restrict b, long long d) {
     int32_t sum = 0;
@@ -1335,27 +1344,18 @@ static int32_t dot8(const int8_t *restrict a, const int8_t *restrict b, long lon
     return sum;
 }
 
-/* The most alike view: the largest `dot_v * scale[v]` of an item's look
- * (`look`, d int8 values; `item`, the same as `pairs` int32 of two int16
- * values each) with each of `count` views (`raw`, d int8 values each;
- * `views[p * stride + v]`, the same pairs transposed), and the look's
- * squared norm. Dot products exact in int32 (d <= 4096, MAX_LOOK_SIZE:
- * products of at most 2^14 each), each scaled in float32; the largest of
- * those values is the same whichever order finds it. This portable one
- * reads the int8 values, in the order a compiler vectorizes. */
-static float best_view(const int8_t *restrict look, const int8_t *restrict raw,
-                       long long d, const int32_t *item, const int32_t *views,
-                       long long pairs, long long stride, long long count,
-                       const float *scale, int32_t *square) {
-    (void)item, (void)views, (void)pairs, (void)stride;
-    int32_t sq = 0;
-    for (long long i = 0; i < d; i++) sq += (int32_t)look[i] * look[i];
-    *square = sq;
-    int32_t dots[MAX_VIEWS];
-    for (long long v = 0; v < count; v++) dots[v] = dot8(look, raw + v * d, d);
+/* The most alike view: the largest `dot_v * scale[v]` of a look (d int8
+ * values; for AVX2, zero-padded to LOOK_PAD) with each view, and the look's squared
+ * norm. Dot products exact in int32 (d <= 4096, MAX_LOOK_SIZE: products of
+ * at most 2^14 each), each scaled in float32; the largest of those values
+ * is the same whichever order finds it. This portable one reads the int8
+ * values, in the order a compiler vectorizes. */
+static float best_view(const int8_t *look, const Views *views, int32_t *square) {
+    *square = dot8(look, look, views->d);
     float best = -INFINITY;
-    for (long long v = 0; v < count; v++) {
-        const float scaled = (float)dots[v] * scale[v];
+    for (long long v = 0; v < views->count; v++) {
+        const float scaled =
+            (float)dot8(look, views->raw + v * views->d, views->d) * views->scale[v];
         if (scaled > best) best = scaled;
     }
     return best;
@@ -1381,27 +1381,27 @@ SUBIC_AVX2 static __m256 max_scaled_avx2(__m256 best, __m256i sums, const float 
     return _mm256_max_ps(best, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, real));
 }
 
-/* best_view, 8 views at a time: the item's pair broadcast, multiplied by
- * the views' pairs and added in pairs to 32-bit (exact), up to 32 views a
- * pass, their sums kept in registers. */
-SUBIC_AVX2 static float best_view_avx2(const int8_t *look, const int8_t *raw, long long d,
-                                       const int32_t *item, const int32_t *views,
-                                       long long pairs, long long stride, long long count,
-                                       const float *scale, int32_t *square) {
-    (void)look, (void)raw, (void)d;
+/* best_view, 8 views at a time: the look widened to int16, each pair
+ * broadcast, multiplied by the views' pairs and added in pairs to 32-bit
+ * (exact), up to 32 views a pass, their sums kept in registers. */
+SUBIC_AVX2 static float best_view_avx2(const int8_t *look, const Views *views,
+                                       int32_t *square) {
     __m256i sq = _mm256_setzero_si256();
-    for (long long p = 0; p < pairs; p += 8) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(item + p));
+    for (long long i = 0; i < 2 * views->pairs; i += 16) {
+        __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(look + i)));
+        _mm256_storeu_si256((__m256i *)(views->wide + i), a);
         sq = _mm256_add_epi32(sq, _mm256_madd_epi16(a, a));
     }
     *square = sum_lanes(sq);
+    const int32_t *item = (const int32_t *)views->wide;
+    const long long count = views->count;
     __m256 best = _mm256_set1_ps(-INFINITY);
     for (long long v = 0; v < count; v += 32) {
         __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
         const long long lanes = count - v < 32 ? count - v : 32;
-        for (long long p = 0; p < pairs; p++) {
+        for (long long p = 0; p < views->pairs; p++) {
             const __m256i a = _mm256_set1_epi32(item[p]);
-            const __m256i *b = (const __m256i *)(views + p * stride + v);
+            const __m256i *b = (const __m256i *)(views->pair + p * views->stride + v);
             s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(a, _mm256_loadu_si256(b)));
             if (lanes > 8)
                 s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 1)));
@@ -1410,15 +1410,25 @@ SUBIC_AVX2 static float best_view_avx2(const int8_t *look, const int8_t *raw, lo
             if (lanes > 24)
                 s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(a, _mm256_loadu_si256(b + 3)));
         }
-        best = max_scaled_avx2(best, s0, scale + v, v, count);
-        if (lanes > 8) best = max_scaled_avx2(best, s1, scale + v + 8, v + 8, count);
-        if (lanes > 16) best = max_scaled_avx2(best, s2, scale + v + 16, v + 16, count);
-        if (lanes > 24) best = max_scaled_avx2(best, s3, scale + v + 24, v + 24, count);
+        const float *scale = views->scale + v;
+        best = max_scaled_avx2(best, s0, scale, v, count);
+        if (lanes > 8) best = max_scaled_avx2(best, s1, scale + 8, v + 8, count);
+        if (lanes > 16) best = max_scaled_avx2(best, s2, scale + 16, v + 16, count);
+        if (lanes > 24) best = max_scaled_avx2(best, s3, scale + 24, v + 24, count);
     }
     __m128 half = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
     half = _mm_max_ps(half, _mm_movehl_ps(half, half));
     half = _mm_max_ss(half, _mm_shuffle_ps(half, half, 1));
-    return _mm_cvtss_f32(half);
+    const float result = _mm_cvtss_f32(half);
+    _mm256_zeroupper(); /* the caller's SSE code pays for a dirty upper state */
+    return result;
+}
+
+/* The mask of a look's bytes from `i` on, of d (a masked load reads no
+ * byte past them: the AVX-512 kernels read a look where it lies). */
+static inline uint64_t bytes_from(long long i, long long d) {
+    const long long left = d - i;
+    return left >= 64 ? ~(uint64_t)0 : left <= 0 ? 0 : ((uint64_t)1 << left) - 1;
 }
 
 /* The largest scaled dot product of 16 views' sums (as max_scaled_avx2). */
@@ -1430,23 +1440,38 @@ SUBIC_AVX512 static __m512 max_scaled_avx512(__m512 best, __m512i sums, const fl
     return _mm512_mask_max_ps(best, mask, best, scaled);
 }
 
+/* The most alike of up to 64 views from their sums s0..s3 (16 each). */
+SUBIC_AVX512 static float best_of_sums_avx512(__m512i s0, __m512i s1, __m512i s2,
+                                              __m512i s3, const Views *views) {
+    const long long count = views->count;
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    best = max_scaled_avx512(best, s0, views->scale, 0, count);
+    if (count > 16) best = max_scaled_avx512(best, s1, views->scale + 16, 16, count);
+    if (count > 32) best = max_scaled_avx512(best, s2, views->scale + 32, 32, count);
+    if (count > 48) best = max_scaled_avx512(best, s3, views->scale + 48, 48, count);
+    return _mm512_reduce_max_ps(best);
+}
+
 /* best_view, 16 views at a time (as best_view_avx2), up to 64 a pass. */
-SUBIC_AVX512 static float best_view_avx512(const int8_t *look, const int8_t *raw,
-                                           long long d, const int32_t *item,
-                                           const int32_t *views, long long pairs,
-                                           long long stride, long long count,
-                                           const float *scale, int32_t *square) {
-    (void)look, (void)raw, (void)d;
+SUBIC_AVX512 static float best_view_avx512(const int8_t *look, const Views *views,
+                                           int32_t *square) {
     __m512i sq = _mm512_setzero_si512();
-    for (long long p = 0; p < pairs; p += 16) {
-        __m512i a = _mm512_loadu_si512((const void *)(item + p));
-        sq = _mm512_add_epi32(sq, _mm512_madd_epi16(a, a));
+    for (long long i = 0; i < 2 * views->pairs; i += 64) {
+        const __m512i x = _mm512_maskz_loadu_epi8(bytes_from(i, views->d), look + i);
+        const __m512i low = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(x));
+        const __m512i high = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(x, 1));
+        _mm512_storeu_si512((void *)(views->wide + i), low);
+        _mm512_storeu_si512((void *)(views->wide + i + 32), high);
+        sq = _mm512_add_epi32(sq, _mm512_madd_epi16(low, low));
+        sq = _mm512_add_epi32(sq, _mm512_madd_epi16(high, high));
     }
     *square = _mm512_reduce_add_epi32(sq);
+    const int32_t *item = (const int32_t *)views->wide;
+    const long long count = views->count;
     __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (long long p = 0; p < pairs; p++) {
+    for (long long p = 0; p < views->pairs; p++) {
         const __m512i a = _mm512_set1_epi32(item[p]);
-        const int32_t *b = views + p * stride;
+        const int32_t *b = views->pair + p * views->stride;
         s0 = _mm512_add_epi32(s0, _mm512_madd_epi16(a, _mm512_loadu_si512(b)));
         if (count > 16)
             s1 = _mm512_add_epi32(s1, _mm512_madd_epi16(a, _mm512_loadu_si512(b + 16)));
@@ -1455,63 +1480,114 @@ SUBIC_AVX512 static float best_view_avx512(const int8_t *look, const int8_t *raw
         if (count > 48)
             s3 = _mm512_add_epi32(s3, _mm512_madd_epi16(a, _mm512_loadu_si512(b + 48)));
     }
-    __m512 best = _mm512_set1_ps(-INFINITY);
-    best = max_scaled_avx512(best, s0, scale, 0, count);
-    if (count > 16) best = max_scaled_avx512(best, s1, scale + 16, 16, count);
-    if (count > 32) best = max_scaled_avx512(best, s2, scale + 32, 32, count);
-    if (count > 48) best = max_scaled_avx512(best, s3, scale + 48, 48, count);
-    return _mm512_reduce_max_ps(best);
+    const float result = best_of_sums_avx512(s0, s1, s2, s3, views);
+    _mm256_zeroupper(); /* the caller's SSE code pays for a dirty upper state */
+    return result;
+}
+
+/* best_view with VNNI, 16 views at a time: four bytes of the look (plus
+ * 128, unsigned) broadcast, multiplied by four of each view's (signed) and
+ * summed into 32-bit by one instruction; each view's sum less `shift[v]`
+ * (128 times its values' sum) is its dot product (exact). */
+SUBIC_VNNI static float best_view_vnni(const int8_t *look, const Views *views,
+                                       int32_t *square) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
+    __m512i lifted_sq = _mm512_setzero_si512(), total = lifted_sq;
+    for (long long i = 0; i < 4 * views->quads; i += 64) {
+        const __m512i x = _mm512_maskz_loadu_epi8(bytes_from(i, views->d), look + i);
+        const __m512i u = _mm512_xor_si512(x, flip); /* x + 128, unsigned */
+        _mm512_storeu_si512((void *)(views->lifted + i), u);
+        lifted_sq = _mm512_dpbusd_epi32(lifted_sq, u, x); /* sum (x + 128) x */
+        total = _mm512_dpbusd_epi32(total, ones, x);      /* sum x */
+    }
+    *square = _mm512_reduce_add_epi32(lifted_sq) - 128 * _mm512_reduce_add_epi32(total);
+    const int32_t *item = (const int32_t *)views->lifted;
+    const long long count = views->count;
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    for (long long q = 0; q < views->quads; q++) {
+        const __m512i a = _mm512_set1_epi32(item[q]);
+        const int32_t *b = views->quad + q * views->stride;
+        s0 = _mm512_dpbusd_epi32(s0, a, _mm512_loadu_si512(b));
+        if (count > 16) s1 = _mm512_dpbusd_epi32(s1, a, _mm512_loadu_si512(b + 16));
+        if (count > 32) s2 = _mm512_dpbusd_epi32(s2, a, _mm512_loadu_si512(b + 32));
+        if (count > 48) s3 = _mm512_dpbusd_epi32(s3, a, _mm512_loadu_si512(b + 48));
+    }
+    const int32_t *shift = views->shift;
+    s0 = _mm512_sub_epi32(s0, _mm512_loadu_si512(shift));
+    s1 = _mm512_sub_epi32(s1, _mm512_loadu_si512(shift + 16));
+    s2 = _mm512_sub_epi32(s2, _mm512_loadu_si512(shift + 32));
+    s3 = _mm512_sub_epi32(s3, _mm512_loadu_si512(shift + 48));
+    const float result = best_of_sums_avx512(s0, s1, s2, s3, views);
+    _mm256_zeroupper(); /* the caller's SSE code pays for a dirty upper state */
+    return result;
 }
 #endif
 
-enum { DOTS_PORTABLE = 0, DOTS_AVX2 = 1, DOTS_AVX512 = 2 };
+enum { DOTS_PORTABLE = 0, DOTS_AVX2 = 1, DOTS_AVX512 = 2, DOTS_VNNI = 3 };
 
 static int dots_run(int dots) {
 #if SUBIC_X86
+    __builtin_cpu_init();
     if (dots == DOTS_AVX2) return cpu_runs(KERNEL_AVX2);
     if (dots == DOTS_AVX512) return cpu_runs(KERNEL_AVX512BW);
+    if (dots == DOTS_VNNI)
+        return cpu_runs(KERNEL_AVX512BW) && __builtin_cpu_supports("avx512vnni");
 #endif
     return dots == DOTS_PORTABLE;
+}
+
+/* Lays out query `query` (count views of d int8 values) in `views`. */
+static void lay_out_views(Views *views, const int8_t *query) {
+    const long long d = views->d, stride = views->stride;
+    views->raw = query;
+    for (long long v = 0; v < views->count; v++) {
+        int64_t square = 0, sum = 0;
+        for (long long i = 0; i < d; i++) {
+            const int8_t value = query[v * d + i];
+            ((int16_t *)(views->pair + i / 2 * stride + v))[i % 2] = value;
+            ((int8_t *)(views->quad + i / 4 * stride + v))[i % 4] = value;
+            square += (int64_t)value * value;
+            sum += value;
+        }
+        views->shift[v] = (int32_t)(128 * sum);
+        views->scale[v] = square ? 1.0f / sqrtf((float)square) : 0.0f;
+    }
 }
 
 /* Returns 0, -1 for a row outside the table, -2 out of memory. */
 static int refine_rows(const int8_t *table, long long table_rows, const int64_t *rows,
                        const double *scores, const int64_t *positions,
                        const int8_t *queries, const double *bars, long long nq,
-                       long long c, long long d, long long views, long long k, float near,
+                       long long c, long long d, long long count, long long k, float near,
                        float standout, float floor, int dots_kind, int64_t *out) {
-    float (*best_of)(const int8_t *, const int8_t *, long long, const int32_t *,
-                     const int32_t *, long long, long long, long long, const float *,
-                     int32_t *) = best_view;
+    float (*best_of)(const int8_t *, const Views *, int32_t *) = best_view;
 #if SUBIC_X86
     if (dots_kind == DOTS_AVX2) best_of = best_view_avx2;
     if (dots_kind == DOTS_AVX512) best_of = best_view_avx512;
+    if (dots_kind == DOTS_VNNI) best_of = best_view_vnni;
 #else
     (void)dots_kind;
 #endif
-    const long long pairs = (d + LOOK_PAD - 1) / LOOK_PAD * LOOK_PAD / 2;
-    const long long stride = (views + VIEW_LANES - 1) / VIEW_LANES * VIEW_LANES;
+    const long long padded = (d + LOOK_PAD - 1) / LOOK_PAD * LOOK_PAD;
+    Views views = {.d = d, .count = count, .pairs = padded / 2, .quads = padded / 4,
+                   .stride = MAX_VIEWS};
     float *like = malloc((size_t)(c > 0 ? c : 1) * sizeof(float));
     Ranked *heap = malloc((size_t)(k > 0 ? k : 1) * sizeof(Ranked));
-    float *view_scale = calloc((size_t)stride, sizeof(float));
-    int32_t *item16 = calloc((size_t)pairs, sizeof(int32_t));
-    int32_t *views16 = calloc((size_t)(pairs * stride), sizeof(int32_t));
+    int8_t *look = calloc((size_t)padded, 1);
+    views.pair = calloc((size_t)(views.pairs * MAX_VIEWS), sizeof(int32_t));
+    views.quad = calloc((size_t)(views.quads * MAX_VIEWS), sizeof(int32_t));
+    views.shift = calloc(MAX_VIEWS, sizeof(int32_t));
+    views.scale = calloc(MAX_VIEWS, sizeof(float));
+    views.wide = calloc((size_t)padded, sizeof(int16_t));
+    views.lifted = calloc((size_t)padded, 1);
     int result = 0;
-    if (!like || !heap || !view_scale || !item16 || !views16) {
+    if (!like || !heap || !look || !views.pair || !views.quad || !views.shift ||
+        !views.scale || !views.wide || !views.lifted) {
         result = -2;
         goto done;
     }
     for (long long q = 0; q < nq; q++) {
-        const int8_t *query = queries + q * views * d;
-        for (long long v = 0; v < views; v++) {
-            int64_t square = 0;
-            for (long long i = 0; i < d; i++) {
-                ((int16_t *)(views16 + i / 2 * stride + v))[i % 2] = query[v * d + i];
-                square += (int64_t)query[v * d + i] * query[v * d + i];
-            }
-            /* 1 / the view's norm (0 for none: its dot products are 0) */
-            view_scale[v] = square ? 1.0f / sqrtf((float)square) : 0.0f;
-        }
+        lay_out_views(&views, queries + q * count * d);
         const double bar = bars[q];
         float top0 = -3.0f, top1 = -3.0f; /* the two most alike eligible */
         for (long long j = 0; j < c; j++) {
@@ -1520,7 +1596,6 @@ static int refine_rows(const int8_t *table, long long table_rows, const int64_t 
                 result = -1;
                 goto done;
             }
-            const int8_t *item = table + row * d;
             if (j + 16 < c) { /* rows lie anywhere in the table: fetch ahead */
                 const int64_t ahead = rows[q * c + j + 16];
                 if (ahead >= 0 && ahead < table_rows) {
@@ -1528,10 +1603,13 @@ static int refine_rows(const int8_t *table, long long table_rows, const int64_t 
                     PREFETCH(table + ahead * d + d - 1);
                 }
             }
-            if (best_of != best_view) widen(item, d, (int16_t *)item16);
+            const int8_t *item = table + row * d;
+            if (dots_kind == DOTS_AVX2) { /* whole vectors: read from a padded copy */
+                memcpy(look, item, (size_t)d);
+                item = look;
+            }
             int32_t square;
-            const float best = best_of(item, query, d, item16, views16, pairs, stride,
-                                       views, view_scale, &square);
+            const float best = best_of(item, &views, &square);
             like[j] = square ? best * (1.0f / sqrtf((float)square)) : 0.0f;
             const float alike = scores[q * c + j] >= bar ? like[j] : -2.0f;
             if (alike > top0) {
@@ -1568,9 +1646,13 @@ static int refine_rows(const int8_t *table, long long table_rows, const int64_t 
 done:
     free(like);
     free(heap);
-    free(view_scale);
-    free(item16);
-    free(views16);
+    free(look);
+    free(views.pair);
+    free(views.quad);
+    free(views.shift);
+    free(views.scale);
+    free(views.wide);
+    free(views.lifted);
     return result;
 }
 
@@ -1633,6 +1715,20 @@ static PyObject *kernels(PyObject *self, PyObject *args) {
     return names;
 }
 
+static PyObject *dots(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    static const char *names[] = {"portable", "avx2", "avx512bw", "avx512vnni"};
+    PyObject *runs = PyList_New(0);
+    for (int i = 0; runs && i < 4; i++) {
+        if (!dots_run(i)) continue;
+        PyObject *name = PyUnicode_FromString(names[i]);
+        if (!name || PyList_Append(runs, name)) Py_CLEAR(runs);
+        Py_XDECREF(name);
+    }
+    return runs;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(tiles, n, tile, columns, bits, table, groups, num_blocks, block_size, "
@@ -1653,7 +1749,10 @@ static PyMethodDef methods[] = {
      "k, near, standout, floor, dots, out): the first k of each query's c candidates in "
      "the refined order (subic_keras/search/looks.py; a candidate's likeness is that of "
      "the most alike of the query's views), as column indices written to out; dots: 0 "
-     "portable C, 1 AVX2, 2 AVX-512BW (refused where the CPU does not run them)."},
+     "portable C, 1 AVX2, 2 AVX-512BW, 3 AVX-512 VNNI (refused where the CPU does not "
+     "run them)."},
+    {"dots", dots, METH_NOARGS,
+     "dots(): the dot products refine runs on this CPU (names, as its dots numbers)."},
     {"kernels", kernels, METH_NOARGS,
      "kernels(): the kernels this CPU runs, best first (names, as KERNEL_NAMES)."},
     {NULL, NULL, 0, NULL}};

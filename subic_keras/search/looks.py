@@ -400,8 +400,8 @@ def refine(
 
     The codes' best `SHORTLIST` of every query are compared with its views
     and ordered in C (`native.refine`: the looks fetched ahead, their dot
-    products in AVX-512 or AVX2 where the CPU has them, the first `k` kept
-    with a heap),
+    products with AVX-512 VNNI, AVX-512BW or AVX2 where the CPU has them,
+    the first `k` kept with a heap),
     or with NumPy a batch of queries at a time where the native scan is not
     built; a query whose `k`-th result ties with the
     shortlist's last (a tie group that goes on beyond the shortlist) gets

@@ -224,18 +224,29 @@ def search(
 
 
 # The dot products `refine` may run, as `_scan.refine` numbers them.
-DOTS = ("portable", "avx2", "avx512bw")
+DOTS = ("portable", "avx2", "avx512bw", "avx512vnni")
+
+
+def dots() -> tuple[str, ...]:
+    """The dot products `refine` runs on this CPU, of `DOTS`, in its order;
+    none where `_scan` is unbuilt."""
+    return tuple(_scan.dots()) if _scan is not None else ()
 
 
 def dots_for(scanner: str) -> str:
-    """The dot products a refinement runs beside `scanner`: those of a
-    native kernel's own CPU level (forced, as a CPU of that level would run
-    them), else the best this CPU runs."""
-    level = {"vbmi": "avx512bw", "avx512bw": "avx512bw", "avx2": "avx2"}
+    """The dot products a refinement runs beside `scanner`: for a native
+    kernel, the best of its CPU level (AVX-512 VBMI CPUs have VNNI, those
+    of AVX-512BW alone may not: forced, as a CPU of that level runs them);
+    else the best this CPU runs."""
+    runs = dots() or ("portable",)
     if scanner.startswith("native-"):
-        return level.get(scanner.removeprefix("native-"), "portable")
-    runs = kernels()
-    return next((dots for dots in DOTS[::-1] if dots in runs), "portable")
+        level = {
+            "vbmi": ("avx512vnni", "avx512bw"),
+            "avx512bw": ("avx512bw",),
+            "avx2": ("avx2",),
+        }.get(scanner.removeprefix("native-"), ())
+        return next((kind for kind in level if kind in runs), "portable")
+    return runs[-1]
 
 
 def refine(
