@@ -89,6 +89,7 @@ STANDOUT_FLOOR = 0.6
 # codes' order, insertion order, past this many members).
 MAX_CANDIDATES = 10_000
 _CHUNK = 64  # queries whose candidates are compared at a time
+_BLOCK = 1 << 22  # picture values converted to float at a time
 
 
 def _box(length: int, start: float, stop: float, bins: int) -> np.ndarray:
@@ -146,19 +147,24 @@ def _work(pictures) -> np.ndarray:
             "pictures must be uint8 (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
             f"received {pictures.dtype} {pictures.shape}"
         )
+    n, height, width, channels = pictures.shape
     blur = _blur(WORK_SIDE, BLUR)
-    rows = (blur @ _box(pictures.shape[1], 0, pictures.shape[1], WORK_SIDE)).astype(
-        np.float32
-    )
-    columns = (blur @ _box(pictures.shape[2], 0, pictures.shape[2], WORK_SIDE)).astype(
-        np.float32
-    )
-    work = np.empty((len(pictures), WORK_SIDE, WORK_SIDE, 3), np.float32)
-    for start in range(0, len(pictures), 64):  # bounded float copies
-        part = pictures[start : start + 64].astype(np.float32)
-        work[start : start + 64] = np.einsum(
-            "iy,nyxc,jx->nijc", rows, part, columns, optimize=True
-        )
+    rows = (blur @ _box(height, 0, height, WORK_SIDE)).astype(np.float32)
+    columns = (blur @ _box(width, 0, width, WORK_SIDE)).astype(np.float32)
+    # Pictures, and rows of a picture, a block at a time: the float copies
+    # stay within _BLOCK values whatever the pictures' size.
+    line = width * channels
+    per_block = max(1, _BLOCK // (height * line))
+    lines = max(1, _BLOCK // line)
+    work = np.empty((n, WORK_SIDE, WORK_SIDE, 3), np.float32)
+    for start in range(0, n, per_block):
+        part = pictures[start : start + per_block]
+        reduced = np.zeros((len(part), WORK_SIDE, line), np.float32)
+        for top in range(0, height, lines):
+            block = part[:, top : top + lines].astype(np.float32)
+            reduced += rows[:, top : top + lines] @ block.reshape(len(part), -1, line)
+        shaped = reduced.reshape(len(part), WORK_SIDE, width, channels)
+        work[start : start + per_block] = columns @ shaped
     return work
 
 

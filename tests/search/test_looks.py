@@ -89,6 +89,18 @@ def test_a_look_is_the_centre_and_bounded(rng):
     double = pictures.repeat(2, axis=1).repeat(2, axis=2)
     likeness = np.diag(looks.similarity(these, looks.look(double)))
     assert np.allclose(likeness, 1, atol=1e-3)
+    # A large picture is read a block of rows at a time: no float copy of it.
+    import tracemalloc
+
+    large = np.repeat(pictures[:1], 100, axis=1).repeat(60, axis=2)  # 3200 x 1920
+    tracemalloc.start()
+    try:
+        views = looks.query_look(large)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 * 2**20, peak  # the picture as float32 alone: 70 MB
+    assert np.diag(looks.similarity(views, these[:1]))[0] > 0.99
     flat = looks.look(np.full((1, 8, 8, 3), 100, np.uint8))  # no variation at all
     assert not flat.any()
     with pytest.raises(ValueError, match=r"pictures must be uint8.*float32"):
