@@ -167,7 +167,8 @@ def index_folder_on_ray(
     Returns:
         `(files, report)`: the shards' paths, and the counts of pictures
         added (encoded now), already indexed (shards finished by an
-        interrupted build) and skipped, with each skipped file's reason.
+        interrupted build) and skipped, with each skipped file's reason
+        (in path order, however the shards finished).
 
     Raises:
         ValueError: for a manifest path without the `.shards.json` suffix,
@@ -268,6 +269,9 @@ def index_folder_on_ray(
     write_manifest(manifest, subic.num_blocks, subic.block_size, files)
     if os.path.exists(progress_file):
         os.remove(progress_file)
+    # Shards finish in any order: the files passed over are listed in the
+    # folder's, whichever shard met them and whether it was resumed.
+    report.skipped.sort(key=lambda entry: entry.path)
     return files, report
 
 

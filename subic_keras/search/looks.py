@@ -21,10 +21,10 @@ cost the query, not the index: items keep one look.
 
 Chosen by `benchmarks/refine.py` on a validation split: a query's own look
 (one view) against its 38, the soft block probabilities `b̃` and the
-backbone's feature (random projection to 64 dimensions, int8). Version 5's
-look, the whole picture's 8 x 8 thumbnail made mirror-symmetric, found the
-original of an altered copy first for 0.833 of the test queries compared
-with the whole database; these views find it for 0.993, crops
+backbone's feature (random projection to 64 dimensions, int8). The last
+release's look, the whole picture's 8 x 8 thumbnail made mirror-symmetric,
+found the original of an altered copy first for 0.833 of the test queries
+compared with the whole database; these views find it for 0.993, crops
 included.
 
 `refine` is the ranking: the codes rank first (`M` additions per item), the
@@ -90,6 +90,7 @@ STANDOUT_FLOOR = 0.6
 MAX_CANDIDATES = 10_000
 _CHUNK = 64  # queries whose candidates are compared at a time
 _BLOCK = 1 << 22  # picture values converted to float at a time
+_PICTURES = 1024  # pictures whose looks are computed at a time
 
 
 def _box(length: int, start: float, stop: float, bins: int) -> np.ndarray:
@@ -131,9 +132,8 @@ def _windows() -> np.ndarray:
 VIEWS = 2 * len(_windows())
 
 
-def _work(pictures) -> np.ndarray:
-    """Checked uint8 pictures, box-averaged to `WORK_SIDE` and blurred:
-    float32 `(n, WORK_SIDE, WORK_SIDE, 3)`."""
+def _checked(pictures) -> np.ndarray:
+    """uint8 pictures as `(n, H, W, C)`, C 1 or 3, or a ValueError."""
     pictures = np.asarray(pictures)
     if pictures.ndim == 3:
         pictures = pictures[..., None]
@@ -147,6 +147,25 @@ def _work(pictures) -> np.ndarray:
             "pictures must be uint8 (n, H, W), (n, H, W, 1) or (n, H, W, 3), "
             f"received {pictures.dtype} {pictures.shape}"
         )
+    return pictures
+
+
+def _read(
+    pictures, read: Callable[[np.ndarray], np.ndarray], shape: tuple
+) -> np.ndarray:
+    """`read` of each picture's `_work`, int8 `(n, *shape)`: `_PICTURES`
+    pictures at a time, so that the floats stay bounded however many."""
+    pictures = _checked(pictures)
+    out = np.empty((len(pictures), *shape), np.int8)
+    for start in range(0, len(pictures), _PICTURES):
+        part = pictures[start : start + _PICTURES]
+        out[start : start + _PICTURES] = read(_work(part))
+    return out
+
+
+def _work(pictures: np.ndarray) -> np.ndarray:
+    """Checked pictures, box-averaged to `WORK_SIDE` and blurred: float32
+    `(n, WORK_SIDE, WORK_SIDE, 3)`."""
     n, height, width, channels = pictures.shape
     blur = _blur(WORK_SIDE, BLUR)
     rows = (blur @ _box(height, 0, height, WORK_SIDE)).astype(np.float32)
@@ -154,7 +173,7 @@ def _work(pictures) -> np.ndarray:
     # Pictures, and rows of a picture, a block at a time: the float copies
     # stay within _BLOCK values whatever the pictures' size.
     line = width * channels
-    per_block = max(1, _BLOCK // (height * line))
+    per_block = max(1, _BLOCK // (max(height, WORK_SIDE) * line))
     lines = max(1, _BLOCK // line)
     work = np.empty((n, WORK_SIDE, WORK_SIDE, 3), np.float32)
     for start in range(0, n, per_block):
@@ -199,11 +218,14 @@ def look(pictures) -> np.ndarray:
     Raises:
         ValueError: for another dtype or shape.
     """
-    work = _work(pictures)
     low = (1 - CENTRE) / 2
     side = _box(WORK_SIDE, low * WORK_SIDE, (low + CENTRE) * WORK_SIDE, LOOK_SIDE)
     side = side.astype(np.float32)
-    return _as_int8(np.einsum("iy,nyxc,jx->nijc", side, work, side, optimize=True))
+
+    def centre(work: np.ndarray) -> np.ndarray:
+        return _as_int8(np.einsum("iy,nyxc,jx->nijc", side, work, side, optimize=True))
+
+    return _read(pictures, centre, (LOOK_SIZE,))
 
 
 def query_look(pictures) -> np.ndarray:
@@ -229,16 +251,19 @@ def query_look(pictures) -> np.ndarray:
     Raises:
         ValueError: for another dtype or shape.
     """
-    work = _work(pictures)
     windows = _windows() * WORK_SIDE
     rows = np.stack([_box(WORK_SIDE, w[1, 0], w[1, 1], LOOK_SIDE) for w in windows])
     columns = np.stack([_box(WORK_SIDE, w[0, 0], w[0, 1], LOOK_SIDE) for w in windows])
     rows, columns = rows.astype(np.float32), columns.astype(np.float32)
-    views = [
-        np.einsum("viy,nyxc,vjx->nvijc", rows, picture, columns, optimize=True)
-        for picture in (work, work[:, :, ::-1])
-    ]
-    return _as_int8(np.concatenate(views, axis=1))
+
+    def views(work: np.ndarray) -> np.ndarray:
+        both = [
+            np.einsum("viy,nyxc,vjx->nvijc", rows, picture, columns, optimize=True)
+            for picture in (work, work[:, :, ::-1])
+        ]
+        return _as_int8(np.concatenate(both, axis=1))
+
+    return _read(pictures, views, (VIEWS, LOOK_SIZE))
 
 
 def int8_looks(features, dims: int | None = None, seed: int = 0) -> np.ndarray:
