@@ -44,11 +44,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-pictures", type=int, default=10_000)
     parser.add_argument("--shards", type=int, default=2)
-    parser.add_argument(
-        "--data-dir",
-        default=os.environ.get("SUBIC_DATA_DIR"),
-        help="the CIFAR-10 directory (default: $SUBIC_DATA_DIR)",
-    )
+    common.add_data_dir(parser, "cifar-10-batches-bin/")
     parser.add_argument("--output", default=RESULTS)
     return parser.parse_args(argv)
 

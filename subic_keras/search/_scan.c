@@ -1335,7 +1335,6 @@ typedef struct {
 } Views;
 
 #define LOOK_PAD 64 /* a look's bytes, padded (zeros) to a multiple of it */
-#define VIEW_LANES 16
 #define MAX_VIEWS 64
 
 static int32_t dot8(const int8_t *restrict a, const int8_t *restrict b, long long d) {

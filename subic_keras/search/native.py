@@ -283,7 +283,7 @@ def refine(
         ValueError: for `dots` that this CPU does not run.
     """
     if dots is None:
-        dots = dots_for("")
+        dots = dots_for("auto")
     if dots not in DOTS:
         raise ValueError(f"dots must be one of {DOTS}, received {dots!r}")
     nq, c = scores.shape

@@ -376,7 +376,7 @@ def test_the_native_order_is_the_numpy_one(rng, monkeypatch):
     runs = native.dots()
     assert runs[0] == "portable" and set(runs) <= set(native.DOTS)
     assert ("avx2" in runs) == ("avx2" in native.kernels())
-    assert native.dots_for("") == runs[-1]
+    assert native.dots_for("auto") == runs[-1]
     assert native.dots_for("native-avx2") == ("avx2" if "avx2" in runs else "portable")
     assert native.dots_for("native-neon") == "portable"
     for _ in range(60):
