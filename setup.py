@@ -53,6 +53,7 @@ setup(
         "test": [
             "pytest>=7.4",
             "pytest-xdist>=3.5",  # the README's `-n 2`: two workers on 2 cores
+            "pytest-timeout>=2.3",  # a test that hangs fails (pyproject.toml)
             "ruff>=0.5",
             "mypy>=1.10",  # .ci/run type-checks subic_keras (pyproject.toml)
             "ai-edge-litert>=1.0",

@@ -272,10 +272,10 @@ def test_commands_default_to_the_models_own_data(digits_model, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_milvus_collection_from_the_command_line(digits_model, tmp_path):
+def test_milvus_collection_from_the_command_line(digits_model, tmp_path, capsys):
     """A Milvus URI as the index of index build, search and evaluate (in
     subprocesses: Milvus Lite's in-process server does not mix with pytest's
-    output capture)."""
+    output capture), against the same commands on a `.subic` file (here)."""
     pytest.importorskip("pymilvus", reason="the [milvus] extra")
     import numpy as np
 
@@ -304,10 +304,10 @@ def test_milvus_collection_from_the_command_line(digits_model, tmp_path):
     code, out, err = subic("search", digits_model, uri, queries, *collection, "--json")
     assert code == 0, err
     from_milvus = _by_query(out)
-    code, out, err = subic(
-        "search", digits_model, tmp_path / "db.subic", queries, "--json"
-    )
-    from_file = _by_query(out)
+    capsys.readouterr()
+    assert main(["search", digits_model, str(tmp_path / "db.subic"), str(queries),
+                 "--json"]) == 0  # fmt: skip
+    from_file = _by_query(capsys.readouterr().out)
     assert [line["ids"][:5] for line in from_milvus] == [
         line["ids"][:5] for line in from_file
     ]
@@ -319,10 +319,9 @@ def test_milvus_collection_from_the_command_line(digits_model, tmp_path):
     )
     assert code == 0, err
     from_milvus = _by_query(out)
-    code, out, err = subic(
-        "search", digits_model, tmp_path / "db.subic", queries, *posterior
-    )
-    from_file = _by_query(out)
+    assert main(["search", digits_model, str(tmp_path / "db.subic"), str(queries),
+                 *posterior]) == 0  # fmt: skip
+    from_file = _by_query(capsys.readouterr().out)
     for got, want in zip(from_milvus, from_file):
         np.testing.assert_allclose(got["scores"], want["scores"], atol=1e-4)
         # Equal scores may come in another order: compare untied ranks.

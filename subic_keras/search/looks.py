@@ -452,13 +452,19 @@ def refine(
     """
     wide = min(items.count, max(k, SHORTLIST))
     scores, positions = search(queries, wide)
-    best = _ordered(scores, positions, items, query_looks, k)
-    out_scores = np.take_along_axis(scores, best, axis=1).astype(np.float32)
-    out_positions = np.take_along_axis(positions, best, axis=1)
-    if wide == items.count:
-        return out_scores, out_positions
-    for row in np.flatnonzero(scores[:, k - 1] == scores[:, -1]):
-        # The tie group reaching the top k goes on beyond the shortlist.
+    whole = np.zeros(len(scores), bool)
+    if wide < items.count:
+        # The tie group reaching the top k goes on beyond the shortlist:
+        # those rows are ordered below, with the rest of their group.
+        whole = scores[:, k - 1] == scores[:, -1]
+    out_scores = np.empty((len(scores), k), np.float32)
+    out_positions = np.empty((len(scores), k), np.int64)
+    if not whole.all():
+        rest = ~whole
+        best = _ordered(scores[rest], positions[rest], items, query_looks[rest], k)
+        out_scores[rest] = np.take_along_axis(scores[rest], best, axis=1)
+        out_positions[rest] = np.take_along_axis(positions[rest], best, axis=1)
+    for row in np.flatnonzero(whole):
         score, position = scores[row], positions[row]
         tied = items.same_codes(position[score == score[-1]])
         tied = _without(tied, position)[: max(0, MAX_CANDIDATES - wide)]

@@ -39,10 +39,12 @@ that hold the ids.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -183,16 +185,42 @@ def shard_path(manifest: str | os.PathLike, number: int) -> str:
 def write_manifest(
     path: str | os.PathLike, num_blocks: int, block_size: int, files: list[str]
 ) -> None:
-    """Writes a shard manifest (atomically) listing `files`, in order."""
+    """Writes a shard manifest (atomically) listing `files`, in order, then
+    removes the shard files an earlier manifest at `path` listed and this
+    one does not (a rebuild into fewer shards leaves none behind); only
+    files named as `shard_path` names them are removed."""
+    earlier = _our_shards(path)
+    names = [os.path.basename(f) for f in files]
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "num_blocks": num_blocks,
         "block_size": block_size,
-        "shards": [os.path.basename(f) for f in files],
+        "shards": names,
     }
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1)
+    for name in earlier - set(names):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), name))
+
+
+def _our_shards(manifest: str | os.PathLike) -> set[str]:
+    """The file names of the shards a manifest at `manifest` lists beside
+    it under `shard_path`'s names (none without a valid manifest): a
+    manifest written by hand may list files that are not ours to remove."""
+    try:
+        listed = read_manifest(manifest).shards
+    except (OSError, ValueError):
+        return set()
+    folder = os.path.dirname(os.path.abspath(manifest))
+    stem = re.escape(os.path.basename(shard_path(manifest, 0))[: -len("0.subic")])
+    return {
+        os.path.basename(shard)
+        for shard in listed
+        if os.path.dirname(shard) == folder
+        and re.fullmatch(stem + r"(0|[1-9][0-9]*)\.subic", os.path.basename(shard))
+    }
 
 
 class _Shard:

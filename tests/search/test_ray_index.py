@@ -164,6 +164,31 @@ def test_manifest_mistakes_are_named(tmp_path):
         save_shards(SubicIndex(2, 4), tmp_path / "x.json", 2)
 
 
+def test_a_rebuild_into_fewer_shards_leaves_none_behind(tmp_path, rng):
+    index = SubicIndex(4, 16)
+    index.add(rng.integers(0, 16, (90, 4)))
+    path = tmp_path / "codes.shards.json"
+    save_shards(index, path, 3)
+    (tmp_path / "mine.subic").write_bytes(b"a user's own file")
+    assert save_shards(index, path, 2) == [str(tmp_path / f"codes-{n}.subic")
+                                           for n in range(2)]  # fmt: skip
+    assert sorted(os.listdir(tmp_path)) == [
+        "codes-0.subic", "codes-1.subic", "codes.shards.json", "mine.subic"
+    ]  # fmt: skip
+    shards = read_manifest(path).shards
+    assert sum(len(SubicIndex.load(shard)) for shard in shards) == 90
+    # A manifest written by hand may list files that are not ours: a
+    # rebuild never removes them.
+    manifest = json.loads(path.read_text())
+    manifest["shards"].append("mine.subic")
+    path.write_text(json.dumps(manifest))
+    save_shards(index, path, 1)
+    assert sorted(os.listdir(tmp_path)) == [
+        "codes-0.subic", "codes.shards.json", "mine.subic"
+    ]  # fmt: skip
+    assert read_manifest(path).shards == (str(tmp_path / "codes-0.subic"),)
+
+
 def test_looks_and_filters_refine_as_one_index(cluster, tmp_path, rng):
     """Trained-like codes whose tie groups go on beyond the shortlist: the
     merged refinement fetches them from every shard."""
