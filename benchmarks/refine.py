@@ -19,7 +19,9 @@ look). This measures, for a trained CIFAR-10 model (48 bits, `subic train
    (`subic_keras.near_duplicates.alter`: crop of 60–90 % of the area, JPEG
    quality 30–70, brightness ±20 %, mirror, a random mix), are the queries;
    recall@1 and recall@10 of the original, codes only against refined with
-   the library's defaults;
+   the library's defaults, and how often the codes alone hold it among
+   their best 10 to 3,000 and in the tie groups of their top 10 (what
+   ordering ties alone could find);
 3. *categories*: the paper protocol's strict mAP (1,000 test queries, 100
    per class, against the other 9,000 test pictures; equal scores ranked
    pessimistically), codes only against refined (a strict order);
