@@ -47,7 +47,7 @@ from subic_keras.search.ray_index import (
     MANIFEST_SUFFIX,
     MAX_SHARDS,
     ray_module,
-    shard_path,
+    shard_paths,
     write_manifest,
 )
 
@@ -209,7 +209,7 @@ def index_folder_on_ray(
     finished = _read_progress(progress_file, record["digest"], root)
     report = FolderReport(skipped=list(skipped))
     bounds = np.linspace(0, len(paths), num_shards + 1).astype(np.int64)
-    files = [shard_path(manifest, number) for number in range(num_shards)]
+    files = shard_paths(manifest, num_shards)
     runs = {}  # the shards to encode now: their files' runs
     for number, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         done = finished.get(str(number))

@@ -143,7 +143,10 @@ def save_shards(
 
     Shard `s` is `<path without .shards.json>-<s>.subic`, a contiguous run
     of the items (`SubicIndex.shard`), so the manifest's order is the
-    insertion order. Every file is written atomically, the manifest last.
+    insertion order. Every file is written atomically, the manifest last;
+    over a manifest that lists those files, the shards are written as
+    `<...>-<s>.b.subic` instead (`shard_paths`), so that it names complete
+    shards until the new manifest replaces it.
 
     Example:
 
@@ -168,18 +171,36 @@ def save_shards(
     num_shards = check_int("num_shards", num_shards, minimum=1)
     if num_shards > MAX_SHARDS:
         raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
-    files = []
-    for number, shard in enumerate(index.shard(num_shards)):
+    files = shard_paths(path, num_shards)
+    for file, shard in zip(files, index.shard(num_shards)):
         shard.model = index.model
-        files.append(shard_path(path, number))
-        shard.save(files[-1])
+        shard.save(file)
     write_manifest(path, index.num_blocks, index.block_size, files)
     return files
 
 
-def shard_path(manifest: str | os.PathLike, number: int) -> str:
-    """Shard `number`'s file beside `manifest`: `<stem>-<number>.subic`."""
-    return f"{os.fspath(manifest)[: -len(MANIFEST_SUFFIX)]}-{number}.subic"
+def shard_path(manifest: str | os.PathLike, number: int, spare: bool = False) -> str:
+    """Shard `number`'s file beside `manifest`: `<stem>-<number>.subic`, or
+    `<stem>-<number>.b.subic` in the spare set (`shard_paths`)."""
+    tail = ".b.subic" if spare else ".subic"
+    return f"{os.fspath(manifest)[: -len(MANIFEST_SUFFIX)]}-{number}{tail}"
+
+
+def shard_paths(manifest: str | os.PathLike, num_shards: int) -> list[str]:
+    """The files a build of `num_shards` shards for `manifest` writes: the
+    set of `shard_path` names that a manifest already there does not list
+    (a rebuild interrupted before its manifest is written leaves the
+    earlier one naming complete shards, not some of each build's)."""
+    listed = _our_shards(manifest)
+    plain, spare = (
+        [shard_path(manifest, n, kind) for n in range(num_shards)]
+        for kind in (False, True)
+    )
+    if listed.intersection(map(os.path.basename, plain)) and not listed.intersection(
+        map(os.path.basename, spare)
+    ):
+        return spare
+    return plain  # (a manifest written by hand may list some of each)
 
 
 def write_manifest(
@@ -219,7 +240,9 @@ def _our_shards(manifest: str | os.PathLike) -> set[str]:
         os.path.basename(shard)
         for shard in listed
         if os.path.dirname(shard) == folder
-        and re.fullmatch(stem + r"(0|[1-9][0-9]*)\.subic", os.path.basename(shard))
+        and re.fullmatch(
+            stem + r"(0|[1-9][0-9]*)(\.b)?\.subic", os.path.basename(shard)
+        )
     }
 
 

@@ -170,10 +170,11 @@ def test_a_rebuild_into_fewer_shards_leaves_none_behind(tmp_path, rng):
     path = tmp_path / "codes.shards.json"
     save_shards(index, path, 3)
     (tmp_path / "mine.subic").write_bytes(b"a user's own file")
-    assert save_shards(index, path, 2) == [str(tmp_path / f"codes-{n}.subic")
-                                           for n in range(2)]  # fmt: skip
+    # Over a manifest listing codes-<s>.subic, the spare set is written.
+    files = save_shards(index, path, 2)
+    assert files == [str(tmp_path / f"codes-{n}.b.subic") for n in range(2)]
     assert sorted(os.listdir(tmp_path)) == [
-        "codes-0.subic", "codes-1.subic", "codes.shards.json", "mine.subic"
+        "codes-0.b.subic", "codes-1.b.subic", "codes.shards.json", "mine.subic"
     ]  # fmt: skip
     shards = read_manifest(path).shards
     assert sum(len(SubicIndex.load(shard)) for shard in shards) == 90
@@ -187,6 +188,42 @@ def test_a_rebuild_into_fewer_shards_leaves_none_behind(tmp_path, rng):
         "codes-0.subic", "codes.shards.json", "mine.subic"
     ]  # fmt: skip
     assert read_manifest(path).shards == (str(tmp_path / "codes-0.subic"),)
+
+
+def test_an_interrupted_rebuild_leaves_the_manifest_whole(tmp_path, rng, monkeypatch):
+    codes = rng.integers(0, 16, (90, 4))
+    before, after = SubicIndex(4, 16), SubicIndex(4, 16)
+    before.add(codes)
+    after.add(codes[::-1])
+    path = tmp_path / "codes.shards.json"
+    save_shards(before, path, 3)
+    save = SubicIndex.save
+    saved = []
+
+    def save_twice(self, file):
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+        saved.append(file)
+        save(self, file)
+
+    monkeypatch.setattr(SubicIndex, "save", save_twice)
+    with pytest.raises(KeyboardInterrupt):
+        save_shards(after, path, 3)
+    monkeypatch.setattr(SubicIndex, "save", save)
+    assert [os.path.basename(file) for file in saved] == [
+        "codes-0.b.subic", "codes-1.b.subic"
+    ]  # fmt: skip
+    # The manifest still names the first build's shards, all of them.
+    shards = [SubicIndex.load(shard) for shard in read_manifest(path).shards]
+    assert np.array_equal(np.concatenate([s.get_codes() for s in shards]), codes)
+    # The next build completes over them, and the spare files it wrote
+    # are the manifest's now.
+    save_shards(after, path, 3)
+    shards = [SubicIndex.load(shard) for shard in read_manifest(path).shards]
+    assert np.array_equal(np.concatenate([s.get_codes() for s in shards]), codes[::-1])
+    assert sorted(os.listdir(tmp_path)) == [
+        "codes-0.b.subic", "codes-1.b.subic", "codes-2.b.subic", "codes.shards.json"
+    ]  # fmt: skip
 
 
 def test_looks_and_filters_refine_as_one_index(cluster, tmp_path, rng):
