@@ -156,7 +156,8 @@ def index_folder_on_ray(
             read it (and the folder) at the same path.
         root: the folder of pictures.
         manifest: the shard manifest to write (`*.shards.json`); shard `s`
-            is `<stem>-<s>.subic` beside it.
+            is `<stem>-<s>.subic` beside it, or `<stem>-<s>.b.subic` over a
+            manifest that lists the former (`search.ray_index.shard_paths`).
         num_shards: shards, >= 1 (a contiguous run of the files each).
         address: the Ray cluster to join when Ray is not initialized yet
             (`None`: `RAY_ADDRESS`, or a local one).
