@@ -1535,16 +1535,20 @@ static int dots_run(int dots) {
     return dots == DOTS_PORTABLE;
 }
 
-/* Lays out query `query` (count views of d int8 values) in `views`. */
-static void lay_out_views(Views *views, const int8_t *query) {
+/* Lays out query `query` (count views of d int8 values) in `views`, in the
+ * layout the `dots_kind` kernel reads: int16 pairs (AVX2, AVX-512BW) or
+ * int8 quads (VNNI); the portable one reads `raw`. */
+static void lay_out_views(Views *views, const int8_t *query, int dots_kind) {
     const long long d = views->d, stride = views->stride;
+    const int pairs = dots_kind == DOTS_AVX2 || dots_kind == DOTS_AVX512;
+    const int quads = dots_kind == DOTS_VNNI;
     views->raw = query;
     for (long long v = 0; v < views->count; v++) {
         int64_t square = 0, sum = 0;
         for (long long i = 0; i < d; i++) {
             const int8_t value = query[v * d + i];
-            ((int16_t *)(views->pair + i / 2 * stride + v))[i % 2] = value;
-            ((int8_t *)(views->quad + i / 4 * stride + v))[i % 4] = value;
+            if (pairs) ((int16_t *)(views->pair + i / 2 * stride + v))[i % 2] = value;
+            if (quads) ((int8_t *)(views->quad + i / 4 * stride + v))[i % 4] = value;
             square += (int64_t)value * value;
             sum += value;
         }
@@ -1586,7 +1590,7 @@ static int refine_rows(const int8_t *table, long long table_rows, const int64_t 
         goto done;
     }
     for (long long q = 0; q < nq; q++) {
-        lay_out_views(&views, queries + q * count * d);
+        lay_out_views(&views, queries + q * count * d, dots_kind);
         const double bar = bars[q];
         float top0 = -3.0f, top1 = -3.0f; /* the two most alike eligible */
         for (long long j = 0; j < c; j++) {

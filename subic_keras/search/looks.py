@@ -459,11 +459,13 @@ def refine(
         whole = scores[:, k - 1] == scores[:, -1]
     out_scores = np.empty((len(scores), k), np.float32)
     out_positions = np.empty((len(scores), k), np.int64)
-    if not whole.all():
-        rest = ~whole
-        best = _ordered(scores[rest], positions[rest], items, query_looks[rest], k)
-        out_scores[rest] = np.take_along_axis(scores[rest], best, axis=1)
-        out_positions[rest] = np.take_along_axis(positions[rest], best, axis=1)
+    rest = np.flatnonzero(~whole)
+    if len(rest):
+        some = slice(None) if len(rest) == len(scores) else rest  # no copy
+        part_scores, part_positions = scores[some], positions[some]
+        best = _ordered(part_scores, part_positions, items, query_looks[some], k)
+        out_scores[some] = np.take_along_axis(part_scores, best, axis=1)
+        out_positions[some] = np.take_along_axis(part_positions, best, axis=1)
     for row in np.flatnonzero(whole):
         score, position = scores[row], positions[row]
         tied = items.same_codes(position[score == score[-1]])
@@ -491,7 +493,6 @@ def _ordered(scores, positions, items: Candidates, query_looks, k: int) -> np.nd
     column indices: by the native kernel where it is built, else NumPy a
     batch of queries at a time."""
     table, rows = items.looks(positions)
-    query_looks = as_views(query_looks)
     bars = scores[:, min(SHORTLIST, scores.shape[1]) - 1]
     if native.kernels():
         return native.refine(
