@@ -1,10 +1,21 @@
-"""Atomic file and directory writes: nothing saved is ever half-written.
+"""One way to write a file: atomic, and never through a link.
 
-Every save writes a temporary beside its destination, named
-`.<destination name>.subic-tmp-<pid>-<random>`, and renames it into place
-when complete. A save killed before the rename (SIGKILL, power loss) leaves
-its temporary behind; the next save to the same destination removes every
-temporary whose writing process is gone (`remove_stale_temporaries`).
+Every save writes a temporary beside its destination, inside a private
+folder named `.<destination name>.subic-tmp-<pid>-<random>` (mode 0700,
+made by this process, so nobody can plant a link in it), and renames it
+into place when complete. A save killed before the rename (SIGKILL, power
+loss) leaves its temporary behind; the next save to the same destination
+removes every temporary whose writing process is gone
+(`remove_stale_temporaries`).
+
+No save follows a link. The rename replaces the name itself, never a
+file a link there leads to; a link (or anything but a regular file) where
+a file is to be saved is refused unless the caller replaces it
+(`replace=True`, the command line's `--overwrite`), and then the link
+itself goes. The folders a save makes inside its output folder
+(`make_folders`) are made one by one under the previous one's descriptor,
+refusing links and files on the way. The output folder a user names may
+itself be a link: that is their choice, not a planted one.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 
@@ -85,42 +97,126 @@ def _temporary_prefix(path: str) -> str:
     return f"{_temporary_stem(path)}{os.getpid()}-"
 
 
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
+def atomic_path(
+    path: str | os.PathLike, suffix: str = "", *, replace: bool = False
+) -> Iterator[str]:
     """Yields a temporary path beside `path`; renames it onto `path` on success.
 
-    The temporary file lives in the destination's directory so that the final
-    `os.replace` is a same-filesystem rename, which POSIX makes atomic. On any
-    exception the temporary file is removed and `path` is left untouched;
-    temporaries of earlier, killed saves to `path` are removed first.
+    The temporary lives in a private folder inside the destination's folder,
+    so that the final `os.replace` is a same-filesystem rename, which POSIX
+    makes atomic, and nobody else can put a link where it is written. The
+    rename replaces the name `path`: a link there is replaced itself, never
+    followed. On any exception the temporary is removed and `path` is left
+    untouched; temporaries of earlier, killed saves to `path` are removed
+    first.
 
     Args:
-        path: the final destination.
+        path: the final destination: a new name, or a regular file.
         suffix: a suffix for the temporary name; some writers (Keras's
             `model.save`) choose the format from the extension.
+        replace: replace a link (or a special file) at `path` itself,
+            instead of refusing it (`output_target`).
+
+    Raises:
+        FileExistsError: a link is at `path`, and not `replace`.
+        IsADirectoryError, ValueError: `output_target`'s refusals.
     """
-    path = output_target(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    path = output_target(path, replace=replace)
+    directory, name = os.path.split(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(
-        prefix=_temporary_prefix(path), suffix=suffix or ".tmp", dir=directory
-    )
-    os.close(fd)
+    private = tempfile.mkdtemp(prefix=_temporary_prefix(path), dir=directory)
+    tmp = os.path.join(private, name + (suffix or ".tmp"))
     try:
+        # Made here, so that a writer that opens it by name finds a regular
+        # file of ours.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600))
         yield tmp
-        if os.path.exists(tmp):
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            # mkstemp makes the file private (0600); give it the permissions
-            # an ordinary open() would, so other users (a serving container)
-            # can read it.
-            os.chmod(tmp, 0o666 & ~_umask())
+        fd = os.open(tmp, os.O_RDONLY | _NOFOLLOW)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"the save did not write a file ({path})")
+            os.fsync(fd)
+            # A private file (0600) gets the permissions an ordinary open()
+            # would give, so other users (a serving container) can read it.
+            os.fchmod(fd, 0o666 & ~_umask())
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+        _sync_folder(directory)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _sync_folder(directory: str) -> None:
+    """Makes a rename in `directory` durable (a power loss keeps it)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, _DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def make_folders(folder: str | os.PathLike, *parts: str, replace: bool = False) -> str:
+    """`folder/parts…`, made where missing, each part a real folder.
+
+    `folder` (the output folder a user names) is made as `os.makedirs`
+    makes it; each of `parts` is made or opened under the previous part's
+    descriptor without following a link, so a link planted inside the
+    output folder (`logs -> /elsewhere`) never receives a file.
+
+    Args:
+        folder: the output folder.
+        parts: names of folders inside it, outermost first.
+        replace: remove a link or a file that stands where a part belongs
+            (the link itself, never what it leads to) instead of refusing it.
+
+    Returns:
+        The path of the innermost folder.
+
+    Raises:
+        FileExistsError: a link or a file stands where a part belongs, and
+            not `replace`.
+    """
+    path = os.fspath(folder)
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(path, _DIRECTORY)
+    try:
+        for part in parts:
+            path = os.path.join(path, part)
+            inner = _open_folder(fd, part, path, replace)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    return path
+
+
+def _open_folder(parent: int, name: str, path: str, replace: bool) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o777, dir_fd=parent)
+    try:
+        return os.open(name, _DIRECTORY | _NOFOLLOW, dir_fd=parent)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+    if not replace:
+        what = "a symbolic link" if os.path.islink(path) else "a file"
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{what} stands where a folder of ours belongs; it is never written "
+            "through: remove it, or pass --overwrite to replace it",
+            path,
+        )
+    os.unlink(name, dir_fd=parent)
+    os.mkdir(name, 0o777, dir_fd=parent)
+    return os.open(name, _DIRECTORY | _NOFOLLOW, dir_fd=parent)
 
 
 @contextlib.contextmanager
@@ -135,7 +231,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     remove_stale_temporaries(path)
-    if os.path.exists(path) and not overwrite:
+    if os.path.lexists(path) and not overwrite:
         raise FileExistsError(
             f"path already exists: {path!r}; pass overwrite=True to replace it"
         )
@@ -144,14 +240,17 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide it
-        if os.path.exists(path):
+        if os.path.lexists(path):
             old = tempfile.mkdtemp(
                 prefix=_temporary_prefix(path), suffix=_OLD, dir=parent
             )
             os.rmdir(old)
-            os.replace(path, old)
+            os.replace(path, old)  # a link is moved, never followed
             os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            if os.path.islink(old) or not os.path.isdir(old):
+                os.remove(old)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
     except BaseException:
@@ -255,28 +354,33 @@ def load_keras_file(path: str | os.PathLike, compile: bool = True):
         ) from error
 
 
-def output_target(path: str | os.PathLike) -> str:
-    """The file a save to `path` replaces: `path`, or the file a symbolic
-    link there leads to (the link is kept and its target replaced).
+def output_target(path: str | os.PathLike, *, replace: bool = False) -> str:
+    """`path`, if a save may write there: a new name or a regular file.
 
-    Only a regular file is ever replaced; anything else at the path is
-    refused before a byte is written.
+    Nothing is followed: a link at `path` is refused (its target is never
+    written), unless `replace`, which replaces the link itself.
 
     Raises:
+        FileExistsError: a symbolic link is at `path`, and not `replace`.
         IsADirectoryError: a directory is there.
-        ValueError: a device, FIFO or socket is there, or a link loop.
+        ValueError: a device, FIFO or socket is there.
     """
     path = os.fspath(path)
-    if os.path.islink(path):
-        try:
-            os.stat(path)
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise ValueError(f"a loop of symbolic links ({path})") from None
-        path = os.path.realpath(path)
-    if os.path.isdir(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    if stat.S_ISLNK(mode) and not replace:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"a symbolic link (to {os.readlink(path)!r}) is where the file would "
+            "be saved; a save never writes through a link: remove it, or name "
+            "the file itself",
+            path,
+        )
+    if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "a directory, not an output file", path)
-    if os.path.exists(path) and not os.path.isfile(path):
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
         raise ValueError(
             f"not a regular file (a device, FIFO or socket), refused as an output "
             f"({path})"

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from subic_keras import evaluation, scoring
-from subic_keras._io import atomic_path
+from subic_keras._io import atomic_path, make_folders
 from subic_keras._validation import check_int, check_non_negative
 from subic_keras.config import QUERY_KINDS
 from subic_keras.losses import BlockEntropyLoss
@@ -372,7 +372,9 @@ class EpochTensorBoard(keras.callbacks.Callback):
         import tensorflow as tf
 
         if name not in self._writers:
-            path = os.path.join(self.log_dir, name)
+            # Made without following a link: a `train` link planted in
+            # the log folder never receives the events.
+            path = make_folders(self.log_dir, name)
             self._writers[name] = tf.summary.create_file_writer(path)
         return self._writers[name]
 

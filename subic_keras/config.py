@@ -49,6 +49,10 @@ BACKBONES = ("auto", "dsh_cnn", "mlp", *APPLICATIONS)
 QUERY_KINDS = ("fc0", "class_posterior")
 
 
+# What `train` writes in its output folder: the model, the summary, logs.
+TRAIN_OUTPUTS = ("best.keras", "summary.json", "logs")
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """The budgets and weights of SuBiC's two-stage recipe (the docstring of

@@ -13,10 +13,12 @@ in `subic_keras.protocols`; all are re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import pickle
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from subic_keras._validation import check_int
 from subic_keras.config import DATASETS as DATASETS
 from subic_keras.folders import LabelledFolder as LabelledFolder
 from subic_keras.folders import image_folder as image_folder
+from subic_keras.paths import open_file
 
 # The pipelines, preprocessing and tensorflow-datasets loaders live in
 # modules of their own; re-exported here, where earlier releases had them.
@@ -230,7 +233,7 @@ def _read_cifar_python(
     for path in paths:
         if remaining == 0:
             break
-        with open(path, "rb") as handle:
+        with open_file(path) as handle:
             try:
                 batch = _CifarUnpickler(handle, encoding="bytes").load()
             except pickle.UnpicklingError as error:
@@ -386,11 +389,21 @@ def _find_fashion_files(data_dir: str) -> dict[str, str]:
     )
 
 
+@contextlib.contextmanager
+def _open_idx(path: str) -> Iterator:
+    """An IDX file, gzipped or not, opened as every file is (`open_file`)."""
+    with open_file(path) as handle:
+        if not path.endswith(".gz"):
+            yield handle
+            return
+        with gzip.GzipFile(fileobj=handle, mode="rb") as unzipped:
+            yield unzipped
+
+
 def _read_idx(path: str, magic: int, ndim: int, limit: int | None) -> np.ndarray:
     """Reads the first `limit` items of an unsigned-byte IDX file."""
-    opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rb") as handle:
+        with _open_idx(path) as handle:
             header = handle.read(4 + 4 * ndim)
             if len(header) < 4 + 4 * ndim:
                 raise ValueError(

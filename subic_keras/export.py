@@ -42,7 +42,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from subic_keras._io import atomic_directory, atomic_path, load_keras_file
+from subic_keras._io import (
+    atomic_directory,
+    atomic_path,
+    load_keras_file,
+    make_folders,
+)
 from subic_keras._validation import check_finite, check_int
 from subic_keras.layers import BlockArgmax, BlockSoftmax
 from subic_keras.models import BLOCK_PROBS, FC0, FC1, Subic
@@ -172,11 +177,15 @@ def export_saved_model(
     height, width, channels = _image_shape(subic, image_size)
     model_name = _check_model_name(model_name)
     model_dir = os.path.join(os.fspath(base_dir), model_name)
+    if version is not None:
+        version = check_int("version", version, minimum=0)
+    # The model's folder is made inside `base_dir` without following a
+    # link: a planted `subic -> /elsewhere` never receives the export.
+    make_folders(base_dir, model_name, replace=overwrite)
     if version is None:
         version = _next_version(model_dir)
-    version = check_int("version", version, minimum=0)
     path = os.path.join(model_dir, str(version))
-    if os.path.exists(path) and not overwrite:
+    if os.path.lexists(path) and not overwrite:
         raise FileExistsError(
             f"version {version} of model {model_name!r} already exists: {path!r}; "
             "pass overwrite=True to replace it, or choose another version"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-import ipaddress
 import signal
 import socket
 import sys
@@ -23,16 +22,24 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from subic_keras._validation import load_json
+from subic_keras.search import filters
 from subic_keras.server import (
     LOG,
     ApiError,
     ReloadBusyError,
     SearchService,
 )
+from subic_keras.sockets import is_wildcard, listen, url
 
 _CHUNK = 64 * 1024  # bytes of a picture file sent at a time
 # Room for the multipart envelope around an uploaded picture.
 _MULTIPART_OVERHEAD = 64 * 1024
+# The longest query string answered; a longer one is a JSON 414 that says
+# to send the filter in the body (up to `filters.MAX_LENGTH` characters).
+MAX_QUERY_BYTES = 64 * 1024
+# What uvicorn's HTTP parser holds of a request line and headers: past
+# `MAX_QUERY_BYTES`, so that such a request reaches the app and its 414.
+_MAX_HEAD_BYTES = 1 << 20
 
 
 def _page() -> str:
@@ -51,6 +58,7 @@ def create_app(service: SearchService) -> FastAPI:
         version="1",
     )
     page = _page()
+    app.add_middleware(_BoundedQuery)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError):
@@ -100,7 +108,9 @@ def create_app(service: SearchService) -> FastAPI:
     ):
         service.check_k(k)
         condition = service.check_where(where)  # refused before the upload is read
-        data = await _picture(request, service.max_upload_bytes)
+        data, field = await _picture(request, service.max_upload_bytes)
+        if field is not None:  # a long filter: a field of the multipart body
+            condition = service.check_where(_once(where, field))
         answer = await run_in_threadpool(service.search_image, data, k, condition)
         return JSONResponse(answer)
 
@@ -109,6 +119,8 @@ def create_app(service: SearchService) -> FastAPI:
         request: Request, k: int = Query(10), where: str | None = Query(None)
     ):
         body = await _json(request, "query")
+        if "where" in body:  # a long filter: in the JSON body
+            where = _once(where, body["where"])
         answer = await run_in_threadpool(service.search_query, body["query"], k, where)
         return JSONResponse(answer)
 
@@ -150,6 +162,41 @@ def create_app(service: SearchService) -> FastAPI:
     return app
 
 
+class _BoundedQuery:
+    """Answers a query string longer than `MAX_QUERY_BYTES` with a JSON 414
+    before any route parses it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and len(scope["query_string"]) > MAX_QUERY_BYTES:
+            response = JSONResponse(
+                {
+                    "error": f"the query string is longer than {MAX_QUERY_BYTES:,} "
+                    "bytes: send a long filter in the body (the multipart field "
+                    '"where" with a picture, the JSON field "where" with a query)'
+                },
+                status_code=414,
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def server_config(app, **options):
+    """uvicorn's configuration for `app` (`options` as `uvicorn.Config`'s),
+    its HTTP parser holding heads past `MAX_QUERY_BYTES`."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        h11_max_incomplete_event_size=_MAX_HEAD_BYTES,
+        log_level="warning",
+        **options,
+    )
+
+
 def _file_chunks(fd: int):
     """The bytes of an open file, a chunk at a time; closes it at the end
     (or when the client leaves and the response is dropped)."""
@@ -171,12 +218,25 @@ async def _read_limited(request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _picture(request, limit: int) -> bytes:
-    """The uploaded picture: the raw body, or the multipart field `image`."""
+def _once(in_query: str | None, in_body):
+    """The filter given in the body, refused if the query string has one."""
+    if in_query is not None:
+        raise ApiError(
+            422, "where: give the filter once, in the query string or the body"
+        )
+    return in_body
+
+
+async def _picture(request, limit: int) -> tuple[bytes, str | None]:
+    """The uploaded picture (the raw body, or the multipart field `image`)
+    and the multipart field `where`, if any: a filter too long for a query
+    string (up to `filters.MAX_LENGTH` characters)."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
-        return await _read_limited(request, limit)
-    body = await _read_limited(request, limit + _MULTIPART_OVERHEAD)
+        return await _read_limited(request, limit), None
+    body = await _read_limited(
+        request, limit + _MULTIPART_OVERHEAD + 4 * filters.MAX_LENGTH
+    )
     boundary = content_type.partition("boundary=")[2].split(";")[0].strip('" ')
     if boundary and f"--{boundary}--".encode() not in body:
         raise ApiError(
@@ -188,24 +248,31 @@ async def _picture(request, limit: int) -> bytes:
         yield body
 
     parser = MultiPartParser(
-        request.headers, stream(), max_files=1, max_fields=10, max_part_size=limit
+        request.headers,
+        stream(),
+        max_files=1,
+        max_fields=10,
+        max_part_size=max(limit, 4 * filters.MAX_LENGTH),
     )
     try:
         form = await parser.parse()
     except MultiPartException as error:
         raise ApiError(400, f"malformed multipart upload: {error.message}") from None
-    upload = form.get("image")
+    upload, where = form.get("image"), form.get("where")
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "a multipart upload needs the picture in the field 'image'")
+    if where is not None and not isinstance(where, str):
+        raise ApiError(422, "where: the field 'where' holds text, not a file")
     data = await upload.read()
     await form.close()  # the upload's spooled temporary file
     if len(data) > limit:
         raise ApiError(413, f"the upload is larger than {limit} bytes")
-    return data
+    return data, where
 
 
 async def _json(request, field: str) -> dict:
-    body = await _read_limited(request, 4 * 1024 * 1024)
+    # Room for a query and a filter of `filters.MAX_LENGTH` characters.
+    body = await _read_limited(request, 4 * 1024 * 1024 + 6 * filters.MAX_LENGTH)
     try:
         value = load_json(body)
     except ValueError as error:
@@ -213,45 +280,6 @@ async def _json(request, field: str) -> dict:
     if not isinstance(value, dict) or field not in value:
         raise ApiError(422, f'the body must be a JSON object with "{field}"')
     return value
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on `host:port` (`port` 0: a free port).
-
-    Raises:
-        OSError: the address cannot be listened on (in use, not this
-            machine's, or not an address), naming it.
-    """
-    try:
-        (family, kind, proto, _, address), *_ = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        sock = socket.socket(family, kind, proto)
-    except OSError as error:
-        raise OSError(f"cannot listen on {host!r}: {error.strerror or error}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError as error:
-        sock.close()
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise OSError(f"cannot listen on {where}: {error.strerror or error}") from None
-    return sock
-
-
-def url(sock: socket.socket) -> str:
-    """The address a listening socket answers at, with the port it bound."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
-
-
-def is_wildcard(host: str) -> bool:
-    """Whether `host` means every interface (`0.0.0.0`, `::`)."""
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
 
 
 def run(
@@ -306,7 +334,7 @@ def run(
         f"({stats['bits']}-bit codes) at {url(sock)}  (Ctrl+C stops)",
         flush=True,
     )
-    config = uvicorn.Config(create_app(service), log_level="warning")
+    config = server_config(create_app(service))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:

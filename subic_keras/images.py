@@ -92,13 +92,21 @@ class DecodeBudget:
     Args:
         total_bytes: the memory all decodes together may take.
         timeout: seconds a decode waits for room before `TimeoutError`.
+        owner: who decodes with it, ending the message that refuses a
+            picture larger than the whole budget.
     """
 
-    def __init__(self, total_bytes: int, timeout: float = 30.0):
+    def __init__(
+        self,
+        total_bytes: int,
+        timeout: float = 30.0,
+        owner: str = "this server decodes with",
+    ):
         if not total_bytes >= 1 << 20:
             raise ValueError(f"total_bytes must be >= 1 MiB, received {total_bytes}")
         self.total = int(total_bytes)
         self.timeout = float(timeout)
+        self.owner = owner
         self._free = self.total
         self._room = threading.Condition()
 
@@ -113,7 +121,7 @@ class DecodeBudget:
         if nbytes > self.total:
             raise ImageTooLargeError(
                 f"image too large: decoding it takes {nbytes / 1e6:.0f} MB, more "
-                f"than the {self.total / 1e6:.0f} MB this server decodes with"
+                f"than the {self.total / 1e6:.0f} MB {self.owner}"
             )
         with self._room:
             if not self._room.wait_for(lambda: self._free >= nbytes, self.timeout):
@@ -127,6 +135,16 @@ class DecodeBudget:
             with self._room:
                 self._free += nbytes
                 self._room.notify_all()
+
+
+# Memory that the files one process decodes at once may take together
+# (`index build`/`add`, `train --images`, query files): the server's rule
+# (`DecodeBudget`, from the header) for files. Twice the server's upload
+# budget: a 30-megapixel RGB PNG fits, a 13,000 x 13,000 one does not.
+FILE_DECODE_BYTES = 256_000_000
+FILE_DECODE_BUDGET = DecodeBudget(
+    FILE_DECODE_BYTES, timeout=600.0, owner="a file is decoded with"
+)
 
 
 def _eight_bits(image):
@@ -281,17 +299,24 @@ def read_image(
     shape: Sequence[int],
     *,
     fd: int | None = None,
+    budget: DecodeBudget | None = FILE_DECODE_BUDGET,
 ) -> np.ndarray:
     """Reads and decodes one image file (`decode_image`), streamed from the
-    file: only its header is read before the pixel limit is checked.
+    file: only its header is read before the pixel limit and the memory
+    its decoding takes (`budget`) are checked.
 
     Args:
         path: the file (opened without blocking: a FIFO is refused).
         shape: as `decode_image`'s.
         fd: a descriptor already open on the file (`paths.open_in_folder`),
             closed here; `path` then only names it in messages.
+        budget: memory shared with the process's other decodes; by
+            default `FILE_DECODE_BUDGET` (256 MB), `None` for no limit
+            beyond `MAX_PIXELS`.
 
     Raises:
+        ImageTooLargeError: naming the path, for a picture whose decoding
+            takes more than the whole `budget`.
         ImageDecodeError: naming the path, for a file that is not a
             decodable image.
         OSError: for a file that cannot be read, or is not a regular file.
@@ -301,7 +326,7 @@ def read_image(
         fd = open_regular(path)
     with open(fd, "rb") as handle:
         try:
-            return _decode(handle, shape, MAX_PIXELS, None)
+            return _decode(handle, shape, MAX_PIXELS, budget)
         except ImageDecodeError as error:  # the same kind, naming the path
             raise type(error)(f"{error} ({path})") from None
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int
+from subic_keras.paths import open_file
 
 # Bumped whenever the extractor's preprocessing changes, so that stale caches
 # computed the old way are never returned.
@@ -94,7 +95,7 @@ class LiteRTFeatureExtractor:
         if num_threads is not None:
             num_threads = check_int("num_threads", num_threads, minimum=1)
         self.num_threads = num_threads
-        with open(self.model_path, "rb") as handle:
+        with open_file(self.model_path) as handle:
             self._model_digest = hashlib.sha256(handle.read()).hexdigest()
         try:
             self._interpreter = _interpreter_class()(
@@ -275,7 +276,8 @@ class LiteRTFeatureExtractor:
         if not os.path.isfile(path):
             return None
         try:
-            features = np.load(path, allow_pickle=False)
+            with open_file(path) as handle:
+                features = np.load(handle, allow_pickle=False)
         except (OSError, ValueError):
             return None
         if features.shape != (n, self.feature_dim) or features.dtype != np.float32:

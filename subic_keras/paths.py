@@ -10,7 +10,8 @@ request, so two rules hold wherever a file of it is found or read:
   so a link loop (`ln -s . self`) adds nothing. Hidden names are passed
   over; FIFOs, sockets and devices, links out of the folder or to nowhere,
   and entries that vanish while the folder is walked are listed as skipped.
-- **Opening** (`open_in_folder`, `open_regular`): a file is opened once,
+- **Opening** (`open_in_folder`, `open_regular`, and for the package's
+  own small files `read_bytes`): a file is opened once,
   without blocking (a FIFO never hangs a reader), and refused unless the
   opened descriptor is a regular file whose real path lies inside the
   folder. The check is made on the descriptor, not on the name, so
@@ -26,6 +27,7 @@ import dataclasses
 import errno
 import os
 import stat
+from collections.abc import Iterator
 
 # How a descriptor's path is read back: Linux's /proc, or macOS's F_GETPATH.
 _PROC_FD = "/proc/self/fd"
@@ -64,6 +66,31 @@ def open_regular(path: str | os.PathLike) -> int:
             (`EINVAL`, "not a regular file").
     """
     return _regular(os.open(path, _READ | _NONBLOCK), path)
+
+
+def open_file(path: str | os.PathLike):
+    """`open(path, "rb")` through `open_regular`: the one way the package
+    opens a file it reads (a FIFO or a device is refused, never waited on)."""
+    return open(open_regular(path), "rb")
+
+
+def read_bytes(path: str | os.PathLike, limit: int, kind: str) -> bytes:
+    """The bytes of the regular file `path`, refused past `limit` bytes.
+
+    For the small files the package reads whole (manifests, progress files,
+    records): opened as `open_regular` opens (a FIFO never hangs the
+    reader), and read to at most `limit + 1` bytes (a huge file, or a
+    device, never fills memory).
+
+    Raises:
+        OSError: `open_regular`'s, naming `path`.
+        ValueError: more than `limit` bytes, naming `kind` and `path`.
+    """
+    with open_file(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{kind} larger than {limit:,} bytes ({os.fspath(path)})")
+    return data
 
 
 def _regular(fd: int, name: str | os.PathLike) -> int:
@@ -198,8 +225,9 @@ def resolve(root: str | os.PathLike, relative: str) -> str:
     return real
 
 
-def _utf8(name: str) -> bool:
-    # Python keeps undecodable bytes of a file name as surrogates.
+def is_utf8(name: str) -> bool:
+    """Whether `name` encodes as UTF-8 (Python keeps undecodable bytes of a
+    file name, and JSON a lone `\\ud800`, as surrogates)."""
     try:
         name.encode()
     except UnicodeEncodeError:
@@ -220,7 +248,25 @@ class _Walk:
         self.links: list[str] = []
 
     def folder(self, relative: str) -> None:
-        """Lists one folder: files kept, folders walked, links put aside."""
+        """Walks one folder and every folder under it, depth first in name
+        order, with a stack of listings rather than recursion (a tree
+        thousands of folders deep is walked like any other)."""
+        stack = [self.listing(relative)]
+        while stack:
+            path = next(stack[-1], None)
+            if path is None:
+                stack.pop()
+            elif self.entry(path, follow=False):
+                stack.append(self.listing(path))
+
+    def visit(self, path: str, follow: bool) -> None:
+        """One entry, and the folder under it if it is one."""
+        if self.entry(path, follow):
+            self.folder(path)
+
+    def listing(self, relative: str) -> Iterator[str]:
+        """The entries of one folder to look at: files and folders, in name
+        order; links are put aside, hidden and undecodable names passed."""
         directory = os.path.join(self.root, relative) if relative else self.root
         try:
             with os.scandir(directory) as listing:
@@ -233,14 +279,15 @@ class _Walk:
             if entry.name.startswith("."):
                 continue
             path = f"{relative}/{entry.name}" if relative else entry.name
-            if not _utf8(path):
+            if not is_utf8(path):
                 self.skipped.append(SkippedFile(repr(path), "name is not UTF-8"))
             elif entry.is_symlink():
                 self.links.append(path)
             else:
-                self.entry(path, follow=False)
+                yield path
 
-    def entry(self, path: str, follow: bool) -> None:
+    def entry(self, path: str, follow: bool) -> bool:
+        """Keeps a file, or says whether `path` is a folder to walk."""
         full = os.path.join(self.root, path)
         try:
             info = os.stat(full, follow_symlinks=follow)
@@ -253,18 +300,18 @@ class _Walk:
             }
             reason = reasons.get(error.errno or 0, error.strerror or str(error))
             self.skipped.append(SkippedFile(path, reason))
-            return
+            return False
         if follow and not _inside(os.path.realpath(full), self.real_root):
             self.skipped.append(SkippedFile(path, "link out of the folder"))
-            return
+            return False
         key = (info.st_dev, info.st_ino)
         if stat.S_ISDIR(info.st_mode):
             if key in self.folders:
                 self.skipped.append(SkippedFile(path, "a folder already walked"))
-                return
+                return False
             self.folders.add(key)
-            self.folder(path)
-        elif not stat.S_ISREG(info.st_mode):
+            return True
+        if not stat.S_ISREG(info.st_mode):
             self.skipped.append(
                 SkippedFile(path, "not a regular file (a FIFO, socket or device)")
             )
@@ -275,6 +322,7 @@ class _Walk:
         else:
             self.files[key] = path
             self.paths.append(path)
+        return False
 
 
 def find_files(root: str | os.PathLike) -> tuple[list[str], list[SkippedFile]]:
@@ -300,5 +348,5 @@ def find_files(root: str | os.PathLike) -> tuple[list[str], list[SkippedFile]]:
     while walk.links:
         pending, walk.links = sorted(walk.links), []
         for path in pending:
-            walk.entry(path, follow=True)
+            walk.visit(path, follow=True)
     return sorted(walk.paths), walk.skipped

@@ -17,13 +17,16 @@ import time
 
 import keras
 
-from subic_keras._io import atomic_path
+from subic_keras._io import atomic_path, make_folders
 from subic_keras.callbacks import BestWeights
 from subic_keras.config import Recipe
 from subic_keras.models import leaf_layers
+from subic_keras.paths import read_bytes
 from subic_keras.training_data import Split, _data_digest, _digest, check_data
 
 _CACHE_FORMAT = 1
+# A record or a snapshot's state is a few kB: more is not one of ours.
+_MAX_RECORD_BYTES = 1 << 24
 _PRETRAIN_HEAD = "classes"
 
 
@@ -101,7 +104,8 @@ class _Progress(keras.callbacks.Callback):
         self.directory, self.selector = directory, selector
 
     def on_epoch_end(self, epoch, logs=None):
-        os.makedirs(self.directory, exist_ok=True)
+        folder, name = os.path.split(os.path.abspath(self.directory))
+        make_folders(folder, name)  # a link there is refused, not followed
         state_path = os.path.join(self.directory, "state.json")
         last = os.path.join(self.directory, f"epoch-{epoch + 1}.weights.h5")
         with atomic_path(last, suffix=".weights.h5") as tmp:
@@ -132,12 +136,16 @@ class _Progress(keras.callbacks.Callback):
                     os.remove(path)
 
 
+def _read_record(path: str, kind: str) -> dict:
+    """A JSON file of the cache, read as every file is (`read_bytes`)."""
+    return json.loads(read_bytes(path, _MAX_RECORD_BYTES, kind))
+
+
 def _read_state(directory: str) -> dict | None:
     path = os.path.join(directory, "state.json")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
-    with open(path) as handle:
-        return json.load(handle)
+    return _read_record(path, "pre-training state")
 
 
 def _resume(classifier, selector: BestWeights, directory: str, epochs: int) -> int:
@@ -239,9 +247,9 @@ def pretrain_backbone(
     if paths is not None:
         weights_path, record_path, _ = paths
         if os.path.isfile(record_path) and os.path.isfile(weights_path):
+            record = _read_record(record_path, "pre-training record")
             backbone.load_weights(weights_path)
-            with open(record_path) as handle:
-                return {**json.load(handle), "cached": True}
+            return {**record, "cached": True}
 
     classifier = _classifier(backbone, preprocessing, input_shape, num_classes)
     selector = BestWeights("val_accuracy", mode="max")

@@ -37,9 +37,9 @@ import os
 import numpy as np
 
 from subic_keras import images as image_files
-from subic_keras._io import atomic_path
+from subic_keras._io import atomic_path, output_target
 from subic_keras._validation import check_int, load_json
-from subic_keras.paths import find_files
+from subic_keras.paths import find_files, read_bytes
 from subic_keras.retrieval import FolderReport, input_shape, model_record
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
@@ -110,14 +110,11 @@ def _read_progress(path: str, model: str, root: str) -> dict:
     """The shards a build finished with this model and folder (`{}` when
     there is no progress file, or one of another build)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_PROGRESS_BYTES + 1)
-        progress = load_json(data)
+        progress = load_json(read_bytes(path, _MAX_PROGRESS_BYTES, "progress file"))
     except (OSError, ValueError):
-        return {}
+        return {}  # (a FIFO is refused at once: `read_bytes`)
     if (
-        len(data) > _MAX_PROGRESS_BYTES
-        or not isinstance(progress, dict)
+        not isinstance(progress, dict)
         or progress.get("format") != PROGRESS_FORMAT
         or progress.get("model") != model
         or progress.get("root") != root
@@ -188,6 +185,9 @@ def index_folder_on_ray(
     if num_shards > MAX_SHARDS:
         raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
     batch_size = check_int("batch_size", batch_size, minimum=1)
+    progress_file = _progress_path(manifest)
+    for output in (manifest, progress_file):  # a link or a FIFO: refused now
+        output_target(output)
     root = os.path.realpath(root)
     paths, skipped = find_files(root)
     model_path = os.path.abspath(model_path)
@@ -206,7 +206,6 @@ def index_folder_on_ray(
             f"encoders must be at most the Ray cluster's CPUs ({cpus}), received "
             f"{encoders}"
         )
-    progress_file = _progress_path(manifest)
     finished = _read_progress(progress_file, record["digest"], root)
     report = FolderReport(skipped=list(skipped))
     bounds = np.linspace(0, len(paths), num_shards + 1).astype(np.int64)

@@ -140,7 +140,8 @@ def model_record(subic: Subic, path: str | os.PathLike | None = None) -> dict:
 
     Args:
         subic: the model.
-        path: its file, named in messages (its base name is recorded).
+        path: its file, named in messages (its base name and absolute path
+            are recorded).
     """
     digest = hashlib.sha256()
     config = {
@@ -154,8 +155,11 @@ def model_record(subic: Subic, path: str | os.PathLike | None = None) -> dict:
         value = np.ascontiguousarray(keras.ops.convert_to_numpy(weight))
         digest.update(f"{value.dtype}{value.shape}".encode())
         digest.update(value.tobytes())
-    name = None if path is None else os.path.basename(os.fspath(path))
-    return {"digest": digest.hexdigest(), "file": name, **config}
+    name = where = None
+    if path is not None:
+        name = os.path.basename(os.fspath(path))
+        where = os.path.abspath(os.fspath(path))
+    return {"digest": digest.hexdigest(), "file": name, "path": where, **config}
 
 
 def check_model_fits(
@@ -195,7 +199,7 @@ def check_model_fits(
             )
     current = model_record(subic, model_path)
     recorded = index.model
-    model = current["file"] or "the model"
+    model = current["path"] or "the model"
     if recorded is None:
         print(
             f"warning: {where} does not record the model that wrote its codes "
@@ -211,7 +215,9 @@ def check_model_fits(
         for key in ("num_blocks", "block_size", "input_shape", "query")
         if key in recorded and recorded[key] != current[key]
     ] or ["their weights differ"]
-    wrote = recorded.get("file") or "another model"
+    wrote = recorded.get("path") or recorded.get("file") or "another model"
+    if wrote == model:  # the same file, trained again since
+        wrote = f"an earlier training of {wrote}"
     raise ValueError(
         f"{where} was written by {wrote} (digest {recorded['digest'][:12]}), not "
         f"by {model} (digest {current['digest'][:12]}): {'; '.join(differs)}; "

@@ -321,6 +321,11 @@ class SearchService:
         filter parsed already is taken as it is."""
         if where is None or isinstance(where, filters.Filter):
             return where
+        if not isinstance(where, str):
+            raise ApiError(
+                422, f"where must be a filter expression (text), received "
+                f"{type(where).__name__}",
+            )  # fmt: skip
         if not where.strip():
             return None
         try:
@@ -446,9 +451,9 @@ class SearchService:
             "num_blocks": index.num_blocks,
             "block_size": index.block_size,
             "bits": index.num_blocks * (index.block_size.bit_length() - 1),
-            "model": os.path.basename(self.model_path),
-            "index": os.path.basename(self.index_path),
-            "folder": os.path.basename(self.folder),
+            "model": _shown(os.path.basename(self.model_path)),
+            "index": _shown(os.path.basename(self.index_path)),
+            "folder": _shown(os.path.basename(self.folder)),
             "query": self.query_kind,
             "image_shape": list(self.image_shape),
             "num_classes": self.subic.num_classes,
@@ -459,6 +464,12 @@ class SearchService:
             "folders": index.folders()[:MAX_FOLDERS],
             "looks": index.has_looks,
         }
+
+
+def _shown(name: str) -> str:
+    """A file name as JSON can carry it: the bytes of a name that is not
+    UTF-8 (kept by Python as surrogates) shown as U+FFFD."""
+    return os.fsencode(name).decode("utf-8", "replace")
 
 
 def _number_list(values, name: str, length: int, kind) -> list:

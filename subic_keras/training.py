@@ -19,11 +19,11 @@ import numpy as np
 import tensorflow as tf
 
 from subic_keras import backbones, datasets
-from subic_keras._io import atomic_path
+from subic_keras._io import atomic_path, make_folders, output_target
 from subic_keras.backbones import mlp_backbone
 from subic_keras.building import build_subic
 from subic_keras.callbacks import EpochTensorBoard
-from subic_keras.config import APPLICATIONS, CLASS_NAMES
+from subic_keras.config import APPLICATIONS, CLASS_NAMES, TRAIN_OUTPUTS
 from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
@@ -85,6 +85,7 @@ def train(
     verbose: int | str = "auto",
     callbacks=(),
     on_skipped: Callable[[list], None] | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Trains SuBiC with the recipe of `subic_keras.recipe` as configured.
 
@@ -104,6 +105,9 @@ def train(
         on_skipped: called with the files the folder check passed over
             (`paths.SkippedFile`s), as soon as the folder is checked and
             before the first epoch (`--images` runs; an empty list else).
+        overwrite: replace a link or a file that stands where an output
+            goes (the link itself); without it, such an output is refused
+            before training (a save never writes through a link).
 
     Returns:
         The summary: configuration, both stages, best epoch, validation and
@@ -118,7 +122,7 @@ def train(
     recipe = config.recipe(augment=min(shape[:2]) >= 16)
     cache_dir = config.cache_dir or default_cache_dir()
     created = not os.path.exists(config.output_dir)
-    os.makedirs(config.output_dir, exist_ok=True)
+    _make_outputs(config.output_dir, overwrite)
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() else 2
 
@@ -166,14 +170,15 @@ def train(
         "checkpoint": None,
     }
     if run["best_epoch"] is not None:
-        with atomic_path(best_path, suffix=".keras") as tmp:
+        with atomic_path(best_path, suffix=".keras", replace=overwrite) as tmp:
             subic.train_model.save(tmp)
         summary["checkpoint"] = best_path
         if x_test is not None:
             test_data = datasets.make_dataset(x_test, y_test, 256)
             summary["test"] = evaluate_classification(subic, test_data, y_test)
     summary["wall_seconds"] = round(time.time() - start, 1)
-    with atomic_path(os.path.join(config.output_dir, "summary.json")) as tmp:
+    summary_path = os.path.join(config.output_dir, "summary.json")
+    with atomic_path(summary_path, replace=overwrite) as tmp:
         with open(tmp, "w") as handle:
             json.dump(summary, handle, indent=2)
     return summary
@@ -299,12 +304,27 @@ def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
     )
 
 
+def _make_outputs(output_dir: str, overwrite: bool) -> None:
+    """Makes the output folder and its log folders, and checks that no link
+    (or anything but our own kind of entry) stands where an output goes,
+    before any training: a save never writes through a link."""
+    for stage in ("pretrain", "subic"):
+        make_folders(output_dir, "logs", stage, replace=overwrite)
+    for name in TRAIN_OUTPUTS[:2]:
+        output_target(os.path.join(output_dir, name), replace=overwrite)
+
+
 def _remove_if_empty(folder: str, created: bool) -> None:
     """A training that failed before writing anything leaves no folder of
     its own behind (e.g. weights that could not be downloaded)."""
     if created:
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+        logs = os.path.join(folder, "logs")
+        for empty in (os.path.join(logs, "pretrain"), os.path.join(logs, "subic")):
+            with contextlib.suppress(OSError):
+                os.rmdir(empty)
+        for empty in (logs, folder):
+            with contextlib.suppress(OSError):
+                os.rmdir(empty)
 
 
 def _data_source(config: TrainConfig) -> dict:

@@ -53,10 +53,15 @@ def request_json(port: int, method: str, path: str, body=None, headers=None):
     return status, json.loads(data)
 
 
-def multipart(field: str, data: bytes, filename: str = "query.png"):
-    """`(body, headers)` of a multipart/form-data upload of one file."""
+def multipart(field: str, data: bytes, filename: str = "query.png", **texts):
+    """`(body, headers)` of a multipart/form-data upload of one file, and
+    of text fields `texts`."""
     boundary = uuid.uuid4().hex
-    body = (
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+        f"{text}\r\n".encode()
+        for name, text in texts.items()
+    ) + (
         (
             f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; '
             f'filename="{filename}"\r\nContent-Type: image/png\r\n\r\n'
@@ -73,11 +78,9 @@ class ThreadServer:
     def __init__(self, service):
         import uvicorn
 
-        from subic_keras.http_app import create_app
+        from subic_keras.http_app import create_app, server_config
 
-        config = uvicorn.Config(
-            create_app(service), host="127.0.0.1", port=0, log_level="warning"
-        )
+        config = server_config(create_app(service), host="127.0.0.1", port=0)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -31,3 +31,12 @@ def link_swapped(target: Path, inside: bytes, outside: Path) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+def outside_folder(tmp_path: Path) -> Path:
+    """A folder beside the one a test writes to, holding one file of the
+    user's (`victim`), where a planted link leads: it must stay as it is."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("the user's")
+    return outside

@@ -497,3 +497,28 @@ def test_a_model_too_large_for_memory_is_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert lines[0].startswith("subic train: error: out of memory")
+
+
+def test_a_query_array_is_bounded_by_its_header_before_it_is_read(tmp_path):
+    from numpy.lib import format as npy
+
+    from subic_keras.cli.commands import _read_npy
+
+    def claiming(name, shape, body=b""):
+        path = tmp_path / name
+        with open(path, "wb") as handle:
+            npy.write_array_header_1_0(
+                handle,
+                {"descr": "|u1", "fortran_order": False, "shape": shape},
+            )
+            handle.write(body)
+        return str(path)
+
+    huge = claiming("huge.npy", (100_000, 100_000, 3))  # 30 GB claimed, 128 bytes
+    with pytest.raises(ValueError, match=r"query array too large: 30000 MB.*huge"):
+        _read_npy(huge, (32, 32, 3))
+    cut = claiming("cut.npy", (2, 32, 32, 3), bytes(100))
+    with pytest.raises(ValueError, match="truncated .npy array: .* 6,144 bytes"):
+        _read_npy(cut, (32, 32, 3))
+    whole = claiming("whole.npy", (2, 32, 32, 3), bytes(6144))
+    assert _read_npy(whole, (32, 32, 3)).shape == (2, 32, 32, 3)

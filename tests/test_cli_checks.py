@@ -4,6 +4,7 @@ TensorFlow is imported."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ MISTAKES = [
     (["search", "{text}/m.keras", "i.subic", "q.png"], "a file where a folder belongs"),
     (["train", "--bits", "10"], "--bits must be a multiple of log2(--block-size)"),
     (["train", "--images", "{missing}"], "not found"),
+    (["train", "--images", "{planted}/flat"], "needs one subfolder per class"),
     (["train", "--dataset", "cifar10", "--data-dir", "{missing}"], "data directory"),
     (["evaluate", "{text}", "--queries-per-class", "0"], "--queries-per-class must be"),
     (
@@ -55,6 +57,32 @@ MISTAKES = [
     (["serve", "{model}", "{text}", "--max-upload-mb", "inf"], "--max-upload-mb"),
     (["serve", "{model}", "{text}", "--port", "70000"], "--port must be <= 65535"),
     (["export", "{model}", "--output-dir", "{text}"], "is not a directory"),
+    (["serve", "{model}", "{text}", "--port", "{busy}"], "Address already in use"),
+    (["serve", "{model}", "{text}", "--ray-address", "local"], "--ray-address applies"),
+    (["search", "{model}", "{text}", "q.png", "--where", "id =="], "expected a value"),
+    # Outputs of `train` planted in its folder: refused, never written through.
+    (["train", "--output-dir", "{planted}/summary"], "symbolic link where summary"),
+    (["train", "--output-dir", "{planted}/best"], "symbolic link where best.keras"),
+    (["train", "--output-dir", "{planted}/logs"], "symbolic link where logs goes"),
+    (["quickstart", "--output-dir", "{planted}/logs"], "symbolic link where logs"),
+    (["train", "--output-dir", "{planted}/own"], "already holds summary.json"),
+    (["quickstart", "--output-dir", "{planted}/file"], "a file named logs"),
+    (["index", "build", "{model}", "--output", "{text}"], "not a SuBiC index file"),
+    (
+        [
+            "index",
+            "build",
+            "{model}",
+            "{folder}",
+            "--output",
+            "{planted}/x.shards.json",
+        ],
+        "not a shard manifest",
+    ),
+    (
+        ["index", "build", "{model}", "--output", "{planted}/summary/summary.json"],
+        "never writes through a link",
+    ),
     (["export", "{model}", "--output-dir", "out", "--int8"], "--int8 needs"),
 ]
 
@@ -84,6 +112,21 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     os.mkfifo(tmp_path / "fifo")
+    planted = tmp_path / "planted"
+    for name, link in (("summary", "summary.json"), ("best", "best.keras")):
+        (planted / name).mkdir(parents=True)
+        (planted / name / link).symlink_to(tmp_path / "notes.txt")
+    (planted / "best" / "best.keras").unlink()
+    (planted / "best" / "best.keras").symlink_to(tmp_path / "nowhere")  # dangling
+    (planted / "logs").mkdir()
+    (planted / "logs" / "logs").symlink_to(tmp_path / "folder")
+    (planted / "own").mkdir()
+    (planted / "own" / "summary.json").write_text("{}")
+    (planted / "file").mkdir()
+    (planted / "file" / "logs").write_text("")
+    (planted / "x.shards.json").write_text("{}")
+    (planted / "flat").mkdir()
+    (planted / "flat" / "a.png").write_bytes(b"")
     model = tmp_path / "model.keras"
     with zipfile.ZipFile(model, "w") as archive:
         archive.writestr("config.json", "{}")
@@ -94,7 +137,12 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
         "model": str(model),
         "loop": str(tmp_path / "loop"),
         "fifo": str(tmp_path / "fifo"),
+        "planted": str(planted),
     }
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    names["busy"] = str(busy.getsockname()[1])
     argvs = [[arg.format(**names) for arg in argv] for argv, _ in MISTAKES]
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps(argvs)],
@@ -103,6 +151,7 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
         cwd=tmp_path,
         timeout=120,
     )
+    busy.close()
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert not result["tf"], "a mistake loaded TensorFlow"
@@ -112,3 +161,7 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
         assert stderr.count("\n") == 1 and expected in stderr, (argv, stderr)
         assert "Traceback" not in stderr
         assert seconds < 1.0, (argv, seconds)
+    assert (tmp_path / "notes.txt").read_text() == "not a model"
+    assert not os.listdir(tmp_path / "folder") and not os.path.lexists(
+        tmp_path / "nowhere"
+    )

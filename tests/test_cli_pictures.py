@@ -117,7 +117,15 @@ def test_search_within_a_folder_or_a_filter(model, folder, capsys):
     both = found("--where", f"not path == '{under_b[0]}'", "--under", "b")
     assert both == under_b[1:]
     assert found("--under", "b", "-k", "2") == under_b[:2]
-    assert found("--where", "class == 'nothing'") == []
+    # A filter that keeps no picture says so on stderr (stdout stays JSON)
+    # and exits with 1, as grep does.
+    capsys.readouterr()
+    none = ["--where", "class == 'nothing'", "--under", "b"]
+    assert main(["search", model, output, query, "--json", *none]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"subic search: no item of {output} passes --where and --under: no match\n"
+    )
     start = time.perf_counter()
     with pytest.raises(SystemExit) as exit:
         main(["search", model, output, query, "--where", "colour == 'red'"])
@@ -322,8 +330,9 @@ def test_train_on_a_folder_records_its_classes(tmp_path, capsys):
     capsys.readouterr()
     query = root / "a" / "a_00000.png"
     err, _ = _error(capsys, "search", out / "best.keras", index, query)
-    assert f"{index} was written by best.keras (digest " in err
-    assert "not by best.keras" in err and "their weights differ" in err
+    model = out / "best.keras"
+    assert f"{index} was written by an earlier training of {model} (digest " in err
+    assert f"not by {model}" in err and "their weights differ" in err
     err, _ = _error(capsys, "index", "add", out / "best.keras", index)
     assert "their weights differ" in err
     with pytest.raises(ValueError, match="their weights differ"):

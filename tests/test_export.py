@@ -188,6 +188,32 @@ def test_failed_export_leaves_no_version(tiny, tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "subic") == []
 
 
+def test_exports_are_never_written_through_a_planted_link(tiny, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "1").mkdir(parents=True)
+    base = tmp_path / "serving"
+    base.mkdir()
+    (base / "subic").symlink_to(outside)  # the model's folder
+    with pytest.raises(FileExistsError, match="a symbolic link stands where"):
+        export_saved_model(tiny, str(base))
+    (base / "other").mkdir()
+    (base / "other" / "2").symlink_to(outside / "1")  # a version
+    with pytest.raises(FileExistsError, match="already exists"):
+        export_saved_model(tiny, str(base), model_name="other", version=2)
+    path = tmp_path / "subic.tflite"
+    path.symlink_to(outside / "model.tflite")
+    with pytest.raises(FileExistsError, match="never writes through a link"):
+        export_litert(tiny, str(path))
+    # Replacing them replaces the links themselves.
+    assert export_saved_model(tiny, str(base), overwrite=True) == str(
+        base / "subic" / "1"
+    )
+    export_saved_model(tiny, str(base), model_name="other", version=2, overwrite=True)
+    assert not (base / "subic").is_symlink() and not (base / "other" / "2").is_symlink()
+    assert (base / "other" / "2" / "saved_model.pb").is_file()
+    assert os.listdir(outside) == ["1"] and os.listdir(outside / "1") == []
+
+
 def test_failed_litert_export_leaves_no_file(tiny, tmp_path, monkeypatch):
     class Failing:
         target_spec = type("Spec", (), {})()

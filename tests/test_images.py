@@ -309,3 +309,56 @@ def test_an_empty_class_folder_is_refused_not_dropped(tmp_path):
     (tmp_path / "2" / ".hidden.png").write_bytes(b"x")
     with pytest.raises(ValueError, match=r"class folders without a file: \['2'\]"):
         images.labelled_files(tmp_path)
+
+
+_BOMBS = """
+import resource, sys
+from subic_keras import images
+
+def peak():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) for l in status if l.startswith("VmHWM:"))
+
+root, idle = sys.argv[1], peak()
+skipped = [
+    entry
+    for batch in images.image_batches(root, ["a.png", "b.png", "ok.png"], (32, 32, 3))
+    for entry in batch.skipped
+]
+print(len(skipped), (peak() - idle) // 1024, flush=True)
+for entry in skipped:
+    print(entry.path, entry.reason)
+try:
+    images.read_image(f"{root}/a.png", (32, 32, 3))
+except images.ImageTooLargeError as error:
+    print(error)
+"""
+
+
+def test_files_are_decoded_within_a_memory_budget(tmp_path, picture):
+    # Two 13,000 x 13,000 PNGs (a few hundred KB each, 1.35 GB each to
+    # decode): refused from their headers, each naming its file, while the
+    # process stays within 300 MB of where it was; a small picture decodes.
+    import subprocess
+    import sys
+
+    from benchmarks.bombs import RGB, png_bomb
+
+    bomb = png_bomb(13_000, 13_000, colour=RGB)
+    for name in ("a.png", "b.png"):
+        (tmp_path / name).write_bytes(bomb)
+    Image.fromarray(picture).save(tmp_path / "ok.png")
+    done = subprocess.run(
+        [sys.executable, "-c", _BOMBS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    count, peak_mb = map(int, lines[0].split())
+    assert count == 2 and peak_mb < 300, lines
+    for line, name in zip(lines[1:3], ("a.png", "b.png")):
+        assert line.startswith(f"{name} image too large: decoding it takes 1353 MB")
+        assert "more than the 256 MB a file is decoded with" in line
+    assert lines[3].endswith(f"a file is decoded with ({tmp_path}/a.png)")

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from swapping import outside_folder
 
 from subic_keras._io import (
     TEMPORARY_MARK,
@@ -154,31 +155,104 @@ def test_saves_killed_at_random_points_leave_a_complete_file(tmp_path):
 def test_outputs_are_regular_files_only(tmp_path):
     from subic_keras._io import check_output_path
 
-    # A symbolic link is followed: the link stays, its target is replaced.
-    target = tmp_path / "real.subic"
-    target.write_bytes(b"old")
-    link = tmp_path / "link.subic"
-    link.symlink_to(target)
-    with atomic_path(link) as tmp:
-        with open(tmp, "wb") as handle:
-            handle.write(b"new")
-    assert link.is_symlink() and target.read_bytes() == b"new"
     # Devices, FIFOs and link loops are refused before anything is written.
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
-    for path, message in (
-        (fifo, "not a regular file"),
-        ("/dev/null", "not a regular file"),
-        (loop, "a loop of symbolic links"),
+    for path, error, message in (
+        (fifo, ValueError, "not a regular file"),
+        ("/dev/null", ValueError, "not a regular file"),
+        (loop, FileExistsError, "a symbolic link"),
     ):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(error, match=message):
             check_output_path(path)
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(error, match=message):
             with atomic_path(path):
                 pass
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     with pytest.raises(IsADirectoryError):
         check_output_path(tmp_path)
+
+
+def _listing(folder) -> dict:
+    return {
+        os.path.relpath(os.path.join(top, name), folder): os.path.getsize(
+            os.path.join(top, name)
+        )
+        for top, _, names in os.walk(folder)
+        for name in names
+    }
+
+
+def test_a_save_never_writes_through_a_link(tmp_path):
+    outside = outside_folder(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    planted = {
+        "to-file.json": outside / "victim",
+        "dangling.keras": outside / "new",
+        "to-folder.subic": outside,
+    }
+    for name, target in planted.items():
+        (out / name).symlink_to(target)
+    before = _listing(outside)
+    for name in planted:
+        with pytest.raises(FileExistsError, match="never writes through a link"):
+            with atomic_path(out / name) as tmp, open(tmp, "wb") as handle:
+                handle.write(b"ours")
+        assert (out / name).is_symlink()
+    # Replacing (the command line's --overwrite) replaces the link itself.
+    for name in planted:
+        with atomic_path(out / name, replace=True) as tmp, open(tmp, "wb") as handle:
+            handle.write(b"ours")
+        assert not (out / name).is_symlink()
+        assert (out / name).read_bytes() == b"ours"
+    assert _listing(outside) == before and sorted(os.listdir(out)) == sorted(planted)
+
+
+def test_a_link_swapped_in_for_the_destination_is_replaced_not_followed(tmp_path):
+    # A link planted after the check: the rename replaces the name itself.
+    outside = outside_folder(tmp_path)
+    target = tmp_path / "index.subic"
+    with atomic_path(target) as tmp:
+        with open(tmp, "wb") as handle:
+            handle.write(b"new")
+        target.symlink_to(outside / "victim")
+    assert target.read_bytes() == b"new" and not target.is_symlink()
+    assert (outside / "victim").read_bytes() == b"the user's"
+
+
+def test_folders_of_ours_are_made_without_following_links(tmp_path):
+    from subic_keras._io import make_folders
+
+    outside = outside_folder(tmp_path)
+    out = tmp_path / "out"
+    assert make_folders(out, "logs", "subic") == str(out / "logs" / "subic")
+    assert (out / "logs" / "subic").is_dir()
+    (out / "logs" / "pretrain").symlink_to(outside)
+    (out / "file").write_text("mine")
+    refused = ((("logs", "pretrain"), "a symbolic link"), (("file",), "a file"))
+    for parts, what in refused:
+        with pytest.raises(FileExistsError, match=f"{what} stands where a folder"):
+            make_folders(out, *parts)
+    made = make_folders(out, "logs", "pretrain", replace=True)
+    assert os.path.isdir(made) and not os.path.islink(made)
+    assert _listing(outside) == {"victim": 10}
+
+
+def test_every_small_file_is_read_bounded_and_never_waited_on(tmp_path):
+    from subic_keras.paths import read_bytes
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes: a plain open() would block for ever
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="not a regular file"):
+        read_bytes(fifo, 100, "progress file")
+    assert time.perf_counter() - start < 1
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * 101)
+    with pytest.raises(ValueError, match="progress file larger than 100 bytes"):
+        read_bytes(big, 100, "progress file")
+    assert read_bytes(big, 101, "progress file") == b" " * 101

@@ -167,3 +167,22 @@ def test_a_link_swapped_in_and_out_never_opens_an_outside_file(tmp_path, follow)
             assert b"SECRET" not in data
             outcomes["read"] += 1
     assert outcomes["read"] > 0 and outcomes["refused"] > 0, outcomes
+
+
+def test_a_folder_hundreds_deep_is_walked_without_recursion(tmp_path):
+    import sys
+
+    depth = 600  # (pytest removes its temporary folders recursively)
+    deepest = os.path.join(tmp_path, *["d"] * depth)
+    os.makedirs(deepest)
+    with open(os.path.join(deepest, "x.png"), "wb"):
+        pass
+    (tmp_path / "d" / "up").symlink_to("d")  # followed afterwards, inside
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)
+    try:
+        found, skipped = paths.find_files(tmp_path)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert found == ["/".join(["d"] * depth + ["x.png"])]
+    assert [s.reason for s in skipped] == ["a folder already walked"]

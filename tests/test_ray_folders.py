@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 from served import ThreadServer, picture_folder, request, request_json, save_model
+from swapping import outside_folder
 
 from subic_keras import retrieval
 from subic_keras.cli import main
@@ -233,3 +234,26 @@ def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     assert stop.value.code == 2
     assert "lists shards of codes without image paths" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_planted_progress_file_or_manifest_is_refused_before_any_work(tmp_path):
+    # A link (to a file outside, or to nowhere) or a FIFO where the build
+    # writes its manifest or progress file: refused before the model is
+    # read or Ray started, and nothing is written through.
+    outside = outside_folder(tmp_path)
+    root = tmp_path / "photos"
+    root.mkdir()
+    manifest = tmp_path / "photos.shards.json"
+    progress = tmp_path / "photos.progress.json"
+    for planted, make, error in (
+        (progress, lambda p: p.symlink_to(outside / "victim"), FileExistsError),
+        (progress, lambda p: p.symlink_to(outside / "new"), FileExistsError),
+        (progress, os.mkfifo, ValueError),
+        (manifest, lambda p: p.symlink_to(outside / "victim"), FileExistsError),
+    ):
+        make(planted)
+        with pytest.raises(error, match="link|not a regular file"):
+            index_folder_on_ray("missing.keras", root, manifest, 2)
+        planted.unlink()
+    assert sorted(os.listdir(outside)) == ["victim"]
+    assert (outside / "victim").read_text() == "the user's"

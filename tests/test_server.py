@@ -3,6 +3,7 @@
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -114,6 +115,69 @@ def test_a_filter_keeps_the_exact_best_of_its_pictures(photos, served):
             port, "POST", f"/search?where={urllib.parse.quote(bad)}", data, headers
         )
         assert status == 422 and message in answer["error"], answer
+
+
+def test_stats_of_files_whose_names_are_not_utf8(photos, tmp_path):
+    # A model, an index and a folder named with bytes that are not UTF-8:
+    # /stats shows them with U+FFFD, never a 500.
+    base = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9")
+    os.mkdir(base)
+    model = os.path.join(base, os.fsdecode(b"m\xe9.keras"))
+    index = os.path.join(base, os.fsdecode(b"i\xe9.subic"))
+    folder = os.path.join(base, os.fsdecode(b"ph\xf6tos"))
+    shutil.copyfile(photos["model"], model)
+    shutil.copytree(photos["root"], folder)
+    retrieval.index_folder(load_subic(model), folder, model_path=model)[0].save(index)
+    service = SearchService(model, index, folder=folder)
+    with ThreadServer(service) as port:
+        status, stats = request_json(port, "GET", "/stats")
+    assert status == 200, stats
+    names = (stats["model"], stats["index"], stats["folder"])
+    assert names == ("m\ufffd.keras", "i\ufffd.subic", "ph\ufffdtos")
+
+
+def test_long_filters_go_in_the_body_and_long_query_strings_are_json_414(
+    photos, served
+):
+    port, _service = served
+    data = _picture(photos, photos["paths"][4])
+    headers = {"Content-Type": "image/png"}
+    folder = photos["paths"][4].split("/")[0]
+    short = f'path under "{folder}"'
+    _, within = request_json(
+        port, "POST", f"/search?k=5&where={urllib.parse.quote(short)}", data, headers
+    )
+    # 10,000 tests `or`ed: the same answer from a multipart field or JSON.
+    chain = " or ".join(["id == -1"] * 9_999 + [short])
+    body, form = multipart("image", data, where=chain)
+    status, answer = request_json(port, "POST", "/search?k=5", body, form)
+    assert status == 200, answer
+    assert [r["id"] for r in answer["results"]] == [r["id"] for r in within["results"]]
+    vector = [1.0] * 64
+    _, expected = request_json(
+        port,
+        "POST",
+        f"/search/query?k=4&where={urllib.parse.quote(short)}",
+        json.dumps({"query": vector}),
+    )
+    status, answer = request_json(
+        port, "POST", "/search/query?k=4", json.dumps({"query": vector, "where": chain})
+    )
+    assert status == 200 and answer["results"] == expected["results"]
+    # Given twice, or not as text: 422; too long for a query string: 414.
+    for path, payload in (
+        (
+            "/search/query?where=id%3D%3D1",
+            json.dumps({"query": vector, "where": "id == 1"}),
+        ),
+        ("/search/query", json.dumps({"query": vector, "where": 3})),
+    ):
+        status, answer = request_json(port, "POST", path, payload)
+        assert status == 422 and answer["error"].startswith("where"), answer
+    status, answer = request_json(
+        port, "POST", f"/search?where={urllib.parse.quote(chain)}", data, headers
+    )
+    assert status == 414 and "send a long filter in the body" in answer["error"]
 
 
 def test_multipart_upload_gives_the_same_answer(photos, served):

@@ -1,5 +1,7 @@
 """`subic_keras.training`: the configuration behind `subic train`."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,36 @@ def test_a_small_folder_holds_out_the_20_pictures_selection_needs(tmp_path):
         np.zeros((300, 8, 8, 3), np.uint8), np.arange(300) % 3, tmp_path / "big"
     )
     assert _folder_validation_size(TrainConfig(images=str(tmp_path / "big"))) == 0.1
+
+
+def test_no_output_is_written_through_a_planted_link(tmp_path):
+    from swapping import outside_folder
+
+    from subic_keras.training import train
+
+    outside = outside_folder(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").symlink_to(outside / "victim")
+    (out / "best.keras").symlink_to(outside / "new.keras")  # dangling
+    (out / "logs").symlink_to(outside)
+    config = TrainConfig(
+        dataset="digits",
+        pretrain_epochs=1,
+        epochs=1,
+        max_train_images=300,
+        output_dir=str(out),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    # Refused before any training; then, replacing them, the links go
+    # themselves and every output lands in the output folder.
+    with pytest.raises(FileExistsError, match="a symbolic link"):
+        train(config, verbose=0)
+    assert not (tmp_path / "cache").exists()
+    summary = train(config, verbose=0, overwrite=True)
+    assert summary["checkpoint"] == str(out / "best.keras")
+    for name in ("summary.json", "best.keras", "logs"):
+        assert not (out / name).is_symlink()
+    assert sorted(os.listdir(out / "logs" / "subic")) == ["train", "validation"]
+    assert os.listdir(outside) == ["victim"]
+    assert (outside / "victim").read_text() == "the user's"

@@ -14,9 +14,12 @@ import os
 
 from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
-from subic_keras.paths import check_folder
-from subic_keras.search import scanners
+from subic_keras.config import TRAIN_OUTPUTS
+from subic_keras.paths import check_folder, open_file
+from subic_keras.search import filters, scanners
 from subic_keras.search.addresses import check_database_exists
+from subic_keras.search.file_format import MAGIC
+from subic_keras.search.ray_index import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
 
 # The largest upload or decoding memory a server is told to allow, in MB.
@@ -59,19 +62,44 @@ def _train(args) -> None:
     for folder in (config.images, config.validation_images):
         if folder is not None:
             check_folder(folder)
+            # Its classes, from the folder's layout alone (nothing decoded).
+            from subic_keras.images import labelled_files
+
+            labelled_files(folder)
     if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
         raise NotADirectoryError(
             20, "--output-dir is not a directory", config.output_dir
         )
-    model = os.path.join(config.output_dir, "best.keras")
-    if args.run == "run_train" and os.path.exists(model) and not args.overwrite:
-        raise FileExistsError(
-            17,
-            "--output-dir already holds a model; --overwrite replaces it (an "
-            "index built with it will then be refused), or choose another "
-            "--output-dir",
-            model,
-        )
+    for name in TRAIN_OUTPUTS:
+        path = os.path.join(config.output_dir, name)
+        if args.overwrite or not os.path.lexists(path):
+            continue
+        if os.path.islink(path):
+            raise FileExistsError(
+                17,
+                f"--output-dir holds a symbolic link where {name} goes; outputs "
+                "are never written through a link: remove it, or --overwrite "
+                "replaces the link itself",
+                path,
+            )
+        if name == "logs" and not os.path.isdir(path):
+            raise FileExistsError(
+                17,
+                "--output-dir holds a file named logs where the log folder goes: "
+                "remove it, or --overwrite replaces it",
+                path,
+            )
+        if args.run == "run_train":
+            what, after = name, ""
+            if name == "best.keras":
+                what = "a model"
+                after = " (an index built with it will then be refused)"
+            raise FileExistsError(
+                17,
+                f"--output-dir already holds {what}; --overwrite replaces it"
+                f"{after}, or choose another --output-dir",
+                path,
+            )
 
 
 def _index(uri: str, collection: str) -> None:
@@ -93,10 +121,11 @@ def _index_build(args) -> None:
             "a folder's index records its pictures' paths, which a Milvus "
             f"collection does not hold; write a .subic file, received {args.output}"
         )
+    sharded = is_manifest(args.output)
     if not is_database(args.output):
         check_output_path(args.output)
+        _ours_to_replace(args.output, sharded)
     check_int("--batch-size", args.batch_size, minimum=1)
-    sharded = is_manifest(args.output)
     if sharded and args.folder is None:
         raise ValueError(
             "shards are built from a folder of pictures; give FOLDER, or write a "
@@ -119,6 +148,29 @@ def _index_build(args) -> None:
         )
         check_folder(args.folder)
     _data_dir(args)
+
+
+def _ours_to_replace(path: str, manifest: bool) -> None:
+    """Refuses an existing `--output` that is not an index (or a manifest)
+    of ours: a build replaces an index, never a user's other file."""
+    if not os.path.isfile(path) or os.path.islink(path):
+        return  # new, or refused as a link by `check_output_path`
+    try:
+        if manifest:
+            read_manifest(path)
+            return
+        with open_file(path) as handle:
+            if handle.read(len(MAGIC)) == MAGIC:
+                return
+    except (OSError, ValueError):
+        pass
+    kind = "a shard manifest" if manifest else "a SuBiC index file"
+    raise FileExistsError(
+        17,
+        f"--output names a file that is not {kind}; a build replaces only an "
+        "index of its own: remove the file, or choose another --output",
+        path,
+    )
 
 
 def _index_add(args) -> None:
@@ -145,8 +197,19 @@ def _scanner(args) -> None:
         raise ValueError(f"--{error}") from None
 
 
+def _ray_address(args) -> None:
+    if args.ray_address is not None and not is_manifest(args.index):
+        raise ValueError(
+            "--ray-address applies to an index of shards (a .shards.json "
+            f"manifest), received {args.index}"
+        )
+
+
 def _search(args) -> None:
     _scanner(args)
+    _ray_address(args)
+    if args.where is not None:
+        filters.parse(args.where)  # its syntax; its fields are checked on the index
     check_int("-k", args.k, minimum=1)
     check_keras_file(args.model, members=False)
     if not args.images:
@@ -176,6 +239,7 @@ def _megabytes(name: str, value: float, minimum: float) -> None:
 
 def _serve(args) -> None:
     _scanner(args)
+    _ray_address(args)
     port = check_int("--port", args.port, minimum=0)
     if port > 65535:
         raise ValueError(f"--port must be <= 65535, received {port}")
@@ -190,6 +254,10 @@ def _serve(args) -> None:
     check_file(args.index, "index file")
     if args.folder is not None:
         check_folder(args.folder)
+    # Listening now says a busy port at once; `run_serve` serves on it.
+    from subic_keras.sockets import listen
+
+    args.socket = listen(args.host, port)
 
 
 def _evaluate(args) -> None:
@@ -231,7 +299,7 @@ def _export(args) -> None:
         raise NotADirectoryError(20, "--output-dir is not a directory", args.output_dir)
     if args.version is not None:
         target = os.path.join(args.output_dir, args.model_name, str(args.version))
-        if os.path.exists(target) and not args.overwrite:
+        if os.path.lexists(target) and not args.overwrite:
             raise FileExistsError(
                 17, "version exists; pass --overwrite to replace it", target
             )

@@ -24,12 +24,13 @@ from subic_keras.cli.console import debug_requested, plural, printable, quiet_im
 from subic_keras.cli.train_options import config_from_args
 from subic_keras.datasets import load_images
 from subic_keras.export import export_litert, export_saved_model, load_subic
-from subic_keras.paths import check_folder
+from subic_keras.paths import check_folder, open_file
 from subic_keras.recipe import LearnedLittleWarning
 from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, VIEWS, query_look
+from subic_keras.sockets import listen
 from subic_keras.training import train
 
 
@@ -105,7 +106,9 @@ def run_train(args) -> int:
     with warnings.catch_warnings():  # said once, at the end (`_report_training`)
         warnings.simplefilter("ignore", LearnedLittleWarning)
         try:
-            summary = train(config, on_skipped=_report_skipped)
+            summary = train(
+                config, on_skipped=_report_skipped, overwrite=args.overwrite
+            )
         except WeightsUnavailableError as error:
             raise OSError(
                 f"--weights imagenet: the ImageNet weights of {error.name} are not "
@@ -124,7 +127,9 @@ def run_quickstart(args) -> int:
     _announce(config)
     with warnings.catch_warnings():  # said once, at the end (`_report_training`)
         warnings.simplefilter("ignore", LearnedLittleWarning)
-        summary = train(config, verbose=0, on_skipped=_report_skipped)
+        summary = train(
+            config, verbose=0, on_skipped=_report_skipped, overwrite=args.overwrite
+        )
     _report_training(summary)
     if summary["checkpoint"] is None:
         return 1
@@ -226,10 +231,19 @@ def _index_name(args, uri: str) -> str:
 
 def _open_index(args, uri: str):
     """The index at `uri`, and how messages name it."""
+    _join_ray(args, uri)
     index = search_uri.open(
         uri, collection=args.collection, scanner=getattr(args, "scanner", "auto")
     )
     return index, _index_name(args, uri)
+
+
+def _join_ray(args, uri) -> None:
+    """Ray joined (or started) as `--ray-address` says, for a manifest."""
+    if search_uri.is_manifest(uri):
+        from subic_keras.search.ray_index import ray_module
+
+        ray_module(getattr(args, "ray_address", None))
 
 
 def run_index_build(args) -> int:
@@ -391,12 +405,43 @@ def _missing_files(index: ImageIndex, force: bool) -> list[str]:
     return missing
 
 
+def _npy_bytes(handle) -> tuple[int, int]:
+    """The bytes a `.npy` file's header claims for its array, and the bytes
+    that follow the header; `handle` is left at the start."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(handle)
+    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    shape, _, dtype = read(handle)
+    held = os.fstat(handle.fileno()).st_size - handle.tell()
+    handle.seek(0)
+    return math.prod(shape) * dtype.itemsize, held
+
+
 def _read_npy(path: str, shape) -> np.ndarray:
-    """Images `(n, *shape)` from a `.npy` file (one image may lack the `n`)."""
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError) as error:
-        raise ValueError(f"not a NumPy .npy array ({error}) ({path})") from None
+    """Images `(n, *shape)` from a `.npy` file (one image may lack the `n`).
+
+    The header's claim is checked before NumPy allocates it: no more than
+    the file holds, nor than a file may take (`images.FILE_DECODE_BYTES`).
+    """
+    limit = image_files.FILE_DECODE_BYTES
+    with open_file(path) as handle:
+        try:
+            claimed, held = _npy_bytes(handle)
+            if claimed <= min(held, limit):
+                array = np.load(handle, allow_pickle=False)
+        except (ValueError, EOFError) as error:
+            raise ValueError(f"not a NumPy .npy array ({error}) ({path})") from None
+    if claimed > limit:
+        raise ValueError(
+            f"query array too large: {claimed / 1e6:.0f} MB, more than the "
+            f"{limit / 1e6:.0f} MB a file is read with ({path})"
+        )
+    if claimed > held:
+        raise ValueError(
+            f"truncated .npy array: its header claims {claimed:,} bytes, the file "
+            f"holds {held:,} ({path})"
+        )
     shape = tuple(shape)
     if shape[-1] == 1 and array.shape[-2:] == shape[:2]:
         array = array[..., None]  # grey images without a channel axis
@@ -491,6 +536,19 @@ def run_search(args) -> int:
     )
     for name, matches in zip(names, answers):
         _print_matches(name, [{"query": name, **match} for match in matches], args.json)
+    if condition is not None and len(index) and not any(answers):
+        # Said on standard error: `--json` keeps standard output parseable.
+        given = " and ".join(
+            option
+            for option, value in (("--where", args.where), ("--under", args.under))
+            if value is not None
+        )
+        print(
+            f"subic search: no item of {printable(os.fspath(args.index))} passes "
+            f"{given}: no match",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -519,7 +577,10 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 def run_serve(args) -> int:
     from subic_keras import http_app, server
 
-    sock = http_app.listen(args.host, args.port)  # a busy port: said at once
+    # Listened on by the command line's checks (a busy port is said before
+    # TensorFlow loads); called otherwise, here.
+    sock = getattr(args, "socket", None) or listen(args.host, args.port)
+    _join_ray(args, args.index)
     service = server.SearchService(
         args.model,
         args.index,

@@ -61,6 +61,17 @@ def _add_query_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_ray_address(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help=f"the Ray cluster to {what}; 'local' starts one on this machine "
+        "(default: RAY_ADDRESS, else the cluster Ray last started here, else "
+        "a new one here; one that does not answer is said at once)",
+    )
+
+
 def _add_model_and_index(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="the SuBiC .keras model that built the index")
     parser.add_argument("index", help="an index file built from a folder")
@@ -236,13 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         "per node of the Ray cluster); an interrupted build resumes where it "
         "stopped",
     )
-    build.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDRESS",
-        help="the Ray cluster to build shards on (default: RAY_ADDRESS, or a "
-        "Ray started on this machine)",
-    )
+    _add_ray_address(build, "build shards on")
     build.set_defaults(run="run_index_build", command_name="index build")
 
     add = index_commands.add_parser(
@@ -305,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         "printed (default: %(default)s)",
     )
     _add_query_argument(search)
+    _add_ray_address(search, "search a shard manifest's shards on")
     search.add_argument(
         "--where",
         metavar="EXPR",
@@ -371,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         "larger picture is refused with 413 (default: %(default)s)",
     )
     _add_query_argument(serve)
+    _add_ray_address(serve, "serve a shard manifest's shards from")
     serve.set_defaults(run="run_serve", command_name="serve")
 
     evaluate = commands.add_parser(

@@ -202,9 +202,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the model an --output-dir already holds; without it, "
-        "such a folder is refused before training, so that no index outlives "
-        "the model that wrote it unnoticed (default: off)",
+        help="replace the model, summary.json and logs an --output-dir already "
+        "holds (a link there: the link itself, never what it leads to); "
+        "without it, such a folder is refused before training, so that no "
+        "index outlives the model that wrote it unnoticed (default: off)",
     )
     parser.add_argument(
         "--cache-dir",

@@ -99,7 +99,7 @@ import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import load_json
-from subic_keras.paths import open_regular
+from subic_keras.paths import open_in_folder, open_regular
 from subic_keras.search import packing
 from subic_keras.search.checks import MAX_BLOCK_SIZE, duplicates
 from subic_keras.search.looks import MAX_LOOK_SIZE
@@ -253,9 +253,15 @@ def _checksum(f, raw_header: bytes, expected: int) -> bytes:
 
 
 def read(
-    path: str | os.PathLike,
+    path: str | os.PathLike, *, folder: str | None = None
 ) -> tuple[Header, np.ndarray, np.ndarray, Items | None]:
     """Reads and verifies an index file of either version.
+
+    Args:
+        path: the file.
+        folder: a real folder the file must lie in (a shard manifest's):
+            opened by `paths.open_in_folder`, which refuses on the opened
+            descriptor a link that leads out of it.
 
     Returns:
         `(header, packed, ids, items)`: packed codes `(n, code_size)` uint8
@@ -276,7 +282,11 @@ def read(
 
     # Opened without blocking and refused unless a regular file: a FIFO or a
     # device put in an index file's place would hang a reader for good.
-    with open(open_regular(path), "rb") as f:
+    if folder is None:
+        fd = open_regular(path)
+    else:
+        fd = open_in_folder(folder, os.path.relpath(path, folder))
+    with open(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         raw_header = f.read(_HEADER.size)
         if len(raw_header) < len(MAGIC) or raw_header[: len(MAGIC)] != MAGIC:

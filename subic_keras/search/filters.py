@@ -35,6 +35,7 @@ import abc
 import collections
 import dataclasses
 import json
+import math
 import operator
 import re
 import threading
@@ -50,6 +51,10 @@ FIELDS = ("id", "path", "class", "added")
 # list of thousands of ids) and the depth of nested parentheses and `not`s.
 MAX_LENGTH = 1_000_000
 MAX_DEPTH = 32
+# How deep a filter's tree may be: a text's nesting (`MAX_DEPTH` levels of
+# parentheses or `not`, each an `or` of `and`s) fits; so does one built in
+# Python with `&`, `|` and `~`, within the same bound.
+MAX_NESTING = 3 * MAX_DEPTH + 4
 
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "==": operator.eq,
@@ -81,7 +86,9 @@ class Columns(Protocol):
 
     def attribute(self, name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Attribute `name` by kind (`"number"`, `"string"`, `"bool"`): a
-        mask of the items whose value is of that kind, and the values."""
+        mask of the items whose value is of that kind, and the values; and
+        `"large"`: a mask of the integers beyond 2**53, and every value as
+        stored (objects), which numbers are then compared on exactly."""
 
 
 class Filter(abc.ABC):
@@ -103,11 +110,16 @@ class Filter(abc.ABC):
         """What identifies the filter in a `MaskCache` (None: not cached)."""
         return str(self)
 
+    @property
+    def depth(self) -> int:
+        """How deep the filter nests (a test: 1); at most `MAX_NESTING`."""
+        return 1
+
     def __and__(self, other: Filter) -> Filter:
-        return Join("and", self, other)
+        return join("and", self, other)
 
     def __or__(self, other: Filter) -> Filter:
-        return Join("or", self, other)
+        return join("or", self, other)
 
     def __invert__(self) -> Filter:
         return Not(self)
@@ -140,7 +152,17 @@ class Compare(Filter):
             return _attribute_mask(columns, self.field[6:], compare, self.value)
         column = columns.column(self.field)
         _check_kind(self.field, column, self.value)
-        return np.asarray(compare(column, self.value), dtype=bool)
+        op, value = self.op, self.value
+        if column.dtype.kind in "iu":
+            op, value = _on_integers(self.field, op, value)
+            if isinstance(value, bool):  # every item, or none
+                return np.full(len(column), value)
+            value = np.int64(value)
+        elif column.dtype == object:
+            # A 0-d object array keeps the string as given: NumPy would
+            # make a `str_` of it, which drops trailing NULs.
+            value = np.array(value, dtype=object)
+        return np.asarray(_COMPARE[op](column, value), dtype=bool)
 
     def fields(self) -> set[str]:
         return {self.field}
@@ -170,7 +192,12 @@ class In(Filter):
         column = columns.column(self.field)
         for value in self.values:
             _check_kind(self.field, column, value)
-        if column.dtype.kind in "iuf":
+        if column.dtype.kind in "iu":
+            # Only the integers among the values can equal an integer id.
+            tests = [_on_integers(self.field, "==", v) for v in self.values]
+            integers = [v for _, v in tests if not isinstance(v, bool)]
+            return np.isin(column, np.array(integers, dtype=np.int64))
+        if column.dtype.kind == "f":
             return np.isin(column, np.array(self.values, dtype=column.dtype))
         wanted = set(self.values)
         return np.fromiter((v in wanted for v in column), bool, len(column))
@@ -238,29 +265,59 @@ class Ids(Filter):
 
 @dataclasses.dataclass(frozen=True)
 class Join(Filter):
-    """`left and right`, or `left or right` (`op`)."""
+    """`parts[0] and parts[1] and …`, or the same with `or` (`op`).
+
+    A chain of one operator is one `Join` of all its parts (`join`), so
+    that a filter of 10,000 `or`ed tests is evaluated, printed and pickled
+    by loops, not by 10,000 nested calls: only parentheses and `not`s
+    nest, at most `MAX_NESTING` deep.
+    """
 
     op: str  # "and" or "or"
-    left: Filter
-    right: Filter
+    parts: tuple[Filter, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_depth", 1 + max((part.depth for part in self.parts), default=0)
+        )
+        _check_nesting(self)
+
+    @property
+    def depth(self) -> int:
+        return self._depth  # type: ignore[attr-defined]
 
     def mask(self, columns: Columns) -> np.ndarray:
-        left, right = self.left.mask(columns), self.right.mask(columns)
-        return left & right if self.op == "and" else left | right
+        combine = np.logical_and if self.op == "and" else np.logical_or
+        out = self.parts[0].mask(columns).copy()
+        for part in self.parts[1:]:
+            combine(out, part.mask(columns), out=out)
+        return out
 
     def fields(self) -> set[str]:
-        return self.left.fields() | self.right.fields()
+        return set().union(*(part.fields() for part in self.parts))
 
     def milvus(self) -> str:
-        return f"({self.left.milvus()}) {self.op} ({self.right.milvus()})"
+        return f" {self.op} ".join(f"({part.milvus()})" for part in self.parts)
 
     def cache_key(self) -> str | None:
-        if self.left.cache_key() is None or self.right.cache_key() is None:
+        if any(part.cache_key() is None for part in self.parts):
             return None
         return str(self)
 
     def __str__(self) -> str:
-        return f"({self.left}) {self.op} ({self.right})"
+        return f" {self.op} ".join(f"({part})" for part in self.parts)
+
+
+def join(op: str, *filters: Filter) -> Join:
+    """`filters` joined by `op` (`"and"` or `"or"`), a `Join` of that
+    operator contributing its parts rather than nesting."""
+    parts: list[Filter] = []
+    for item in filters:
+        if isinstance(item, Join) and item.op == op:
+            parts.extend(item.parts)
+        else:
+            parts.append(item)
+    return Join(op, tuple(parts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +325,13 @@ class Not(Filter):
     """Not `inner`."""
 
     inner: Filter
+
+    def __post_init__(self) -> None:
+        _check_nesting(self)
+
+    @property
+    def depth(self) -> int:
+        return 1 + self.inner.depth
 
     def mask(self, columns: Columns) -> np.ndarray:
         return ~self.inner.mask(columns)
@@ -283,6 +347,14 @@ class Not(Filter):
 
     def __str__(self) -> str:
         return f"not ({self.inner})"
+
+
+def _check_nesting(combined: Filter) -> None:
+    if combined.depth > MAX_NESTING:
+        raise ValueError(
+            f"where: a filter may nest at most {MAX_NESTING} deep (parentheses, "
+            f"nots and alternating and/or), received one {combined.depth} deep"
+        )
 
 
 class MaskCache:
@@ -344,6 +416,35 @@ def _check_kind(field: str, column: np.ndarray, value) -> None:
         )
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# The largest integer below which every integer is a float64 exactly.
+_EXACT_FLOAT = 2**53
+
+
+def _on_integers(field: str, op: str, value) -> tuple[str, int | bool]:
+    """`field op value` on an integer column, as a test against an int64
+    (`(op, int)`), or `(op, True/False)` when it holds for every item or
+    none: a float that is not an integer equals no id, and bounds the
+    others between its floor and ceiling.
+
+    Raises:
+        ValueError: for a value beyond the 64-bit integers.
+    """
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(
+            f"where: {field} is a 64-bit integer, received {_literal(value)}, "
+            "beyond its range"
+        )
+    if isinstance(value, int) or value.is_integer():
+        return op, int(value)
+    if op in ("==", "!="):
+        return op, op == "!="
+    low, high = math.floor(value), math.ceil(value)
+    return {"<": ("<=", low), "<=": ("<=", low), ">": (">=", high)}.get(
+        op, (">=", high)
+    )
+
+
 def _attribute_mask(columns: Columns, name: str, compare, value) -> np.ndarray:
     kind = (
         "bool"
@@ -358,7 +459,15 @@ def _attribute_mask(columns: Columns, name: str, compare, value) -> np.ndarray:
             f"where: true and false compare with == and != only, received "
             f"attrs.{name} compared with {_literal(value)}"
         )
-    if kind == "string":
+    exact = kind == "number" and (
+        (isinstance(value, int) and abs(value) > _EXACT_FLOAT)
+        or bool(columns.attribute(name)["large"][0].any())
+    )
+    if exact:
+        # Integers beyond 2**53 are not all float64s: compared as Python
+        # compares an int with an int or a float, exactly.
+        values = columns.attribute(name)["large"][1]
+    if kind == "string" or exact:
         hits = np.fromiter(
             (ok and compare(v, value) for ok, v in zip(present, values)),
             bool,
@@ -468,16 +577,16 @@ class _Parser:
         return result
 
     def _or(self, depth: int) -> Filter:
-        result = self._and(depth)
+        parts = [self._and(depth)]
         while self._keyword("or"):
-            result = Join("or", result, self._and(depth))
-        return result
+            parts.append(self._and(depth))
+        return parts[0] if len(parts) == 1 else join("or", *parts)
 
     def _and(self, depth: int) -> Filter:
-        result = self._not(depth)
+        parts = [self._not(depth)]
         while self._keyword("and"):
-            result = Join("and", result, self._not(depth))
-        return result
+            parts.append(self._not(depth))
+        return parts[0] if len(parts) == 1 else join("and", *parts)
 
     def _not(self, depth: int) -> Filter:
         if depth > MAX_DEPTH:
@@ -533,7 +642,11 @@ class _Parser:
             number = float(raw)
             if not np.isfinite(number):
                 raise self._error(f"number {raw} is out of range")
-            return int(raw) if re.fullmatch(r"-?\d+", raw) else number
+            if not re.fullmatch(r"-?\d+", raw):
+                return number
+            if not _INT64_MIN <= int(raw) <= _INT64_MAX:
+                raise self._error(f"integer {raw[:40]} is beyond the 64-bit integers")
+            return int(raw)
         if kind == "string":
             return re.sub(r"\\(.)", r"\1", raw[1:-1])
         if kind == "name" and raw in ("true", "false"):

@@ -196,7 +196,7 @@ class ImageIndex(Searcher):
                 in the index, or a count that differs from the codes'.
         """
         paths = check_paths("paths", paths)
-        attributes = check_attributes("attributes", attributes, len(paths))
+        attributes = check_attributes("attributes", attributes, len(paths), paths)
         if self.has_looks and looks is None:  # `SubicIndex.add` checks them
             looks = np.zeros((len(paths), self._codes.look_size), np.int8)
         if fingerprints is None:
@@ -513,7 +513,9 @@ class ImageIndex(Searcher):
             raise fail(f"next_id {next_id!r} is not a count")
         try:
             paths = check_paths("paths", items.paths)
-            attributes = check_attributes("attributes", items.attributes, len(paths))
+            attributes = check_attributes(
+                "attributes", items.attributes, len(paths), paths
+            )
         except (TypeError, ValueError) as error:
             raise fail(str(error)) from None
         assert items.fingerprints is not None and items.added is not None

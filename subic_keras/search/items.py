@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from subic_keras.paths import is_utf8
 from subic_keras.search import filters
 from subic_keras.search.checks import preview
 
@@ -69,8 +70,12 @@ def check_paths(name: str, paths) -> list[str]:
     return paths
 
 
-def check_attributes(name: str, attributes, count: int) -> list[dict | None]:
-    """`count` attribute objects (or None each), checked as the module says."""
+def check_attributes(
+    name: str, attributes, count: int, paths: Sequence[str] | None = None
+) -> list[dict | None]:
+    """`count` attribute objects (or None each), checked as the module says;
+    a string must be valid UTF-8 (no lone surrogate, which no answer could
+    encode), and the item that holds one is named (by `paths`, or its row)."""
     if attributes is None:
         return [None] * count
     if isinstance(attributes, dict):
@@ -81,7 +86,7 @@ def check_attributes(name: str, attributes, count: int) -> list[dict | None]:
             f"{name} must hold one object (or None) per item ({count}), "
             f"received {len(attributes)}"
         )
-    for values in attributes:
+    for row, values in enumerate(attributes):
         if values is None:
             continue
         if not isinstance(values, dict) or len(values) > MAX_ATTRIBUTES:
@@ -106,6 +111,12 @@ def check_attributes(name: str, attributes, count: int) -> list[dict | None]:
                     f"{name}: values must be strings of at most {MAX_STRING} "
                     "characters, finite numbers, true or false; received "
                     f"{key}={str(value)[:100]!r}"
+                )
+            if isinstance(value, str) and not is_utf8(value):
+                item = paths[row] if paths is not None else f"row {row}"
+                raise ValueError(
+                    f"{name}: strings must be valid UTF-8, received "
+                    f"{key}={value[:100]!r} (a lone surrogate) for {item!r}"
                 )
     return [dict(values) if values else None for values in attributes]
 
@@ -286,11 +297,21 @@ class ItemTable:
             bools = np.array(
                 [bool(v) if ok else False for v, ok in zip(values, is_bool)]
             )
-            strings = np.array(values, dtype=object)
+            strings = np.empty(n, dtype=object)
+            strings[:] = values
+            large = np.fromiter(
+                (
+                    ok and isinstance(v, int) and abs(v) > 2**53
+                    for v, ok in zip(values, is_number)
+                ),
+                bool,
+                n,
+            )
             cached = self._columns[key] = {
                 "number": (is_number, numbers),
                 "string": (is_str, strings),
                 "bool": (is_bool, bools.astype(bool)),
+                "large": (large, strings),
             }
         assert isinstance(cached, dict)
         return cached

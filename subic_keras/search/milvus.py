@@ -172,6 +172,15 @@ class MilvusIndex(Searcher):
             )
         if not is_local(uri):
             check_server_uri(uri)
+        elif os.path.islink(uri):
+            # Milvus Lite writes its database (and files beside it) where
+            # a link leads; the package never writes through one.
+            raise FileExistsError(
+                17,
+                "a symbolic link where the Milvus Lite database goes; it is never "
+                "written through: give the database's own path",
+                uri,
+            )
         self._shards = (
             None if shards is None else check_int("shards", shards, minimum=1)
         )
@@ -445,7 +454,9 @@ class MilvusIndex(Searcher):
             present = self._present(ids)
             if len(present):
                 raise ValueError(
-                    f"ids already in collection {self._name!r}: {preview(present)}"
+                    f"ids already in collection {self._name!r}: {preview(present)}; "
+                    "give other ids, remove these first, or add to another "
+                    "collection (the command line's --collection NAME)"
                 )
         if not len(codes):
             return ids

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -51,7 +52,8 @@ import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, load_json
-from subic_keras.search import filters
+from subic_keras.paths import is_utf8, open_in_folder, read_bytes
+from subic_keras.search import file_format, filters
 from subic_keras.search import looks as _looks
 from subic_keras.search.base import Searcher, answer_rows
 from subic_keras.search.checks import check_ids, check_queries, duplicates, preview
@@ -72,11 +74,13 @@ MAX_SHARDS = 4096
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """A shard manifest: the block shape and the shards' absolute paths."""
+    """A shard manifest: the block shape, the manifest's real folder and
+    the shards' paths in it."""
 
     num_blocks: int
     block_size: int
     shards: tuple[str, ...]
+    folder: str = ""
 
 
 def is_manifest(uri) -> bool:
@@ -89,19 +93,23 @@ def is_manifest(uri) -> bool:
 def read_manifest(path: str | os.PathLike) -> Manifest:
     """Reads and checks a shard manifest.
 
+    Read as every file is (`paths.read_bytes`: a regular file of at most
+    1 MiB, a FIFO refused at once). Its shards are `.subic` files named
+    relative to its folder, inside it: no absolute path, no `..`, no
+    manifest (so no manifest can list itself or another), each once. What
+    the names lead to on disk is `check_shard_files`'.
+
     Raises:
         ValueError: naming the path, for a file that is not a manifest, or
-            shard paths outside the manifest's folder.
+            shard names that break those rules.
+        OSError: the manifest cannot be read, or is not a regular file.
     """
     path = os.fspath(path)
 
     def fail(reason: str) -> ValueError:
         return ValueError(f"{path!r} is not a valid shard manifest: {reason}")
 
-    with open(path, "rb") as handle:
-        data = handle.read(_MAX_MANIFEST_BYTES + 1)
-    if len(data) > _MAX_MANIFEST_BYTES:
-        raise fail(f"larger than {_MAX_MANIFEST_BYTES} bytes")
+    data = read_bytes(path, _MAX_MANIFEST_BYTES, "shard manifest")
     try:
         manifest = load_json(data)
     except ValueError as error:
@@ -124,16 +132,64 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         or not all(isinstance(s, str) and s for s in shards)
     ):
         raise fail(f"shards must be a list of 1 to {MAX_SHARDS} file names")
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     paths = []
     for shard in shards:
-        full = os.path.normpath(os.path.join(folder, shard))
-        if os.path.isabs(shard) or not full.startswith(folder + os.sep):
-            raise fail(f"shard {shard[:200]!r} lies outside the manifest's folder")
-        paths.append(full)
+        name = shard[:200]
+        parts = shard.split("/")
+        if os.path.isabs(shard) or any(p in ("", ".", "..") for p in parts):
+            raise fail(f"shard {name!r} lies outside the manifest's folder")
+        if "\0" in shard or not is_utf8(shard):
+            raise fail(f"shard {name!r} is not a file name")
+        if not shard.endswith(".subic"):
+            raise fail(
+                f"shard {name!r} is not a .subic index file: a manifest lists "
+                "index files only, never a manifest"
+            )
+        paths.append(os.path.join(folder, *parts))
     if len(set(paths)) != len(paths):
         raise fail("a shard is listed twice")
-    return Manifest(num_blocks, block_size, tuple(paths))
+    return Manifest(num_blocks, block_size, tuple(paths), folder)
+
+
+def check_shard_files(manifest: Manifest, path: str | os.PathLike) -> None:
+    """Checks, before any actor starts, that every shard of `manifest` (read
+    from `path`) is a regular index file inside its folder: each opened as
+    its actor opens it (`paths.open_in_folder`: a link out refused on the
+    opened descriptor) and its first bytes read.
+
+    Raises:
+        FileNotFoundError: shards missing, naming up to five.
+        ValueError: a shard that leads out of the folder, is not a regular
+            file, or is not an index file, naming it.
+    """
+    missing = []
+    for shard in manifest.shards:
+        relative = os.path.relpath(shard, manifest.folder)
+        try:
+            with open(open_in_folder(manifest.folder, relative), "rb") as handle:
+                magic = handle.read(len(file_format.MAGIC))
+        except FileNotFoundError:
+            missing.append(shard)
+            continue
+        except OSError as error:
+            reason = "leads out of the manifest's folder"
+            if not isinstance(error, PermissionError):
+                reason = error.strerror or str(error)
+            raise ValueError(
+                f"shard {relative[:200]!r} of {os.fspath(path)!r}: {reason}"
+            ) from None
+        if magic != file_format.MAGIC:
+            raise ValueError(
+                f"shard {relative[:200]!r} of {os.fspath(path)!r} is not a "
+                "SuBiC index file"
+            )
+    if missing:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"{len(missing)} shard files not found: {', '.join(missing[:5])}",
+            os.fspath(path),
+        )
 
 
 def save_shards(
@@ -234,7 +290,7 @@ def _our_shards(manifest: str | os.PathLike) -> set[str]:
         listed = read_manifest(manifest).shards
     except (OSError, ValueError):
         return set()
-    folder = os.path.dirname(os.path.abspath(manifest))
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(manifest)))
     stem = re.escape(os.path.basename(shard_path(manifest, 0))[: -len("0.subic")])
     return {
         os.path.basename(shard)
@@ -250,13 +306,14 @@ class _Shard:
     """One shard in a Ray actor: its file (codes, or pictures), loaded and
     kept up to date."""
 
-    def __init__(self, path: str, scanner: str):
+    def __init__(self, path: str, scanner: str, folder: str):
         from subic_keras.search.uri import open as open_index  # uri imports us
 
         self.path = path
         # A SubicIndex or an ImageIndex: the methods called are on both,
-        # or called on pictures only.
-        self.index: Any = open_index(path, scanner=scanner)
+        # or called on pictures only. Read inside the manifest's folder
+        # only, as `check_shard_files` checked it.
+        self.index: Any = open_index(path, scanner=scanner, folder=folder)
         self.pictures = isinstance(self.index, ImageIndex)
 
     def info(self) -> dict:
@@ -324,11 +381,19 @@ class _Shard:
         return len(held)
 
 
-def ray_module(address: str | None = None):
+def ray_module(address: str | None = None, probe_seconds: float = 5.0):
     """Ray, initialized (joining `address` if it is not yet).
+
+    `address` as `ray.init` takes it: `None` or `"auto"` joins the cluster
+    `RAY_ADDRESS` or Ray's cluster file (the last `ray start` on this
+    machine) names, else starts one here; `"local"` always starts one here.
+    A cluster named so is asked first, within `probe_seconds`: one that no
+    longer answers (a stale cluster file) is said in one line instead of
+    Ray waiting for it for minutes.
 
     Raises:
         ImportError: without Ray, naming the extra that installs it.
+        ConnectionError: the cluster named does not answer.
     """
     try:
         import ray
@@ -337,6 +402,7 @@ def ray_module(address: str | None = None):
             "shards are searched and built with Ray: pip install 'subic-keras[ray]'"
         ) from error
     if not ray.is_initialized():
+        _probe_cluster(address, probe_seconds)
         ray.init(
             address=address,
             log_to_driver=False,
@@ -344,6 +410,66 @@ def ray_module(address: str | None = None):
             logging_level=logging.ERROR,  # a command's output stays its own
         )
     return ray
+
+
+def _probe_cluster(address: str | None, seconds: float) -> None:
+    """Raises `ConnectionError` where the cluster `ray.init(address)` would
+    join does not accept a connection within `seconds`."""
+    import socket
+
+    named = f"--ray-address {address}"
+    if address in (None, "auto"):
+        named, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        named, address = _cluster_file()
+    if address in (None, "", "local", "auto") or "://" in address:
+        return  # a local start, or a Ray Client address Ray itself resolves
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return  # Ray refuses it with its own message
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+    except OSError as error:
+        reason = "no answer" if isinstance(error, TimeoutError) else error.strerror
+        raise ConnectionError(
+            f"the Ray cluster at {address} ({named}) does not answer "
+            f"({reason or error}); give --ray-address local to start one on this "
+            "machine, or the address of a running cluster"
+        ) from None
+
+
+def _cluster_file() -> tuple[str, str | None]:
+    """Ray's file naming the last cluster started on this machine, and the
+    address it holds (`None` without one)."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+
+        folder = get_default_ray_temp_dir()
+    except ImportError:  # where Ray keeps it elsewhere: its usual place
+        folder = os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
+    path = os.path.join(folder, "ray_current_cluster")
+    try:
+        text = read_bytes(path, 4096, "Ray cluster file").decode().strip()
+    except (OSError, ValueError):
+        return path, None
+    return f"the cluster file {path}", text or None
+
+
+def _load_failure(ray, shards: tuple[str, ...], loaded: list) -> ValueError:
+    """The error that names the first shard whose actor could not load it,
+    and why in one line (not Ray's traceback of the actor)."""
+    for path, ref in zip(shards, loaded):
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.GetTimeoutError:
+            continue  # still loading (a subclass of RayError)
+        except ray.exceptions.RayError as error:
+            cause = getattr(error, "cause", None) or error
+            lines = [line for line in str(cause).splitlines() if line.strip()]
+            # Ray's text of a failed task ends with the exception's own line.
+            reason = lines[-1].strip() if lines else type(cause).__name__
+            return ValueError(f"shard {path!r} cannot be loaded: {reason[:500]}")
+    return ValueError("a shard's actor failed while loading")
 
 
 class RayIndex(Searcher):
@@ -388,9 +514,7 @@ class RayIndex(Searcher):
         timeout: float = 300.0,
     ):
         self._manifest = read_manifest(manifest)
-        missing = [p for p in self._manifest.shards if not os.path.isfile(p)]
-        if missing:
-            raise FileNotFoundError(f"shard files not found: {missing[:5]}")
+        check_shard_files(self._manifest, manifest)
         ray = ray_module(address)
         count = len(self._manifest.shards)
         actor = ray.remote(_Shard).options(
@@ -400,17 +524,23 @@ class RayIndex(Searcher):
             scheduling_strategy="SPREAD",
         )
         self._ray = ray
-        self._actors = [actor.remote(path, scanner) for path in self._manifest.shards]
+        folder = self._manifest.folder
+        self._actors = [
+            actor.remote(path, scanner, folder) for path in self._manifest.shards
+        ]
+        loaded = [a.info.remote() for a in self._actors]
         try:
-            infos = ray.get([a.info.remote() for a in self._actors], timeout=timeout)
+            infos = ray.get(loaded, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            for a in self._actors:
-                ray.kill(a)
+            self._stop()
             raise TimeoutError(
                 f"the {count} shards of {os.fspath(manifest)!r} did not all load "
                 f"within {timeout:g} s (each asks for {num_cpus:g} CPUs; the "
                 f"cluster has {ray.cluster_resources().get('CPU', 0):g})"
             ) from None
+        except ray.exceptions.RayError:
+            self._stop()
+            raise _load_failure(ray, self._manifest.shards, loaded) from None
         for path, info in zip(self._manifest.shards, infos):
             if tuple(info["blocks"]) != (self.num_blocks, self.block_size):
                 m, k = info["blocks"]
@@ -433,6 +563,10 @@ class RayIndex(Searcher):
         repeated = duplicates(np.concatenate(self._all("ids")))
         if repeated.size:
             raise ValueError(f"shards share ids: {preview(repeated)}")
+
+    def _stop(self) -> None:
+        for actor in self._actors:
+            self._ray.kill(actor)
 
     def _all(self, method: str, *args) -> list:
         """`method(*args)` on every shard, in manifest order."""

@@ -35,6 +35,7 @@ def open(  # the package's `open`: `sk.search.open(uri)`
     *,
     collection: str = DEFAULT_COLLECTION,
     scanner: str = "auto",
+    folder: str | None = None,
 ) -> Searcher:
     """Opens the index at `uri` for searching: the one place that tells
     the kinds of index apart.
@@ -55,6 +56,8 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         collection: the Milvus collection (Milvus URIs only).
         scanner: what scans a `.subic` file's codes (`SubicIndex`'s
             argument; files only).
+        folder: a real folder a `.subic` file must lie in, links leading
+            out of it refused (`file_format.read`; a manifest's shards).
 
     Returns:
         A `Searcher`: a `SubicIndex` (codes and ids), an `ImageIndex` (a
@@ -74,7 +77,7 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         from subic_keras.search.ray_index import RayIndex
 
         return RayIndex(uri, scanner=scanner)
-    header, packed, ids, items = file_format.read(uri)
+    header, packed, ids, items = file_format.read(uri, folder=folder)
     codes = SubicIndex.from_parts(
         uri, header, packed, ids, items=items, scanner=scanner
     )
@@ -117,11 +120,12 @@ def add_codes(
         ) as database:
             recorded = database.model
             if model is not None and recorded and recorded["digest"] != model["digest"]:
-                wrote = recorded.get("file") or "another model"
+                wrote = recorded.get("path") or recorded.get("file")
+                this = model.get("path") or model.get("file") or "this model"
                 raise ValueError(
                     f"collection {collection!r} at {os.fspath(uri)!r} holds codes "
-                    f"of {wrote} (digest {recorded['digest'][:12]}), not of "
-                    f"{model.get('file') or 'this model'} (digest "
+                    f"of {wrote or 'another model'} (digest "
+                    f"{recorded['digest'][:12]}), not of {this} (digest "
                     f"{model['digest'][:12]}): add them to a new collection"
                 )
             return database.add(codes, ids=ids), len(database)

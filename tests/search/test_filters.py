@@ -134,3 +134,95 @@ def test_milvus_expressions_cover_ids():
 
 def test_folders_are_every_level_holding_a_path(table):
     assert table.folders() == ["cat", "cat/old", "dog"]
+
+
+def test_long_chains_are_loops_not_recursion(table):
+    # 10,000 tests `or`ed (and `and`ed): parsed, evaluated, printed, keyed,
+    # turned into Milvus's expression and pickled (Ray) without recursion.
+    import pickle
+    import sys
+
+    chain = " or ".join(f"id == {i}" for i in range(10_000))
+    both = " and ".join(["id != 99"] * 10_000)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # far below what a nested chain would need
+    try:
+        for text, kept in ((chain, [10, 11, 12, 13, 14]), (both, [10, 11, 12, 13, 14])):
+            where = filters.parse(text)
+            assert where.depth == 2
+            assert table.ids[where.mask(table)].tolist() == kept
+            assert filters.parse(str(where)).mask(table).tolist() == [True] * 5
+            assert len(where.milvus()) > 100_000 and where.cache_key()
+            assert pickle.loads(pickle.dumps(where)) == where
+    finally:
+        sys.setrecursionlimit(limit)
+    # Parentheses nest as deep as the text allows; a filter built in Python
+    # nests no deeper.
+    deep = "(not " * 16 + "id == 10 or id == 11 and id == 12" + ")" * 16
+    assert filters.parse(deep).depth <= filters.MAX_NESTING
+    built = filters.parse("id == 10")
+    with pytest.raises(ValueError, match="nest at most 100 deep"):
+        for _ in range(100):
+            built = ~(built | filters.parse("id == 11"))
+
+
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        ("id in [11.5]", []),  # a float that is no integer equals no id
+        ("id in [-0.5, 12.0]", [12]),
+        ("id == 11.0", [11]),
+        ("id != 11.5", [10, 11, 12, 13, 14]),
+        ("id < 11.5", [10, 11]),
+        ("id <= 11.5", [10, 11]),
+        ("id > 12.5", [13, 14]),
+        ("id >= 12.5", [13, 14]),
+        ("id < -0.5", []),
+        ("id > 9223372036854775807", []),
+        ("path == 'd.png\0'", []),  # NUL kept, so no path matches
+        ("class == 'cat\0'", []),
+        ("path in ['d.png\0']", []),
+        ("path == 'd.png'", [14]),
+    ],
+)
+def test_numbers_and_strings_compare_exactly(table, text, kept):
+    assert table.ids[filters.parse(text).mask(table)].tolist() == kept
+
+
+def test_integers_beyond_int64_are_refused_and_large_ones_compare_exactly():
+    with pytest.raises(ValueError, match="beyond the 64-bit integers"):
+        filters.parse("id == 9223372036854775808")
+    table = ItemTable()
+    big = 2**53
+    table.append(
+        np.arange(4),
+        ["a.png", "b.png", "c.png", "d.png"],
+        np.zeros(4, np.uint64),
+        np.zeros(4),
+        [{"n": big}, {"n": big + 1}, {"n": 2**62 + 1}, {"n": 0.5}],
+    )
+    for text, kept in (
+        (f"attrs.n == {big}", [0]),  # as floats, big + 1 would equal it too
+        (f"attrs.n == {big + 1}", [1]),
+        (f"attrs.n > {big}", [1, 2]),
+        (f"attrs.n in [{2**62 + 1}]", [2]),
+        ("attrs.n < 1", [3]),
+        (f"attrs.n == {float(big)}", [0]),
+    ):
+        assert table.ids[filters.parse(text).mask(table)].tolist() == kept, text
+    for text in ("id in [1e300]", "id > 1e19", "id == -1e19"):
+        with pytest.raises(ValueError, match="id is a 64-bit integer.*beyond"):
+            filters.parse(text).mask(table)
+
+
+def test_lone_surrogates_are_refused_at_add_naming_the_item(tmp_path):
+    from subic_keras.search import ImageIndex
+
+    index = ImageIndex(2, 4, str(tmp_path), (8, 8, 3))
+    with pytest.raises(ValueError, match=r"valid UTF-8.*'\\udc80'.*for 'b.png'"):
+        index.add(
+            np.zeros((2, 2), int),
+            ["a.png", "b.png"],
+            attributes=[None, {"t": "\udc80"}],
+        )
+    assert len(index) == 0

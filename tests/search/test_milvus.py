@@ -113,6 +113,11 @@ def test_bad_input(rng, uri, tmp_path):
     with pytest.raises(ValueError, match="no Milvus Lite database at that path$"):
         MilvusIndex(str(tmp_path / "nothere.db"), "codes")
     assert not (tmp_path / "nothere.db").exists()
+    # A link where the database goes: never written through.
+    (tmp_path / "link.db").symlink_to(tmp_path / "elsewhere.db")
+    with pytest.raises(FileExistsError, match="never written through"):
+        MilvusIndex(str(tmp_path / "link.db"), "codes", 4, 16)
+    assert not (tmp_path / "elsewhere.db").exists()
     remote.close()
     client = pymilvus.MilvusClient(uri=uri)
     client.create_collection("plain", dimension=8)

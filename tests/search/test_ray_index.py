@@ -12,7 +12,12 @@ from search_reference import relu_queries
 
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as open_index
-from subic_keras.search.ray_index import RayIndex, read_manifest, save_shards
+from subic_keras.search.ray_index import (
+    RayIndex,
+    check_shard_files,
+    read_manifest,
+    save_shards,
+)
 
 ray = pytest.importorskip("ray", reason="the [ray] extra")
 
@@ -126,6 +131,16 @@ def test_adds_and_removes_across_shards(sharded, rng, tmp_path):
     np.testing.assert_array_equal(reopened.get_ids(), ids)
 
 
+def test_a_filter_of_10000_tests_reaches_every_shard(sharded, rng):
+    index, remote = sharded
+    where = " or ".join(f"id == {i}" for i in range(0, 20_000, 2))
+    queries = relu_queries(rng, 3, 8, 64)
+    for got, want in zip(
+        remote.search(queries, 20, where=where), index.search(queries, 20, where=where)
+    ):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_manifest_mistakes_are_named(tmp_path):
     path = tmp_path / "bad.shards.json"
     cases = [
@@ -162,6 +177,81 @@ def test_manifest_mistakes_are_named(tmp_path):
             read_manifest(path)
     with pytest.raises(ValueError, match="must end in '.shards.json'"):
         save_shards(SubicIndex(2, 4), tmp_path / "x.json", 2)
+
+
+def _manifest(path, shards) -> None:
+    manifest = {
+        "format": "subic.shards",
+        "version": 1,
+        "num_blocks": 4,
+        "block_size": 16,
+        "shards": shards,
+    }
+    path.write_text(json.dumps(manifest))
+
+
+def test_a_manifest_names_only_index_files_of_its_folder(tmp_path, rng):
+    index = SubicIndex(4, 16)
+    index.add(rng.integers(0, 16, (40, 4)))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tmp_path = tmp_path / "shards"
+    tmp_path.mkdir()
+    path = tmp_path / "codes.shards.json"
+    files = save_shards(index, path, 2)
+    # Itself, another manifest, a name that is not an index file, a NUL:
+    # refused from the names, before any file is opened or actor started.
+    other = tmp_path / "other.shards.json"
+    _manifest(other, ["codes-0.subic"])
+    for shards, message in (
+        (["codes.shards.json"], "never a manifest"),
+        (["other.shards.json", "codes-0.subic"], "never a manifest"),
+        (["codes-0.subic", "notes.txt"], "not a .subic index file"),
+        (["a\0.subic"], "not a file name"),
+        (["\ud800.subic"], "not a file name"),
+        (["./codes-0.subic"], "outside the manifest's folder"),
+        (["/etc/codes-0.subic"], "outside the manifest's folder"),
+    ):
+        bad = tmp_path / "bad.shards.json"
+        _manifest(bad, shards)
+        with pytest.raises(ValueError, match=message):
+            open_index(bad)
+    # On disk: a link out of the folder, a FIFO, a file that is no index,
+    # a missing file; each named before any actor starts.
+    os.replace(files[1], outside / "codes-1.subic")
+    (tmp_path / "out.subic").symlink_to(outside / "codes-1.subic")
+    os.mkfifo(tmp_path / "fifo.subic")
+    (tmp_path / "text.subic").write_text("not an index")
+    for name, message in (
+        ("out.subic", "leads out of the manifest's folder"),
+        ("fifo.subic", "not a regular file"),
+        ("text.subic", "is not a SuBiC index file"),
+        ("gone.subic", "1 shard files not found"),
+    ):
+        bad = tmp_path / "bad.shards.json"
+        _manifest(bad, ["codes-0.subic", name])
+        start = time.perf_counter()
+        with pytest.raises(OSError if name == "gone.subic" else ValueError) as error:
+            check_shard_files(read_manifest(bad), bad)
+        assert message in str(error.value) and time.perf_counter() - start < 1
+        with pytest.raises(type(error.value), match=message):
+            RayIndex(bad)
+    # A link inside the folder is read where it leads.
+    (tmp_path / "inside.subic").symlink_to(files[0])
+    _manifest(tmp_path / "good.shards.json", ["inside.subic"])
+    good = read_manifest(tmp_path / "good.shards.json")
+    check_shard_files(good, tmp_path / "good.shards.json")
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "x.shards.json"
+    os.mkfifo(fifo)
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="not a regular file"):
+        read_manifest(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        open_index(fifo)
+    assert time.perf_counter() - start < 1
 
 
 def test_a_rebuild_into_fewer_shards_leaves_none_behind(tmp_path, rng):
@@ -285,3 +375,57 @@ def test_the_command_line_searches_and_evaluates_a_manifest(cluster, tmp_path, c
                 (capsys.readouterr().out.splitlines()[:15], json.load(handle)["map"])
             )
     assert found[0] == found[1]
+
+
+def test_a_shard_that_fails_to_load_is_named_in_one_line(cluster, tmp_path, rng):
+    index = SubicIndex(4, 16)
+    index.add(rng.integers(0, 16, (60, 4)))
+    files = save_shards(index, tmp_path / "codes.shards.json", 2)
+    data = bytearray(open(files[1], "rb").read())
+    data[-1] ^= 0xFF  # its checksum fails: the actor cannot load it
+    open(files[1], "wb").write(bytes(data))
+    with pytest.raises(ValueError) as error:
+        RayIndex(tmp_path / "codes.shards.json")
+    message = str(error.value)
+    assert message.startswith(f"shard {files[1]!r} cannot be loaded: ")
+    assert "\n" not in message and "checksum" in message, message
+
+
+_JOIN = """
+import sys, time
+from subic_keras.search.ray_index import ray_module
+start = time.perf_counter()
+try:
+    ray_module(sys.argv[1] if len(sys.argv) > 1 else None)
+except ConnectionError as error:
+    print(f"{time.perf_counter() - start:.1f}", error)
+"""
+
+
+def test_a_cluster_that_does_not_answer_is_one_line_at_once(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{closed.getsockname()[1]}"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(dead)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    for extra, argv, named in (
+        ({"RAY_TMPDIR": str(tmp_path)}, [], "the cluster file"),
+        ({"RAY_ADDRESS": dead}, [], "RAY_ADDRESS"),
+        ({}, [dead], f"--ray-address {dead}"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", _JOIN, *argv],
+            capture_output=True,
+            text=True,
+            env={**env, **extra},
+            timeout=60,
+        )
+        seconds, _, message = done.stdout.strip().partition(" ")
+        assert float(seconds) < 10, done
+        assert message.startswith(f"the Ray cluster at {dead} ({named}")
+        assert "give --ray-address local to start one" in message
