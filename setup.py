@@ -43,6 +43,8 @@ setup(
         "milvus": ["pymilvus>=3.0.2", "milvus-lite>=3.2.2"],
         # subic_keras.search.ray_index: shards in Ray actors (2.60 tested).
         "ray": ["ray>=2.60"],
+        # benchmarks/near_duplicates.py: ImageHash's perceptual hashes, a peer.
+        "benchmarks": ["imagehash>=4.3"],
         "notebooks": [
             "nbconvert>=7",  # `jupyter nbconvert --execute`, as tutorials/README.md
             "nbclient>=0.10",

@@ -203,6 +203,40 @@ def _summary_refine(data: dict) -> tuple[str, str]:
     )
 
 
+def _summary_near_duplicates(data: dict) -> tuple[str, str]:
+    whole, settings = data["results"]["whole family"], data["settings"]
+    peers = [key[: -len(" 60k")] for key in whole if key.endswith(" 60k")]
+    return (
+        f"copies found first (recall@1), {settings['bits']}-bit instance code "
+        "against peers, 1,000 copies, 10,000 / 60,000 pictures",
+        "; ".join(
+            f"{peer} {whole[peer + ' 10k']['recall@1']:.3f} / "
+            f"{whole[peer + ' 60k']['recall@1']:.3f}"
+            for peer in peers
+        ),
+    )
+
+
+def near_duplicates_table(data: dict) -> list[str]:
+    """Recall@1 of every method on every set of copies, at 10k and 60k."""
+    results, settings = data["results"], data["settings"]
+    methods = list(next(iter(results.values())))
+    lines = [
+        f"Copies found first: recall@1 over {settings['queries']:,} altered "
+        f"CIFAR-10 test pictures, databases of 10,000 and 60,000 pictures; an "
+        f"instance code of {settings['bits']} bits (M = {settings['num_blocks']}, "
+        f"K = {settings['block_size']}) trained {settings['epochs']} epochs on "
+        f"{settings['train_pictures']:,} pictures without labels, on "
+        f"{_cpu(data)}:",
+        "",
+    ]
+    rows = [
+        [name, *(f"{row[m]['recall@1']:.3f}" if m in row else "—" for m in methods)]
+        for name, row in results.items()
+    ]
+    return lines + table(["copies", *methods], rows)
+
+
 def _summary_cold_start(data: dict) -> tuple[str, str]:
     kernel, kinds = next(iter(data["kernels"].items()))
     if "grouping_in_file" not in kinds:  # written before version 5 files
@@ -255,6 +289,7 @@ _SUMMARIES = {
     "search_speed.json": _summary_search_speed,
     "filter_speed.json": _summary_filter_speed,
     "refine.json": _summary_refine,
+    "near_duplicates.json": _summary_near_duplicates,
     "cold_start.json": _summary_cold_start,
     "ray_search.json": _summary_ray_search,
     "ray_folders.json": _summary_ray_folders,
@@ -456,6 +491,10 @@ KNOWN["search_speed.json"] = (
 KNOWN["filter_speed.json"] = (
     "Filtered search",
     lambda data: [*render_filter_speed(data), "", *filter_table(data)],
+)
+KNOWN["near_duplicates.json"] = (
+    "Copies found first: an instance code",
+    lambda data: [*near_duplicates_table(data), "", *render_generic(data)],
 )
 KNOWN["refine.json"] = (
     "Ties ordered by look",

@@ -18,6 +18,7 @@ import sys
 __version__ = "0.1.0"
 
 _SUBMODULES = (
+    "alterations",
     "applications",
     "backbones",
     "baselines",
@@ -28,6 +29,7 @@ _SUBMODULES = (
     "evaluation",
     "export",
     "images",
+    "instance",
     "layers",
     "litert_features",
     "losses",
@@ -52,6 +54,7 @@ _NAMES = {
     "BlockSoftmax": "layers",
     "ImageIndex": "search",
     "ImageModel": "pixels",
+    "InstanceSubic": "instance",
     "MilvusIndex": "search.milvus",  # needs the [milvus] extra
     "Recipe": "config",
     "TrainConfig": "config",
@@ -61,6 +64,7 @@ _NAMES = {
     "Subic": "models",
     "SubicIndex": "search",
     "SubicTrainModel": "train_model",
+    "build_instance_subic": "instance",
     "build_subic": "building",
     "merge_results": "search",
     "pretrain_backbone": "recipe",
@@ -75,6 +79,7 @@ __all__ = sorted([*_NAMES, *_SUBMODULES])
 # normalization, a baseline's `Binarize`) deserializes without custom_objects.
 _KERAS_MODULES = (
     "applications",
+    "instance",
     "backbones",
     "baselines.dlbhc",
     "baselines.dsh",

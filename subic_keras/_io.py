@@ -9,10 +9,10 @@ removes every temporary whose writing process is gone
 (`remove_stale_temporaries`).
 
 No save follows a link. The rename replaces the name itself, never a
-file a link there leads to; a link (or anything but a regular file) where
-a file is to be saved is refused unless the caller replaces it
-(`replace=True`, the command line's `--overwrite`), and then the link
-itself goes. The folders a save makes inside its output folder
+file a link there leads to; a link where a file is to be saved is refused
+unless the caller replaces it (`replace=True`, the command line's
+`--overwrite`), and then the link itself goes; a directory, FIFO, socket or
+device there is always refused. The folders a save makes inside its output folder
 (`make_folders`) are made one by one under the previous one's descriptor,
 refusing links and files on the way. The output folder a user names may
 itself be a link: that is their choice, not a planted one.
@@ -119,8 +119,8 @@ def atomic_path(
         path: the final destination: a new name, or a regular file.
         suffix: a suffix for the temporary name; some writers (Keras's
             `model.save`) choose the format from the extension.
-        replace: replace a link (or a special file) at `path` itself,
-            instead of refusing it (`output_target`).
+        replace: replace a link at `path` itself, instead of refusing it
+            (`output_target`).
 
     Raises:
         FileExistsError: a link is at `path`, and not `replace`.

@@ -368,3 +368,106 @@ class SubicEntropyLoss(BlockEntropyLoss):
 
     def get_config(self):
         return {**super().get_config(), "gamma": self.gamma, "mu": self.mu}
+
+
+@keras.saving.register_keras_serializable(package="subic_keras")
+class InstanceContrastiveLoss(BlockEntropyLoss):
+    """An instance code's loss: each picture against its own altered copy.
+
+    `y_pred` holds the block probabilities of a batch of `2B` pictures, the
+    `B` first and `B` last two altered copies of the same `B` pictures
+    (`subic_keras.instance.copy_batches`). Copies `i` and `j` are compared
+    by SuBiC's own score between soft codes, the expected share of equal
+    blocks `s_ij = (1/M) Σ_m b̃ᵃ_im · b̃ᵇ_jm` (Eq. 10 with `b̃` for both), and
+    each copy must find its pair among the batch (InfoNCE, both ways):
+
+        L_i = −log softmax_j(s_ij / τ)[i],
+
+    plus SuBiC's entropy terms (Eq. 8) on all `2B`: `γ` keeps each block
+    one-hot, `μ` spreads the codes over the whole support. The other
+    pictures of the batch are the negatives; no label is used.
+
+    Example:
+
+    >>> loss = InstanceContrastiveLoss(2, 4, temperature=0.1)
+    >>> a, b = [1, 0, 0, 0, 0, 1, 0, 0], [0, 0, 1, 0, 0, 0, 0, 1]
+    >>> paired = np.array([a, b, a, b], "float32")   # copies i and B + i alike
+    >>> swapped = np.array([a, b, b, a], "float32")
+    >>> float(loss(None, paired)) < float(loss(None, swapped))
+    True
+
+    Args:
+        num_blocks: number of blocks `M`.
+        block_size: block size `K`.
+        temperature: `τ > 0` of the softmax over the batch.
+        gamma: weight `γ >= 0` of the mean block entropy.
+        mu: weight `μ >= 0` of the batch block entropy.
+        name, reduction, dtype: as for `keras.losses.Loss`.
+
+    Returns:
+        Per-example values `(2B,)` before Keras's reduction.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        temperature: float = 0.1,
+        gamma: float = 0.1,
+        mu: float = 1.0,
+        feature_weight: float = 1.0,
+        name: str = "instance_contrastive",
+        reduction: str = "sum_over_batch_size",
+        dtype=None,
+    ):
+        super().__init__(num_blocks, block_size, name, reduction, dtype)
+        self.temperature = check_non_negative("temperature", temperature)
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, received {temperature}")
+        self.gamma = check_non_negative("gamma", gamma)
+        self.mu = check_non_negative("mu", mu)
+        self.feature_weight = check_non_negative("feature_weight", feature_weight)
+
+    def call(self, y_true, y_pred):
+        blocks = as_blocks(y_pred, self.num_blocks, self.block_size)
+        flat = tf.reshape(blocks, (-1, self.num_blocks * self.block_size))
+        half = tf.shape(flat)[0] // 2
+        first, second = flat[:half], flat[half : 2 * half]
+        # s_ij: the expected share of equal blocks between copies i and j.
+        scores = tf.matmul(first, second, transpose_b=True) / self.num_blocks
+        logits = scores / self.temperature
+        pairs = tf.range(half)
+        forward = tf.nn.sparse_softmax_cross_entropy_with_logits(pairs, logits)
+        backward = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            pairs, tf.transpose(logits)
+        )
+        contrast = tf.concat([forward, backward], axis=0)
+        return (
+            contrast
+            + self._mean_term(y_pred, self.gamma)
+            + self._batch_term(y_pred, self.mu)
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "temperature": self.temperature,
+            "gamma": self.gamma,
+            "mu": self.mu,
+            "feature_weight": self.feature_weight,
+        }
+
+
+def _info_nce(copies: tf.Tensor, scale: float) -> tf.Tensor:
+    """InfoNCE both ways between the halves of `copies` `(2B, d)`: copy `i`
+    of the first half must score its pair, copy `i` of the second, above
+    the others (scores: dot products times `scale`)."""
+    half = tf.shape(copies)[0] // 2
+    first, second = copies[:half], copies[half : 2 * half]
+    logits = tf.matmul(first, second, transpose_b=True) * scale
+    pairs = tf.range(half)
+    forward = tf.nn.sparse_softmax_cross_entropy_with_logits(pairs, logits)
+    backward = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        pairs, tf.transpose(logits)
+    )
+    return tf.concat([forward, backward], axis=0)

@@ -340,3 +340,40 @@ def test_readme_summary_reads_its_figures_from_the_jsons(make_results, tmp_path)
     assert "### Training from a folder" in full
     assert "| folder 5000 | DSH CNN at 32x32 | 9 | 1.5000 | 2 | 0.1000 |" in full
     assert "Folder against arrays" in full
+
+
+def test_near_duplicates_reads_as_one_row_and_a_table(make_results, tmp_path):
+    def recall(value):
+        return {"recall@1": value, "recall@10": value}
+
+    data = {
+        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
+        "settings": {
+            "epochs": 2,
+            "train_pictures": 500,
+            "batch_size": 64,
+            "queries": 100,
+            "num_blocks": 8,
+            "block_size": 256,
+            "bits": 64,
+        },
+        "results": {
+            "whole family": {
+                "instance code 10k": recall(0.5),
+                "instance code 60k": recall(0.45),
+                "look 10k": recall(0.3),
+                "look 60k": recall(0.2),
+            },
+            "rotation": {
+                "instance code 10k": recall(0.25),
+                "instance code 60k": recall(0.125),
+            },
+        },
+    }
+    (tmp_path / "near_duplicates.json").write_text(json.dumps(data))
+    results = make_results._read_results(str(tmp_path))[0]
+    summary = make_results.render_summary(results)
+    assert "instance code 0.500 / 0.450; look 0.300 / 0.200" in summary
+    full = make_results.make_results(str(tmp_path))
+    assert "### Copies found first: an instance code" in full
+    assert "| rotation | 0.250 | 0.125 | — | — |" in full

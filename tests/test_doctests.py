@@ -45,6 +45,8 @@ MODULES = (
     "subic_keras.search.milvus",
     "subic_keras.search.looks",
     "subic_keras.near_duplicates",
+    "subic_keras.alterations",
+    "subic_keras.instance",
     "subic_keras.pixels",
     "subic_keras.folders",
     "subic_keras.streams",

@@ -455,6 +455,28 @@ def _cluster_file() -> tuple[str, str | None]:
     return f"the cluster file {path}", text or None
 
 
+def _one_model(shards: tuple[str, ...], models: list) -> dict | None:
+    """The model record every shard holds, or the error naming the first
+    shard whose codes another model (or no recorded model) wrote."""
+
+    def digest(model) -> str | None:
+        return None if model is None else model.get("digest")
+
+    def named(model) -> str:
+        if model is None:
+            return "no recorded model"
+        return f"{model.get('path') or model.get('file')} (digest {digest(model)})"
+
+    for path, model in zip(shards, models):
+        if digest(model) != digest(models[0]):
+            raise ValueError(
+                f"shard {path!r} holds codes of {named(model)}, the first shard "
+                f"{shards[0]!r} codes of {named(models[0])}: a manifest lists "
+                "shards of one model"
+            )
+    return models[0]
+
+
 def _load_failure(ray, shards: tuple[str, ...], loaded: list) -> ValueError:
     """The error that names the first shard whose actor could not load it,
     and why in one line (not Ray's traceback of the actor)."""
@@ -548,8 +570,7 @@ class RayIndex(Searcher):
                     f"shard {path!r} holds codes of {m} blocks of {k}, the manifest "
                     f"says {self.num_blocks} of {self.block_size}"
                 )
-        models = [info["model"] for info in infos]
-        self._model = models[0] if all(m == models[0] for m in models) else None
+        self._model = _one_model(self._manifest.shards, [i["model"] for i in infos])
         for field in ("root", "image_shape"):
             if len({repr(info[field]) for info in infos}) > 1:
                 raise ValueError(

@@ -429,3 +429,24 @@ def test_a_cluster_that_does_not_answer_is_one_line_at_once(tmp_path):
         assert float(seconds) < 10, done
         assert message.startswith(f"the Ray cluster at {dead} ({named}")
         assert "give --ray-address local to start one" in message
+
+
+def test_shards_of_two_models_are_refused_naming_the_shard(cluster, tmp_path, rng):
+    index = SubicIndex(4, 16)
+    index.add(rng.integers(0, 16, (60, 4)))
+    index.model = {"digest": "a" * 64, "file": "one.keras", "path": "/m/one.keras"}
+    files = save_shards(index, tmp_path / "codes.shards.json", 3)
+    for model, named in (
+        ({"digest": "b" * 64, "file": "two.keras"}, f"two.keras (digest {'b' * 64})"),
+        (None, "no recorded model"),
+    ):
+        shard = SubicIndex.load(files[2])
+        shard.model = model
+        shard.save(files[2])
+        with pytest.raises(ValueError) as error:
+            RayIndex(tmp_path / "codes.shards.json")
+        assert str(error.value) == (
+            f"shard {files[2]!r} holds codes of {named}, the first shard "
+            f"{files[0]!r} codes of /m/one.keras (digest {'a' * 64}): a manifest "
+            "lists shards of one model"
+        )

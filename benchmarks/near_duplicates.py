@@ -1,0 +1,233 @@
+"""Find the picture itself: an instance code against the look and perceptual hashes.
+
+Trains an instance code (`subic_keras.instance`, 64 bits as the paper's
+instance codes, Sec. 4: by default M = 16, K = 16) on CIFAR-10's training
+pictures without
+labels, each against its own copies altered by `subic_keras.alterations`,
+then searches for the originals of 1,000 altered test pictures:
+
+- databases: CIFAR-10's 10,000 test pictures, and the same with its 50,000
+  training pictures added (60,000);
+- queries: copies altered by the whole family, by each of its families
+  alone, and by the earlier benchmark's four alterations
+  (`near_duplicates.alter`: crop, JPEG, brightness, flip);
+- peers, on the same queries and databases: the look (`search.looks`,
+  108 bytes a picture, compared with 38 views of each query over the whole
+  database) and ImageHash's `phash` and `dhash` (hash sizes 8 and 16,
+  ranked by Hamming distance; `pip install imagehash`).
+
+Reported: recall@1 and recall@10, the codes' distinct count, training time.
+The trained model is cached under `--cache-dir`.
+
+Example:
+
+    python -m benchmarks.near_duplicates --epochs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from benchmarks import common
+from subic_keras import alterations, backbones, datasets, instance, near_duplicates
+from subic_keras.search import SubicIndex, looks
+from subic_keras.training import standardization
+
+DATABASES = {"10k": 10_000, "60k": 60_000}
+LOOKED_AT = ("whole family", "earlier four")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    common.add_data_dir(parser, "CIFAR-10's cifar-10-batches-bin/")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--num-blocks", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--train-pictures", type=int, default=50_000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default="benchmarks/cache/near_duplicates")
+    parser.add_argument(
+        "--output",
+        default="benchmarks/results/near_duplicates.json",
+        help="where the JSON goes (default: %(default)s)",
+    )
+    return parser.parse_args(argv)
+
+
+def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float | None]:
+    """The instance code of these settings: from the cache, or trained now
+    (its training seconds)."""
+    settings = {
+        "epochs": args.epochs,
+        "train_pictures": len(pictures),
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "families": alterations.FAMILIES,
+        "num_blocks": args.num_blocks,
+        "block_size": args.block_size,
+    }
+    path = os.path.join(
+        args.cache_dir, common.settings_key("instance", settings) + ".keras"
+    )
+    if os.path.isfile(path):
+        return instance.InstanceSubic.load(path), None
+    code = instance.build_instance_subic(
+        backbones.dsh_cnn(),
+        args.num_blocks,
+        args.block_size,
+        preprocessing=standardization(pictures),
+    )
+    start = time.time()
+    instance.train_instance(
+        code,
+        pictures,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        verbose=2,
+    )
+    seconds = time.time() - start
+    os.makedirs(args.cache_dir, exist_ok=True)
+    code.save(path)
+    return code, seconds
+
+
+def query_sets(pictures: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """The altered copies of `pictures`, by how they were altered."""
+    sets = {
+        "whole family": alterations.alter_batch(pictures, seed),
+        "earlier four": near_duplicates.alter(pictures, seed=seed)[0],
+    }
+    for name in alterations.FAMILIES:
+        sets[name] = alterations.alter_batch(
+            pictures, seed, families=[name], mixture=(1, 1)
+        )
+    return sets
+
+
+def hashes(pictures: np.ndarray, kind: str, size: int) -> np.ndarray:
+    """ImageHash's `kind` hash of each picture, as a boolean row."""
+    import imagehash
+    from PIL import Image
+
+    function = {"phash": imagehash.phash, "dhash": imagehash.dhash}[kind]
+    return np.stack(
+        [function(Image.fromarray(p), hash_size=size).hash.ravel() for p in pictures]
+    )
+
+
+def hamming_ranked(database: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    """The `k` nearest rows of `database` to each query by Hamming distance
+    (ties in database order)."""
+    db = database.astype(np.int16)
+    out = []
+    for start in range(0, len(queries), 100):
+        q = queries[start : start + 100].astype(np.int16)
+        distances = q @ (1 - db).T + (1 - q) @ db.T
+        out.append(np.argsort(distances, axis=1, kind="stable")[:, :k])
+    return np.concatenate(out)
+
+
+def looks_ranked(query_looks, item_looks, k: int) -> np.ndarray:
+    """The `k` items most alike each query by look, 50 queries at a time."""
+    out = []
+    for start in range(0, len(query_looks), 50):
+        alike = looks.similarity(query_looks[start : start + 50], item_looks)
+        out.append(np.argsort(-alike, axis=1, kind="stable")[:, :k])
+    return np.concatenate(out)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    (x_train, _), (x_test, _) = datasets.load_cifar10(args.data_dir)
+    code, seconds = trained(args, x_train[: args.train_pictures])
+    database = np.concatenate([x_test, x_train])
+    rng = np.random.default_rng(args.seed)
+    chosen = np.sort(rng.choice(len(x_test), args.queries, replace=False))
+    sets = query_sets(x_test[chosen], args.seed + 1)
+    common.log("encoding the databases")
+    codes = code.encode(database)
+    indexes = {}
+    for name, size in DATABASES.items():
+        indexes[name] = SubicIndex(code.num_blocks, code.block_size)
+        indexes[name].add(codes[:size])
+    peers = (
+        {
+            f"{kind} {size}": hashes(database, kind, size)
+            for kind in ("phash", "dhash")
+            for size in (8, 16)
+        }
+        if _has_imagehash()
+        else {}
+    )
+    item_looks = looks.look(database)
+    results: dict = {}
+    for query_name, queries in sets.items():
+        row: dict = {}
+        probs = code.query(queries)
+        # The look over a whole database costs minutes: the two mixtures.
+        query_looks = looks.query_look(queries) if query_name in LOOKED_AT else None
+        for db_name, size in DATABASES.items():
+            _, ids = indexes[db_name].search(probs, 10)
+            row[f"instance code {db_name}"] = near_duplicates.recall_at(ids, chosen)
+            if query_looks is not None:
+                ranked = looks_ranked(query_looks, item_looks[:size], 10)
+                row[f"look {db_name}"] = near_duplicates.recall_at(ranked, chosen)
+            for peer, table in peers.items():
+                query_hashes = hashes(queries, *_kind_size(peer))
+                ranked = hamming_ranked(table[:size], query_hashes, 10)
+                row[f"{peer} {db_name}"] = near_duplicates.recall_at(ranked, chosen)
+        results[query_name] = row
+        common.log(
+            f"{query_name}: "
+            + "; ".join(
+                f"{method} {value['recall@1']:.3f}" for method, value in row.items()
+            )
+        )
+    output = {
+        **common.run_metadata("near_duplicates", "tensorflow", "keras", "imagehash"),
+        "settings": {
+            "epochs": args.epochs,
+            "train_pictures": min(args.train_pictures, len(x_train)),
+            "batch_size": args.batch_size,
+            "queries": args.queries,
+            "num_blocks": code.num_blocks,
+            "block_size": code.block_size,
+            "bits": code.bits,
+        },
+        "train_seconds": None if seconds is None else round(seconds, 1),
+        "distinct_codes": {
+            name: len(np.unique(codes[:size], axis=0))
+            for name, size in DATABASES.items()
+        },
+        "results": results,
+    }
+    common.write_json(args.output, output)
+    common.log(f"wrote {args.output}")
+    return output
+
+
+def _has_imagehash() -> bool:
+    try:
+        import imagehash  # noqa: F401
+    except ImportError:
+        common.log("imagehash is not installed: its peers are left out")
+        return False
+    return True
+
+
+def _kind_size(peer: str) -> tuple[str, int]:
+    kind, size = peer.split()
+    return kind, int(size)
+
+
+if __name__ == "__main__":
+    main()
