@@ -12,6 +12,21 @@ import numbers
 import numpy as np
 
 
+def check_pictures(name: str, pictures) -> np.ndarray:
+    """`pictures` as an array, if uint8 `(n, H, W)` or `(n, H, W, C)`.
+
+    Raises:
+        ValueError: naming `name` and what was received.
+    """
+    pictures = np.asarray(pictures)
+    if pictures.dtype != np.uint8 or pictures.ndim not in (3, 4):
+        raise ValueError(
+            f"{name} must be uint8 (n, H, W) or (n, H, W, C), received "
+            f"{pictures.dtype} {pictures.shape}"
+        )
+    return pictures
+
+
 def check_int(name: str, value, minimum: int | None = None) -> int:
     """Returns `value` as a Python int, or raises naming `name`.
 

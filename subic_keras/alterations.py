@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from subic_keras._validation import check_int
+from subic_keras._validation import check_int, check_pictures
 
 FAMILIES = (
     "crop",
@@ -321,12 +321,7 @@ def alter_batch(
     Picture `i` is altered with the seed `(seed, i)`: the same `seed`
     gives the same copies.
     """
-    pictures = np.asarray(pictures)
-    if pictures.dtype != np.uint8 or pictures.ndim not in (3, 4):
-        raise ValueError(
-            f"pictures must be uint8 (n, H, W) or (n, H, W, C), received "
-            f"{pictures.dtype} {pictures.shape}"
-        )
+    pictures = check_pictures("pictures", pictures)
     seed = check_int("seed", seed, minimum=0)
     run = _batch_function(check_families(families), tuple(mixture))
     grey = pictures.ndim == 3

@@ -36,7 +36,12 @@ import tensorflow as tf
 
 from subic_keras import alterations
 from subic_keras._io import atomic_path, load_keras_file
-from subic_keras._validation import check_block_shape, check_int, check_non_negative
+from subic_keras._validation import (
+    check_block_shape,
+    check_int,
+    check_non_negative,
+    check_pictures,
+)
 from subic_keras.building import attach_backbone
 from subic_keras.layers import BlockSoftmax
 from subic_keras.losses import InstanceContrastiveLoss
@@ -171,12 +176,7 @@ def copy_batches(
         repeat: cycle over the pictures for ever (`fit` with
             `steps_per_epoch`), or once.
     """
-    pictures = np.asarray(pictures)
-    if pictures.dtype != np.uint8 or pictures.ndim not in (3, 4):
-        raise ValueError(
-            f"pictures must be uint8 (n, H, W) or (n, H, W, C), received "
-            f"{pictures.dtype} {pictures.shape}"
-        )
+    pictures = check_pictures("pictures", pictures)
     batch_size = check_int("batch_size", batch_size, minimum=2)
     if len(pictures) < batch_size:
         raise ValueError(

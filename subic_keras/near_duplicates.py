@@ -14,7 +14,7 @@ import io
 
 import numpy as np
 
-from subic_keras._validation import check_int
+from subic_keras._validation import check_int, check_pictures
 
 # Each alteration, as a person copying a picture applies it.
 ALTERATIONS = ("crop", "jpeg", "brightness", "flip")
@@ -51,12 +51,7 @@ def alter(pictures: np.ndarray, seed: int = 0) -> tuple[np.ndarray, list[tuple]]
     """
     from PIL import Image
 
-    pictures = np.asarray(pictures)
-    if pictures.dtype != np.uint8 or pictures.ndim not in (3, 4):
-        raise ValueError(
-            f"pictures must be uint8 (n, H, W) or (n, H, W, 3), received "
-            f"{pictures.dtype} {pictures.shape}"
-        )
+    pictures = check_pictures("pictures", pictures)
     seed = check_int("seed", seed, minimum=0)
     rng = np.random.default_rng(seed)
     altered = np.empty_like(pictures)

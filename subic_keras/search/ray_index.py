@@ -570,7 +570,6 @@ class RayIndex(Searcher):
                     f"shard {path!r} holds codes of {m} blocks of {k}, the manifest "
                     f"says {self.num_blocks} of {self.block_size}"
                 )
-        self._model = _one_model(self._manifest.shards, [i["model"] for i in infos])
         for field in ("root", "image_shape"):
             if len({repr(info[field]) for info in infos}) > 1:
                 raise ValueError(
@@ -579,6 +578,7 @@ class RayIndex(Searcher):
                     "a manifest lists shards of one folder's pictures, or of codes"
                 )
         self._root, self._image_shape = infos[0]["root"], infos[0]["image_shape"]
+        self._model = _one_model(self._manifest.shards, [i["model"] for i in infos])
         sizes = {info["look_size"] for info in infos}
         self._look_size = sizes.pop() if len(sizes) == 1 else 0
         repeated = duplicates(np.concatenate(self._all("ids")))
