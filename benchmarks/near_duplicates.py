@@ -175,6 +175,7 @@ def main(argv=None) -> dict:
         probs = code.query(queries)
         # The look over a whole database costs minutes: the two mixtures.
         query_looks = looks.query_look(queries) if query_name in LOOKED_AT else None
+        query_hashes = {peer: hashes(queries, *_kind_size(peer)) for peer in peers}
         for db_name, size in DATABASES.items():
             _, ids = indexes[db_name].search(probs, 10)
             row[f"instance code {db_name}"] = near_duplicates.recall_at(ids, chosen)
@@ -182,8 +183,7 @@ def main(argv=None) -> dict:
                 ranked = looks_ranked(query_looks, item_looks[:size], 10)
                 row[f"look {db_name}"] = near_duplicates.recall_at(ranked, chosen)
             for peer, table in peers.items():
-                query_hashes = hashes(queries, *_kind_size(peer))
-                ranked = hamming_ranked(table[:size], query_hashes, 10)
+                ranked = hamming_ranked(table[:size], query_hashes[peer], 10)
                 row[f"{peer} {db_name}"] = near_duplicates.recall_at(ranked, chosen)
         results[query_name] = row
         common.log(

@@ -123,7 +123,9 @@ def _descriptor_path(fd: int) -> str | None:
     return os.fsdecode(raw.split(b"\0", 1)[0])
 
 
-def _relative_parts(relative: str) -> list[str]:
+def relative_parts(relative: str) -> list[str]:
+    """The parts of a POSIX path relative to a folder; `PermissionError` for
+    one that is empty, absolute, holds a NUL or an empty, `.` or `..` part."""
     parts = relative.split("/")
     if (
         not relative
@@ -160,7 +162,7 @@ def open_in_folder(real_root: str, relative: str, *, follow: bool = True) -> int
         FileNotFoundError: no such file.
         OSError: not a regular file, or it cannot be read.
     """
-    parts = _relative_parts(relative)
+    parts = relative_parts(relative)
     if follow:
         fd = open_regular(os.path.join(real_root, *parts))
         real = _descriptor_path(fd)
@@ -216,7 +218,7 @@ def resolve(root: str | os.PathLike, relative: str) -> str:
         FileNotFoundError: the file does not exist (any more).
     """
     real_root = os.path.realpath(root)
-    parts = _relative_parts(relative)
+    parts = relative_parts(relative)
     real = os.path.realpath(os.path.join(real_root, *parts))
     if not _inside(real, real_root):
         raise PermissionError(errno.EACCES, "path outside the image folder", relative)

@@ -52,7 +52,7 @@ import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, load_json
-from subic_keras.paths import is_utf8, open_in_folder, read_bytes
+from subic_keras.paths import is_utf8, open_in_folder, read_bytes, relative_parts
 from subic_keras.search import file_format, filters
 from subic_keras.search import looks as _looks
 from subic_keras.search.base import Searcher, answer_rows
@@ -80,7 +80,7 @@ class Manifest:
     num_blocks: int
     block_size: int
     shards: tuple[str, ...]
-    folder: str = ""
+    folder: str
 
 
 def is_manifest(uri) -> bool:
@@ -136,11 +136,12 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     paths = []
     for shard in shards:
         name = shard[:200]
-        parts = shard.split("/")
-        if os.path.isabs(shard) or any(p in ("", ".", "..") for p in parts):
-            raise fail(f"shard {name!r} lies outside the manifest's folder")
         if "\0" in shard or not is_utf8(shard):
             raise fail(f"shard {name!r} is not a file name")
+        try:
+            parts = relative_parts(shard)  # the rule `open_in_folder` applies
+        except PermissionError:
+            raise fail(f"shard {name!r} lies outside the manifest's folder") from None
         if not shard.endswith(".subic"):
             raise fail(
                 f"shard {name!r} is not a .subic index file: a manifest lists "
