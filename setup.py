@@ -14,7 +14,7 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=["subic_keras", "subic_keras.*"]),
     # PEP 561: the package's type hints are visible to users' type checkers.
-    package_data={"subic_keras": ["py.typed", "static/*.html"]},
+    package_data={"subic_keras": ["py.typed", "static/*.html", "pretrained/*.keras"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.16",

@@ -234,7 +234,23 @@ def near_duplicates_table(data: dict) -> list[str]:
         [name, *(f"{row[m]['recall@1']:.3f}" if m in row else "—" for m in methods)]
         for name, row in results.items()
     ]
-    return lines + table(["copies", *methods], rows)
+    lines += table(["copies", *methods], rows)
+    marks, rules = data.get("copy_marks"), data.get("calibration")
+    if marks and rules:
+        lines += [
+            "",
+            f"Copy marks (`subic_keras.copies`): a result is marked a copy from a "
+            f"relative score of {rules['copy_threshold']['value']}, chosen for "
+            f"{rules['precision_target']:.0%} precision on copies of training "
+            "pictures. On the whole-family queries' 10 best results, precision "
+            + " and ".join(
+                f"{m['precision']:.3f} / recall {m['recall']:.3f} at {name}"
+                for name, m in marks.items()
+            )
+            + f"; copies of pictures outside the 10k database marked: "
+            f"{marks['10k']['queries_outside_marked']:.3f} of them.",
+        ]
+    return lines
 
 
 def _summary_cold_start(data: dict) -> tuple[str, str]:

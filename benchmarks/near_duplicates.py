@@ -33,11 +33,20 @@ import time
 import numpy as np
 
 from benchmarks import common
-from subic_keras import alterations, backbones, datasets, instance, near_duplicates
+from subic_keras import (
+    alterations,
+    backbones,
+    copies,
+    datasets,
+    instance,
+    near_duplicates,
+    pretrained,
+)
 from subic_keras.search import SubicIndex, looks
 from subic_keras.training import standardization
 
 DATABASES = {"10k": 10_000, "60k": 60_000}
+CALIBRATION_PICTURES = 21_000
 LOOKED_AT = ("whole family", "earlier four")
 
 
@@ -54,6 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default="benchmarks/cache/near_duplicates")
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="write the trained, calibrated model where the package ships it "
+        "(subic_keras/pretrained/instance.keras)",
+    )
     parser.add_argument(
         "--output",
         default="benchmarks/results/near_duplicates.json",
@@ -73,12 +88,17 @@ def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float |
         "families": alterations.FAMILIES,
         "num_blocks": args.num_blocks,
         "block_size": args.block_size,
+        "schedule": "cosine",
     }
     path = os.path.join(
         args.cache_dir, common.settings_key("instance", settings) + ".keras"
     )
+    record = path[: -len(".keras")] + ".json"  # its training seconds
     if os.path.isfile(path):
-        return instance.InstanceSubic.load(path), None
+        seconds = None
+        if os.path.isfile(record):
+            seconds = common.read_json(record)["train_seconds"]
+        return instance.InstanceSubic.load(path), seconds
     code = instance.build_instance_subic(
         backbones.dsh_cnn(),
         args.num_blocks,
@@ -97,6 +117,7 @@ def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float |
     seconds = time.time() - start
     os.makedirs(args.cache_dir, exist_ok=True)
     code.save(path)
+    common.write_json(record, {"train_seconds": round(seconds, 1)})
     return code, seconds
 
 
@@ -145,10 +166,49 @@ def looks_ranked(query_looks, item_looks, k: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
+    """How the calibrated copy rule marks the 10 best results of the
+    whole-family queries: the share of marks that are the original
+    (precision), of originals marked (recall), and, for copies of training
+    pictures that the 10k database does not hold, the share of queries
+    given a mark (all wrong)."""
+    found = {}
+    probs = code.query(queries)
+    for db_name, index in indexes.items():
+        scores, ids = index.search(probs, 10)
+        marked = copies.relative_scores(probs, scores, code.block_size) >= (
+            code.copy_threshold - 1e-6
+        )
+        right = marked & (ids == chosen[:, None])
+        found[db_name] = {
+            "precision": round(float(right.sum() / max(1, marked.sum())), 4),
+            "recall": round(float(right.any(1).mean()), 4),
+        }
+    outside = alterations.alter_batch(x_train[: len(queries)], seed + 3)
+    probs = code.query(outside)
+    scores, _ = indexes["10k"].search(probs, 1)
+    relative = copies.relative_scores(probs, scores, code.block_size)[:, 0]
+    found["10k"]["queries_outside_marked"] = round(
+        float((relative >= code.copy_threshold - 1e-6).mean()), 4
+    )
+    common.log(f"copy marks: {found}")
+    return found
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     (x_train, _), (x_test, _) = datasets.load_cifar10(args.data_dir)
     code, seconds = trained(args, x_train[: args.train_pictures])
+    # What counts as a copy, chosen on copies of training pictures: a
+    # database of 20,000, queries of 1,000 of them and of 1,000 others.
+    calibration = copies.calibrate(
+        code, x_train[-CALIBRATION_PICTURES:], seed=args.seed + 2
+    )
+    common.log(f"calibrated: {calibration}")
+    if args.ship:
+        code.save(pretrained.path(), include_optimizer=False)
+        size = os.path.getsize(pretrained.path())
+        common.log(f"wrote {pretrained.path()} ({size} bytes)")
     database = np.concatenate([x_test, x_train])
     rng = np.random.default_rng(args.seed)
     chosen = np.sort(rng.choice(len(x_test), args.queries, replace=False))
@@ -169,6 +229,11 @@ def main(argv=None) -> dict:
         else {}
     )
     item_looks = looks.look(database)
+    marks = None
+    if code.copy_threshold is not None:
+        marks = copy_marks(
+            code, indexes, sets["whole family"], chosen, x_train, args.seed
+        )
     results: dict = {}
     for query_name, queries in sets.items():
         row: dict = {}
@@ -202,7 +267,10 @@ def main(argv=None) -> dict:
             "num_blocks": code.num_blocks,
             "block_size": code.block_size,
             "bits": code.bits,
+            "schedule": "cosine",
         },
+        "calibration": calibration,
+        "copy_marks": marks,
         "train_seconds": None if seconds is None else round(seconds, 1),
         "distinct_codes": {
             name: len(np.unique(codes[:size], axis=0))

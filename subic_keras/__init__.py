@@ -25,6 +25,7 @@ _SUBMODULES = (
     "building",
     "callbacks",
     "config",
+    "copies",
     "datasets",
     "evaluation",
     "export",

@@ -327,7 +327,12 @@ def alter_batch(
     grey = pictures.ndim == 3
     images = pictures[..., None] if grey else pictures
     parts = [
-        run(tf.constant(images[start : start + 1024]), seed, start).numpy()
+        # Tensors, not Python ints: a new int would trace the function again.
+        run(
+            tf.constant(images[start : start + 1024]),
+            tf.constant(seed, tf.int64),
+            tf.constant(start, tf.int64),
+        ).numpy()
         for start in range(0, len(images), 1024)
     ]
     out = np.concatenate(parts) if parts else np.zeros(images.shape, np.float32)

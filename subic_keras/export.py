@@ -37,6 +37,7 @@ import io
 import os
 import re
 import warnings
+from typing import TYPE_CHECKING, Literal, overload
 
 import keras
 import numpy as np
@@ -58,11 +59,23 @@ QUANTIZATIONS = ("float32", "int8")
 # Inputs of the signatures (TF Serving's `inputs` / `instances` keys).
 IMAGES = "images"
 IMAGE_BYTES = "image_bytes"
+if TYPE_CHECKING:
+    from subic_keras.instance import InstanceSubic
+
 _VERSION = re.compile(r"[0-9]+")
 
 
-def load_subic(model_or_path) -> Subic:
+@overload
+def load_subic(model_or_path, *, instance: Literal[False] = False) -> Subic: ...
+@overload
+def load_subic(model_or_path, *, instance: bool) -> Subic | InstanceSubic: ...
+def load_subic(model_or_path, *, instance: bool = False) -> Subic | InstanceSubic:
     """A `Subic` from a `Subic`, a SuBiC train model, or a `.keras` path.
+
+    With `instance=True`, an instance code (`subic_keras.instance`) is taken
+    too, as an `InstanceSubic`: what indexing a folder and searching it
+    need of a model, an instance code has (`subic index build`, `search`,
+    `serve`); classifying and evaluating by class need a class model.
 
     Example:
 
@@ -75,6 +88,7 @@ def load_subic(model_or_path) -> Subic:
         model_or_path: a `Subic`, a SuBiC train model (a Keras model with the
             layers `fc0`, `block_probs` (a `BlockSoftmax`) and `fc1`), or the
             path of one saved with `model.save("….keras")`.
+        instance: take an instance code's model too.
 
     Returns:
         The `Subic` holding the model and its test-time views.
@@ -83,9 +97,13 @@ def load_subic(model_or_path) -> Subic:
         FileNotFoundError, IsADirectoryError: the path is not a file.
         TypeError: `model_or_path` is none of the above.
         ValueError: the file is not a Keras model file, or the model is not
-            a SuBiC model.
+            a SuBiC model (or, without `instance`, is an instance code's).
     """
-    if isinstance(model_or_path, Subic):
+    from subic_keras.instance import InstanceSubic
+
+    if isinstance(model_or_path, Subic) or (
+        instance and isinstance(model_or_path, InstanceSubic)
+    ):
         return model_or_path
     source = ""
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -98,6 +116,16 @@ def load_subic(model_or_path) -> Subic:
         raise TypeError(
             "model_or_path must be a Subic, a SuBiC train model or the path of "
             f"a .keras file, received {type(model_or_path).__name__}"
+        )
+    code = InstanceSubic.from_model(model)
+    if code is not None:
+        if instance:
+            return code
+        raise ValueError(
+            f"model_or_path is an instance code{source}, which finds copies of "
+            "a picture and has no classes: it indexes and searches folders "
+            "(`subic index build`, `search`, `serve`); this needs a class "
+            "model trained by `subic train`"
         )
     layers = {layer.name: layer for layer in model.layers}
     is_subic = (
@@ -115,6 +143,19 @@ def load_subic(model_or_path) -> Subic:
             f"{[layer.name for layer in model.layers]}"
         )
     return Subic.from_train_model(model)
+
+
+def load_encoder(path: str | os.PathLike) -> Subic | InstanceSubic:
+    """The model of an index of pictures: a class model's or an instance
+    code's `.keras` file (`load_subic(path, instance=True)`), or the word
+    `"instance"`, the instance code that ships with the package
+    (`subic_keras.instance.pretrained`)."""
+    from subic_keras.instance import pretrained
+    from subic_keras.pretrained import INSTANCE
+
+    if os.fspath(path) == INSTANCE:
+        return pretrained()
+    return load_subic(path, instance=True)
 
 
 def export_saved_model(

@@ -22,11 +22,16 @@ In use (`benchmarks/near_duplicates.py` does this on CIFAR-10):
     index = sk.SubicIndex(code.num_blocks, code.block_size)
     index.add(code.encode(pictures))
     scores, found = index.search(code.query(copies), k=1)
+
+`pretrained()` loads the instance code that ships with the package (the
+command line's `instance`), `train_on_folder` fine-tunes one on a folder's
+pictures, and `subic_keras.copies` says which results are copies.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Sequence
 
@@ -43,12 +48,63 @@ from subic_keras._validation import (
     check_pictures,
 )
 from subic_keras.building import attach_backbone
+from subic_keras.callbacks import PredictionProgress
 from subic_keras.layers import BlockSoftmax
 from subic_keras.losses import InstanceContrastiveLoss
+from subic_keras.models import check_model_inputs
 from subic_keras.pixels import ImageModel
+from subic_keras.pretrained import path as pretrained_path
 
 FC0 = "fc0"
 BLOCK_PROBS = "block_probs"
+SCHEDULES = ("cosine", "constant")
+# The name of an instance code's Keras model.
+NAME = "instance_subic"
+# The query kind of an instance code: its block probabilities (Eq. 10).
+QUERY = "z_star"
+
+
+@keras.saving.register_keras_serializable(package="subic_keras")
+class InstanceModel(ImageModel):
+    """An instance code's Keras model, pictures to block probabilities, with
+    what counts as a copy saved beside its weights.
+
+    Attributes:
+        copy_threshold: the least relative score `s(q, x) / sum_m max_k
+            z*_m[k]` (1: the item's code is the query's own argmax) at which
+            a result is marked a copy of the query; `None` until chosen on
+            validation (`subic_keras.copies.calibrate`).
+        copy_blocks: the least number of equal blocks at which two stored
+            codes are listed as copies of each other (`ImageIndex.duplicates`);
+            `None` until chosen.
+    """
+
+    copy_threshold: float | None = None
+    copy_blocks: int | None = None
+
+    def get_config(self):
+        config = super().get_config()
+        config["copy_threshold"] = self.copy_threshold
+        config["copy_blocks"] = self.copy_blocks
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        threshold = config.pop("copy_threshold", None)
+        blocks = config.pop("copy_blocks", None)
+        if threshold is not None and not (
+            isinstance(threshold, (int, float)) and 0 <= threshold <= 1
+        ):
+            raise ValueError(
+                f"copy_threshold must be in [0, 1], received {threshold!r}"
+            )
+        if blocks is not None and not (isinstance(blocks, int) and blocks >= 1):
+            raise ValueError(f"copy_blocks must be a count >= 1, received {blocks!r}")
+        model = super().from_config(config, custom_objects=custom_objects)
+        model.copy_threshold = threshold
+        model.copy_blocks = blocks
+        return model
 
 
 @dataclasses.dataclass
@@ -64,15 +120,55 @@ class InstanceSubic:
     model: keras.Model
     num_blocks: int
     block_size: int
+    # What the folder commands ask of a model (`retrieval.index_folder`,
+    # `subic search`, `subic serve`), as of a class model's `Subic`: an
+    # instance code has one query, `z*`, and no classes.
+    default_query = QUERY
+    num_classes = None
+    class_names = None
+    show_progress = False
 
     @property
     def bits(self) -> int:
         return self.num_blocks * (self.block_size.bit_length() - 1)
 
-    def query(self, pictures, batch_size: int = 512) -> np.ndarray:
-        """`z*`: the block probabilities of `pictures`, float32 `(n, M·K)`."""
+    @property
+    def train_model(self) -> keras.Model:
+        """The model (the name the folder commands read a `Subic`'s by)."""
+        return self.model
+
+    @property
+    def copy_threshold(self) -> float | None:
+        """`InstanceModel.copy_threshold` (`None` for a model without one)."""
+        return getattr(self.model, "copy_threshold", None)
+
+    @property
+    def copy_blocks(self) -> int | None:
+        """`InstanceModel.copy_blocks` (`None` for a model without one)."""
+        return getattr(self.model, "copy_blocks", None)
+
+    def query(
+        self, pictures, batch_size: int = 512, kind: str | None = None
+    ) -> np.ndarray:
+        """`z*`: the block probabilities of `pictures`, float32 `(n, M·K)`.
+
+        Args:
+            pictures: uint8 pictures, or floats in `[0, 1]`.
+            batch_size: prediction batch size.
+            kind: `None` or `"z_star"`, the one query of an instance code.
+        """
+        _check_kind(kind)
+        pictures = check_model_inputs(self.model, pictures)
+        if not len(pictures):
+            return np.zeros((0, self.num_blocks * self.block_size), np.float32)
+        callbacks = []
+        if self.show_progress:
+            callbacks.append(PredictionProgress("queries", len(pictures)))
         return np.asarray(
-            self.model.predict(pictures, batch_size=batch_size, verbose=0), np.float32
+            self.model.predict(
+                pictures, batch_size=batch_size, verbose=0, callbacks=callbacks
+            ),
+            np.float32,
         )
 
     def encode(self, pictures, batch_size: int = 512) -> np.ndarray:
@@ -81,10 +177,24 @@ class InstanceSubic:
         blocks = probs.reshape(len(probs), self.num_blocks, self.block_size)
         return blocks.argmax(-1).astype(np.int32)
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Saves the model as a `.keras` file (atomically)."""
-        with atomic_path(path, suffix=".keras") as tmp:
-            self.model.save(tmp)
+    def query_model(self, kind: str | None = None) -> keras.Model:
+        """`pictures → (z*,)`: what a search service answers a picture with
+        (a class model's `query_model` adds class probabilities)."""
+        _check_kind(kind)
+        return ImageModel(self.model.inputs, [self.model.outputs[0]], name="z_star")
+
+    def save(
+        self,
+        path: str | os.PathLike,
+        include_optimizer: bool = True,
+        replace: bool = False,
+    ) -> None:
+        """Saves the model as a `.keras` file (atomically); without the
+        optimizer's state, a third of the size, for use only (`replace`:
+        `_io.atomic_path`'s, a link at `path` replaced itself)."""
+        model = self.model if include_optimizer else _uncompiled(self.model)
+        with atomic_path(path, suffix=".keras", replace=replace) as tmp:
+            model.save(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> InstanceSubic:
@@ -93,11 +203,53 @@ class InstanceSubic:
         Raises:
             ValueError: for a file that is not an instance code's model.
         """
-        model = load_keras_file(path, compile=False)
-        layer = next((x for x in model.layers if isinstance(x, BlockSoftmax)), None)
-        if layer is None or model.name != "instance_subic":
+        code = cls.from_model(load_keras_file(path, compile=False))
+        if code is None:
             raise ValueError(f"not an instance code's model: {os.fspath(path)!r}")
+        return code
+
+    @classmethod
+    def from_model(cls, model: keras.Model) -> InstanceSubic | None:
+        """The instance code of a Keras model, or `None` for a model that is
+        not one (as `build_instance_subic` makes it)."""
+        if model.name != NAME or len(model.outputs) != 1:
+            return None
+        layer = next((x for x in model.layers if isinstance(x, BlockSoftmax)), None)
+        if layer is None or layer.name != BLOCK_PROBS:
+            return None
+        if not isinstance(model, InstanceModel):  # saved before it existed
+            model = _uncompiled(model)
         return cls(model, layer.num_blocks, layer.block_size)
+
+
+def _check_kind(kind: str | None) -> None:
+    if kind not in (None, QUERY):
+        raise ValueError(
+            f"an instance code's one query is its block probabilities "
+            f"({QUERY!r}), received kind={kind!r}"
+        )
+
+
+def _uncompiled(model: keras.Model) -> InstanceModel:
+    """An uncompiled `InstanceModel` on `model`'s layers, its copy rules kept."""
+    bare = InstanceModel(model.inputs, model.outputs, name=NAME)
+    bare.copy_threshold = getattr(model, "copy_threshold", None)
+    bare.copy_blocks = getattr(model, "copy_blocks", None)
+    return bare
+
+
+def pretrained() -> InstanceSubic:
+    """The instance code that ships with the package (`subic_keras.pretrained`:
+    64 bits, 32 × 32 pictures, trained on CIFAR-10 without labels), which
+    the command line calls `instance`.
+
+    Example:
+
+    >>> code = pretrained()
+    >>> code.bits, code.encode(np.zeros((1, 32, 32, 3), np.uint8)).shape
+    (64, (1, 16))
+    """
+    return InstanceSubic.load(pretrained_path())
 
 
 def build_instance_subic(
@@ -144,7 +296,7 @@ def build_instance_subic(
     probs = BlockSoftmax(num_blocks, block_size, dtype="float32", name=BLOCK_PROBS)(
         logits
     )
-    model = ImageModel(inputs, probs, name="instance_subic")
+    model = InstanceModel(inputs, probs, name=NAME)
     if optimizer is not None:
         model.compile(
             optimizer=optimizer,
@@ -226,10 +378,16 @@ def train_instance(
     steps_per_epoch: int | None = None,
     seed: int = 0,
     families: Sequence[str] = alterations.FAMILIES,
+    schedule: str = "cosine",
     callbacks=(),
     verbose: int | str = "auto",
 ) -> keras.callbacks.History:
     """Trains `instance.model` on `pictures` with `model.fit`, no labels.
+
+    With `schedule="cosine"` the optimizer's learning rate falls from its
+    compiled value to zero over the epochs, `lr_e = lr_0 (1 + cos(pi e /
+    epochs)) / 2` (SGDR's single cycle, as self-supervised copy detectors
+    train), so that a short run ends settled rather than mid-step.
 
     Args:
         instance: from `build_instance_subic` (compiled).
@@ -239,6 +397,7 @@ def train_instance(
         steps_per_epoch: batches an epoch; default one pass over `pictures`.
         seed: the seed of the order and the alterations.
         families: the alteration families trained on.
+        schedule: `"cosine"` (above) or `"constant"`.
         callbacks, verbose: `fit`'s.
 
     Returns:
@@ -248,13 +407,110 @@ def train_instance(
     if steps_per_epoch is None:
         steps_per_epoch = max(1, len(pictures) // batch_size)
     steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, minimum=1)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, received {schedule!r}")
     keras.utils.set_random_seed(seed)
     data = copy_batches(pictures, batch_size, seed=seed, families=families)
+    callbacks = list(callbacks)
+    if schedule == "cosine":
+        initial = float(
+            keras.ops.convert_to_numpy(instance.model.optimizer.learning_rate)
+        )
+        callbacks.append(
+            keras.callbacks.LearningRateScheduler(
+                lambda epoch: initial * (1 + math.cos(math.pi * epoch / epochs)) / 2
+            )
+        )
     return instance.model.fit(
         data,
         epochs=epochs,
         steps_per_epoch=steps_per_epoch,
         shuffle=False,  # `copy_batches` draws a new order every epoch
-        callbacks=list(callbacks),
+        callbacks=callbacks,
         verbose=verbose,
     )
+
+
+def folder_pictures(
+    root: str | os.PathLike, shape: Sequence[int], batch_size: int = 256
+) -> tuple[np.ndarray, list]:
+    """Every picture under `root` decoded to `shape` (uint8), in path order,
+    and the files skipped (`images.image_batches`, within its decode budget)."""
+    from subic_keras import images
+    from subic_keras.paths import find_files
+
+    paths, skipped = find_files(root)
+    parts = [np.zeros((0, *shape), np.uint8)]
+    for batch in images.image_batches(root, paths, shape, batch_size):
+        parts.append(batch.pixels)
+        skipped += batch.skipped
+    return np.concatenate(parts), skipped
+
+
+def train_on_folder(
+    code: InstanceSubic,
+    root: str | os.PathLike,
+    *,
+    epochs: int = 5,
+    learning_rate: float = 1e-4,
+    batch_size: int = 256,
+    seed: int = 0,
+    verbose: int | str = "auto",
+) -> dict:
+    """Fine-tunes an instance code on a folder's pictures, without labels,
+    then chooses its copy rules on them (`copies.calibrate`).
+
+    The folder may have any layout: no classes are read. Every picture is
+    decoded once to the model's input and held in memory (32 × 32 pictures:
+    3 KB each), then trained on as `train_instance` does, at a tenth of the
+    rate the code was first trained at, and calibrated: a fifth of the
+    pictures (at most 1,000) are copied, and so many others are held out of
+    the calibration's database.
+
+    Args:
+        code: the instance code to start from (`pretrained()` for the one
+            that ships); changed in place and recompiled.
+        root: the folder.
+        epochs, batch_size, seed: `train_instance`'s.
+        learning_rate: Adam's, falling to zero over the epochs.
+        verbose: `fit`'s.
+
+    Returns:
+        `{"pictures", "skipped", "calibration", "loss"}`: the pictures trained
+        on, the files skipped (with reasons), `calibrate`'s result and the
+        last epoch's loss.
+
+    Raises:
+        ValueError: for a folder of fewer than 10 pictures.
+    """
+    shape = tuple(code.model.input_shape[1:])
+    pictures, skipped = folder_pictures(root, shape)
+    if len(pictures) < 10:
+        raise ValueError(
+            f"the folder holds {len(pictures)} pictures that decode; an instance "
+            "code is trained on 10 or more"
+        )
+    check_non_negative("learning_rate", learning_rate)
+    code.model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=InstanceContrastiveLoss(code.num_blocks, code.block_size),
+    )
+    history = train_instance(
+        code,
+        pictures,
+        epochs=epochs,
+        batch_size=min(check_int("batch_size", batch_size, minimum=2), len(pictures)),
+        seed=seed,
+        verbose=verbose,
+    )
+    from subic_keras import copies
+
+    calibration = copies.calibrate(
+        code, pictures, queries=min(1000, len(pictures) // 5), seed=seed + 1
+    )
+    return {
+        "pictures": len(pictures),
+        "skipped": skipped,
+        "calibration": calibration,
+        "loss": float(history.history["loss"][-1]),
+    }

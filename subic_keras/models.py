@@ -60,6 +60,38 @@ def check_query_kind(name: str, kind) -> str:
     return kind
 
 
+def check_model_inputs(model: keras.Model, images) -> np.ndarray:
+    """`images` checked against `model`'s input: uint8 pixels, kept as
+    they are (the models scale them, `subic_keras.pixels`), or float
+    inputs as float32.
+
+    Raises:
+        ValueError: for a shape other than `(n, *input_shape)`, or NaN
+            or infinite values.
+        TypeError: for a dtype other than uint8 or float.
+    """
+    inputs = np.asarray(images)
+    if inputs.dtype != np.uint8:
+        inputs = as_model_inputs(inputs)
+    elif inputs.ndim == 3:
+        inputs = inputs[..., None]  # grey images without a channel axis
+    expected = tuple(model.input_shape[1:])
+    if inputs.ndim != len(expected) + 1 or any(
+        e is not None and e != s for e, s in zip(expected, inputs.shape[1:])
+    ):
+        raise ValueError(
+            "images must have shape (n, "
+            + ", ".join(str(e) for e in expected)
+            + f"), received {inputs.shape}"
+        )
+    if inputs.dtype != np.uint8 and not np.all(np.isfinite(inputs)):
+        bad = int(inputs.size - np.count_nonzero(np.isfinite(inputs)))
+        raise ValueError(
+            f"images must be finite, received {bad} NaN or infinite values"
+        )
+    return inputs
+
+
 class Subic(Scorer):
     """A SuBiC network: its train model and its weight-sharing test views.
 
@@ -279,35 +311,8 @@ class Subic(Scorer):
             self.train_model.compile_from_config(self.train_model.get_compile_config())
 
     def model_inputs(self, images) -> np.ndarray:
-        """`images` checked against this model's input: uint8 pixels, kept as
-        they are (the models scale them, `subic_keras.pixels`), or float
-        inputs as float32.
-
-        Raises:
-            ValueError: for a shape other than `(n, *input_shape)`, or NaN
-                or infinite values.
-            TypeError: for a dtype other than uint8 or float.
-        """
-        inputs = np.asarray(images)
-        if inputs.dtype != np.uint8:
-            inputs = as_model_inputs(inputs)
-        elif inputs.ndim == 3:
-            inputs = inputs[..., None]  # grey images without a channel axis
-        expected = tuple(self.train_model.input_shape[1:])
-        if inputs.ndim != len(expected) + 1 or any(
-            e is not None and e != s for e, s in zip(expected, inputs.shape[1:])
-        ):
-            raise ValueError(
-                "images must have shape (n, "
-                + ", ".join(str(e) for e in expected)
-                + f"), received {inputs.shape}"
-            )
-        if inputs.dtype != np.uint8 and not np.all(np.isfinite(inputs)):
-            bad = int(inputs.size - np.count_nonzero(np.isfinite(inputs)))
-            raise ValueError(
-                f"images must be finite, received {bad} NaN or infinite values"
-            )
-        return inputs
+        """`check_model_inputs` for this model."""
+        return check_model_inputs(self.train_model, images)
 
     def stream_inputs(self, images, batch_size: int = 256):
         """A `tf.data.Dataset` of pictures as batches this model predicts on.

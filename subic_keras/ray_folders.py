@@ -40,7 +40,7 @@ from subic_keras import images as image_files
 from subic_keras._io import atomic_path, output_target
 from subic_keras._validation import check_int, load_json
 from subic_keras.paths import find_files, read_bytes
-from subic_keras.retrieval import FolderReport, input_shape, model_record
+from subic_keras.retrieval import FolderReport, input_shape, keeps_looks, model_record
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.search.ray_index import (
@@ -60,9 +60,9 @@ class _Encoder:
     batches of `{"id", "path"}` rows."""
 
     def __init__(self, model_path: str, root: str):
-        from subic_keras.export import load_subic
+        from subic_keras.export import load_encoder
 
-        self.subic = load_subic(model_path)
+        self.subic = load_encoder(model_path)
         self.subic.show_progress = False
         self.root = root
         self.shape = input_shape(self.subic)
@@ -80,7 +80,8 @@ class _Encoder:
         fingerprints = np.zeros(len(paths), np.uint64)
         if len(kept):
             codes[kept] = self.subic.encode(decoded.pixels, batch_size=len(kept))
-            looks[kept] = look(decoded.pixels)
+            if keeps_looks(self.subic):
+                looks[kept] = look(decoded.pixels)
             fingerprints[kept] = decoded.fingerprints
         reasons = np.full(len(paths), "", object)
         for skipped in decoded.skipped:
@@ -174,7 +175,7 @@ def index_folder_on_ray(
         ImportError: without Ray.
         NotADirectoryError, FileNotFoundError: `root` is not a folder.
     """
-    from subic_keras.export import load_subic
+    from subic_keras.export import load_encoder
 
     manifest = os.fspath(manifest)
     if not manifest.endswith(MANIFEST_SUFFIX):
@@ -191,7 +192,7 @@ def index_folder_on_ray(
     root = os.path.realpath(root)
     paths, skipped = find_files(root)
     model_path = os.path.abspath(model_path)
-    subic = load_subic(model_path)
+    subic = load_encoder(model_path)
     record = model_record(subic, model_path)
     shape = input_shape(subic)
     ray = ray_module(address)
@@ -221,7 +222,9 @@ def index_folder_on_ray(
             report.skipped += reused[1]
 
     def write(number: int, column: dict[str, np.ndarray] | None) -> None:
-        index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
+        index = ImageIndex(
+            subic.num_blocks, subic.block_size, root, shape, looks=keeps_looks(subic)
+        )
         index.model = record
         passed = [] if column is None else _add_run(index, column)
         index.save(files[number])
@@ -307,7 +310,7 @@ def _add_run(index: ImageIndex, column: dict[str, np.ndarray]):
             column["code"][kept],
             [str(path) for path in column["path"][kept]],
             column["fingerprint"][kept],
-            looks=column["look"][kept],
+            looks=column["look"][kept] if index.has_looks else None,
             ids=column["id"][kept],
         )
     return [

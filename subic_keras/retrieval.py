@@ -20,11 +20,15 @@ import numpy as np
 from subic_keras import images as image_files
 from subic_keras import protocols, scoring
 from subic_keras.datasets import as_model_inputs as as_model_inputs
+from subic_keras.instance import InstanceSubic
 from subic_keras.models import Subic
 from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
+
+# A model that writes an index's codes: a class code or an instance code.
+Encoder = Subic | InstanceSubic
 
 
 def build_index(
@@ -39,7 +43,7 @@ def build_index(
     return index
 
 
-def input_shape(subic: Subic) -> tuple[int, int, int]:
+def input_shape(subic: Encoder) -> tuple[int, int, int]:
     """The `(H, W, C)` of the pictures `subic` takes."""
     shape = tuple(subic.train_model.input_shape[1:])
     if len(shape) != 3 or None in shape:
@@ -59,7 +63,7 @@ class FolderReport:
 
 
 def index_folder(
-    subic: Subic,
+    subic: Encoder,
     root: str | os.PathLike,
     index: ImageIndex | None = None,
     batch_size: int = 256,
@@ -94,7 +98,9 @@ def index_folder(
     shape = input_shape(subic)
     paths, skipped = find_files(root)
     if index is None:
-        index = ImageIndex(subic.num_blocks, subic.block_size, root, shape)
+        index = ImageIndex(
+            subic.num_blocks, subic.block_size, root, shape, looks=keeps_looks(subic)
+        )
         index.model = model_record(subic, model_path)
     else:
         _check_same_folder(index, subic, root, model_path)
@@ -122,7 +128,13 @@ def index_folder(
     return index, report
 
 
-def _check_same_folder(index: ImageIndex, subic: Subic, root, model_path) -> None:
+def keeps_looks(subic) -> bool:
+    """Whether an index of `subic`'s codes keeps the pictures' looks: a class
+    code's does, to order its ties; an instance code finds copies itself."""
+    return not isinstance(subic, InstanceSubic)
+
+
+def _check_same_folder(index: ImageIndex, subic: Encoder, root, model_path) -> None:
     if os.path.realpath(index.root) != os.path.realpath(root):
         raise ValueError(
             f"the index holds pictures of {index.root}, received the folder "
@@ -131,7 +143,7 @@ def _check_same_folder(index: ImageIndex, subic: Subic, root, model_path) -> Non
     check_model_fits(index, subic, model_path=model_path)
 
 
-def model_record(subic: Subic, path: str | os.PathLike | None = None) -> dict:
+def model_record(subic: Encoder, path: str | os.PathLike | None = None) -> dict:
     """What an index records of the model that writes its codes.
 
     The digest is a SHA-256 of the model's configuration (`M`, `K`, input
@@ -150,6 +162,9 @@ def model_record(subic: Subic, path: str | os.PathLike | None = None) -> dict:
         "input_shape": list(input_shape(subic)),
         "query": subic.default_query,
     }
+    if isinstance(subic, InstanceSubic) and subic.copy_blocks is not None:
+        config["copy_threshold"] = subic.copy_threshold
+        config["copy_blocks"] = subic.copy_blocks
     digest.update(json.dumps(config, sort_keys=True).encode())
     for weight in subic.train_model.weights:
         value = np.ascontiguousarray(keras.ops.convert_to_numpy(weight))
@@ -163,7 +178,7 @@ def model_record(subic: Subic, path: str | os.PathLike | None = None) -> dict:
 
 
 def check_model_fits(
-    index, subic: Subic, where: str = "the index", model_path=None
+    index, subic: Encoder, where: str = "the index", model_path=None
 ) -> None:
     """Refuses a model whose codes are not the index's: another block
     shape, another input size, or (where the index records the model that

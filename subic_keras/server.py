@@ -7,14 +7,18 @@ One process holds one model and one index of a folder's pictures (an
 - `POST /search?k=10`: a picture as the request body (`Content-Type:
   image/png`, `image/jpeg`, ...) or as the multipart field `image`. Answers
   `{"results": [{"rank", "score", "id", "path", "class", "added",
-  "attributes", "exact"}, ...], "predicted_class", "class_name",
-  "probability", "k", "where", "milliseconds"}` (the rows of
-  `subic_keras.search.answer_rows`, as the command line and Python give
-  them); `exact` marks a stored picture identical to the query, and
-  `class_name` is the predicted class's name when the model knows it
-  (trained on a folder), else `null`. `&where=EXPR` keeps the pictures a
-  filter expression keeps (`subic_keras.search.filters`; e.g.
-  `path under "holidays"`), inside the scan: the exact `k` best of them.
+  "attributes", "exact", "copy", "lifted"}, ...], "predicted_class",
+  "class_name", "probability", "k", "where", "milliseconds"}` (the rows of
+  `subic_keras.search.answer_rows` marked by `subic_keras.copies.mark`, as
+  the command line gives them); `exact` marks a stored picture identical to
+  the query, `copy` one that is (an instance code's rule) or is a copy of
+  it, `lifted` one listed above better scores because it looks like the
+  query; `class_name` is the predicted class's name when the model knows
+  it (trained on a folder), else `null`, and an instance code, which has
+  no classes, answers `null` for the class and its probability.
+  `&where=EXPR` keeps the pictures a filter expression keeps
+  (`subic_keras.search.filters`; e.g. `path under "holidays"`), inside the
+  scan: the exact `k` best of them.
 - `POST /search/query?k=10`, JSON `{"query": [M·K floats]}`: the same
   `results` for a query vector computed elsewhere (`Subic.query`); `where`
   as above.
@@ -61,8 +65,8 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from subic_keras import copies, retrieval
 from subic_keras import images as image_files
-from subic_keras import retrieval
 from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
 from subic_keras.search.base import answer_rows
@@ -189,7 +193,7 @@ class SearchService:
     ):
         import tensorflow as tf
 
-        from subic_keras.export import load_subic
+        from subic_keras.export import load_encoder
 
         self.model_path = model_path
         self.index_path = index_path
@@ -197,7 +201,9 @@ class SearchService:
         self.max_upload_bytes = int(max_upload_bytes)
         self.decode_budget = image_files.DecodeBudget(decode_bytes)
         self.reload_seconds = float(reload_seconds)
-        self.subic = load_subic(model_path)
+        self.subic = load_encoder(model_path)
+        # Results at this relative score are copies (an instance code's).
+        self.copy_threshold = getattr(self.subic, "copy_threshold", None)
         self.query_kind = query or self.subic.default_query
         self.class_names = getattr(self.subic.train_model, "class_names", None)
         self.image_shape = retrieval.input_shape(self.subic)
@@ -306,9 +312,13 @@ class SearchService:
 
     # Searching --------------------------------------------------------------
 
-    def encode(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Queries `(n, M·K)` and class probabilities of uint8 pictures."""
-        queries, probabilities = self._encode(pixels)
+    def encode(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Queries `(n, M·K)` and class probabilities of uint8 pictures (`None`
+        for an instance code, which has no classes)."""
+        outputs = self._encode(pixels)
+        if not isinstance(outputs, (list, tuple)):  # one output: the queries
+            return outputs.numpy(), None
+        queries, probabilities = outputs
         return queries.numpy(), probabilities.numpy()
 
     def check_k(self, k: int) -> int:
@@ -363,11 +373,15 @@ class SearchService:
             image_files.fingerprint(pixels),
             query_look(pixels[None]),
         )
-        best = int(np.argmax(probabilities[0]))
+        best = probability = name = None  # an instance code has no classes
+        if probabilities is not None:
+            best = int(np.argmax(probabilities[0]))
+            probability = round(float(probabilities[0, best]), 6)
+            name = self.class_names[best] if self.class_names else None
         answer.update(
             predicted_class=best,
-            class_name=self.class_names[best] if self.class_names else None,
-            probability=round(float(probabilities[0, best]), 6),
+            class_name=name,
+            probability=probability,
             milliseconds=round(1000 * (time.perf_counter() - start), 3),
         )
         return answer
@@ -417,6 +431,7 @@ class SearchService:
             )
         except ValueError as error:  # a filter on a field this index lacks
             raise ApiError(422, str(error)) from None
+        copies.mark(rows, queries, index.block_size, self.copy_threshold)
         return {
             "k": k,
             "where": None if where is None else str(where),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from served import picture_folder, save_model
 
-from subic_keras import images, retrieval
+from subic_keras import copies, images, retrieval
 from subic_keras.cli import main
 from subic_keras.export import load_subic
 from subic_keras.search import SubicIndex
@@ -76,17 +76,20 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
     assert matches[0]["score"] == pytest.approx(float(score), abs=1e-4)
     assert set(matches[0]) == {
         "query", "rank", "score", "id", "path", "class", "added", "attributes",
-        "exact",
+        "exact", "copy", "lifted",
     }  # fmt: skip
-    # The same rows as the Python API's: one function builds both.
+    # The same rows as the Python API's: one function builds both, and one
+    # marks copies and rows listed above better scores.
     index, subic = search_open(output), load_subic(model)
     pixels = images.read_image(query, retrieval.input_shape(subic))
-    rows = index.answer(
-        subic.query(pixels[None]),
+    queries = subic.query(pixels[None])
+    answers = index.answer(
+        queries,
         3,
         fingerprints=[images.fingerprint(pixels)],
         looks=query_look(pixels[None]),
-    )[0]
+    )
+    rows = copies.mark(answers, queries, subic.block_size, None)[0]
     for row, match in zip(rows, matches):
         assert {**row, "score": pytest.approx(row["score"], abs=1e-4)} == {
             key: value for key, value in match.items() if key != "query"
@@ -442,7 +445,10 @@ def test_command_line_basics(model, folder, tmp_path, capsys):
     assert stop.value.code == 0
     assert capsys.readouterr().out.strip() == f"subic {subic_keras.__version__}"
     # Alone, `subic` and `subic index` print their help (not an error).
-    for argv, commands in ([[], "quickstart,train,index"], [["index"], "build,add"]):
+    for argv, commands in (
+        [[], "quickstart,train,train-instance,index"],
+        [["index"], "build,add"],
+    ):
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert out.startswith("usage: subic") and commands in out and not err

@@ -47,6 +47,7 @@ MODULES = (
     "subic_keras.near_duplicates",
     "subic_keras.alterations",
     "subic_keras.instance",
+    "subic_keras.copies",
     "subic_keras.pixels",
     "subic_keras.folders",
     "subic_keras.streams",

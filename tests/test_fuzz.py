@@ -23,7 +23,7 @@ import pytest
 
 from subic_keras import build_subic
 from subic_keras.cli import main
-from subic_keras.cli.commands import _read_query_images
+from subic_keras.cli.search_commands import _read_query_images
 from subic_keras.export import load_subic
 from subic_keras.search import ShardedSubicIndex, SubicIndex
 

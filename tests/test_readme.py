@@ -108,6 +108,9 @@ def workdir(tmp_path_factory, shared_data_dir):
     )
     Image.fromarray(x_test[500]).save(root / "query.jpg")
     Image.fromarray(x_test[501]).save(root / "query.png")
+    # A copy of photo 17: turned by 10 degrees, a tenth cropped, JPEG.
+    turned = Image.fromarray(x_test[:400][keep][17]).rotate(10, Image.BILINEAR)
+    turned.crop((2, 3, 31, 30)).resize((32, 32)).save(root / "copy.jpg", quality=80)
     return root
 
 
@@ -134,20 +137,30 @@ def test_ci_runs_the_readme_test_command_as_written():
 
 def test_every_block_is_run_by_a_test():
     languages = [language for language, _ in blocks()]
-    # setup, CLI, own pictures, Milvus CLI; Keras x2, folder, scanners, Milvus.
-    assert languages.count("bash") == 4 and languages.count("python") == 5
+    # setup, CLI, own pictures, copies, Milvus CLI; Keras x2, folder,
+    # scanners, Milvus.
+    assert languages.count("bash") == 5 and languages.count("python") == 5
     assert set(languages) == {"bash", "python"}
 
 
+def _bash_blocks() -> list[str]:
+    return [code for language, code in blocks() if language == "bash"]
+
+
 @pytest.mark.slow
-def test_command_blocks_run_as_written(workdir, monkeypatch):
+def test_setup_block_runs_as_written(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
-    bash = [code for language, code in blocks() if language == "bash"]
-    ran = run_bash(bash[0], workdir)
+    ran = run_bash(_bash_blocks()[0], workdir)
     assert ran == [
         ["subic", "quickstart"],
         ["python", "-m", "pytest", "tests", "-n", "2", "--dist", "loadgroup"],
     ]
+
+
+@pytest.mark.slow
+def test_command_line_and_milvus_blocks_run_as_written(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    bash = _bash_blocks()
     run_bash(bash[1], workdir)  # train, index build, evaluate, export
     assert (workdir / "runs/cifar48/best.keras").is_file()
     # The model's own data: CIFAR-10's test split, the paper's protocol.
@@ -155,11 +168,37 @@ def test_command_blocks_run_as_written(workdir, monkeypatch):
     result = json.loads((workdir / "eval.json").read_text())
     assert result["protocol"] == "paper" and result["dataset"] == "cifar10"
     assert (workdir / "serving").is_dir()
-    run_bash(bash[2], workdir)  # own pictures: train, index build, search, serve
-    assert (workdir / "photos.subic").is_file()
     if pytest.importorskip("pymilvus", reason="the [milvus] extra"):
         (workdir / "best.keras").symlink_to(workdir / "runs/cifar48/best.keras")
-        run_bash(bash[3], workdir)  # Milvus: index build, search, evaluate
+        run_bash(bash[4], workdir)  # Milvus: index build, search, evaluate
+
+
+@pytest.mark.slow
+def test_own_pictures_block_runs_as_written(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    run_bash(_bash_blocks()[2], workdir)  # train, index build, search, serve
+    assert (workdir / "photos.subic").is_file()
+
+
+@pytest.mark.slow
+def test_copy_block_finds_the_original_of_a_copy_first(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    bash = _bash_blocks()
+    assert "subic duplicates" in bash[3]
+    ran = run_bash(bash[3], workdir)  # index build, search, duplicates
+    assert [words[1] for words in ran] == ["index", "search", "duplicates"]
+    out = capsys.readouterr().out
+    lines = out[out.index("copy.jpg") :].splitlines()
+    original = sorted((workdir / "photos").glob("*/*"))
+    assert lines[1].split()[0] == "1", out
+    # The first match is photo 17, the picture the copy was made from.
+    first = lines[1].split()[2]
+    index = sk.search.open(workdir / "copies.subic")
+    pixels = sk.images.read_image(workdir / "photos" / first, (32, 32, 3))
+    (_, _), (x_test, y_test) = sk.datasets.load_cifar10(workdir / "data")
+    keep = y_test[:400] < 9
+    np.testing.assert_array_equal(pixels, x_test[:400][keep][17])
+    assert len(index) == len(original)
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""The `subic` command line: quickstart, train, index build/add/remove, search,
-serve, evaluate, export.
+"""The `subic` command line: quickstart, train, train-instance, index
+build/add/remove, search, duplicates, serve, evaluate, export.
 
 Parsing, `--help` and argument errors load no TensorFlow (`parser`); a
 command imports what it needs when it runs (`commands`), with TensorFlow's

@@ -16,6 +16,8 @@ from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.config import TRAIN_OUTPUTS
 from subic_keras.paths import check_folder, open_file
+from subic_keras.pretrained import INSTANCE
+from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
 from subic_keras.search.addresses import check_database_exists
 from subic_keras.search.file_format import MAGIC
@@ -138,7 +140,7 @@ def _index_build(args) -> None:
         )
     if args.shards is not None:
         check_int("--shards", args.shards, minimum=1)
-    check_keras_file(args.model, members=False)
+    _model(args)
     if args.folder is not None:
         refuse_given(
             args,
@@ -148,6 +150,14 @@ def _index_build(args) -> None:
         )
         check_folder(args.folder)
     _data_dir(args)
+
+
+def _model(args) -> None:
+    """`args.model` is a `.keras` file, or names the shipped instance code."""
+    if args.model == INSTANCE:
+        check_file(pretrained_path(), "shipped instance model")
+    else:
+        check_keras_file(args.model, members=False)
 
 
 def _ours_to_replace(path: str, manifest: bool) -> None:
@@ -176,7 +186,7 @@ def _ours_to_replace(path: str, manifest: bool) -> None:
 def _index_add(args) -> None:
     check_int("--batch-size", args.batch_size, minimum=1)
     check_file(args.index, "index file")
-    check_keras_file(args.model, members=False)
+    _model(args)
     if args.folder is not None:
         check_folder(args.folder)
 
@@ -211,7 +221,7 @@ def _search(args) -> None:
     if args.where is not None:
         filters.parse(args.where)  # its syntax; its fields are checked on the index
     check_int("-k", args.k, minimum=1)
-    check_keras_file(args.model, members=False)
+    _model(args)
     if not args.images:
         raise ValueError("give at least one query image after the index")
     _index(args.index, args.collection)
@@ -227,6 +237,25 @@ def _search(args) -> None:
                 raise ValueError(
                     f"{error}: a query is a picture or a .npy array"
                 ) from None
+
+
+def _train_instance(args) -> None:
+    check_folder(args.folder)
+    check_int("--epochs", args.epochs, minimum=1)
+    check_int("--batch-size", args.batch_size, minimum=2)
+    if args.start != INSTANCE:
+        check_keras_file(args.start, members=False)
+    check_output_path(args.output)
+    if os.path.lexists(args.output) and not args.overwrite:
+        raise FileExistsError(
+            17, "--output exists; give --overwrite to replace it", args.output
+        )
+
+
+def _duplicates(args) -> None:
+    check_file(args.index, "index file")
+    if args.copy_blocks is not None:
+        check_int("--copy-blocks", args.copy_blocks, minimum=1)
 
 
 def _megabytes(name: str, value: float, minimum: float) -> None:
@@ -250,7 +279,7 @@ def _serve(args) -> None:
         )
     _megabytes("--max-upload-mb", args.max_upload_mb, 0.001)
     _megabytes("--max-decode-mb", args.max_decode_mb, 1)
-    check_keras_file(args.model, members=False)
+    _model(args)
     check_file(args.index, "index file")
     if args.folder is not None:
         check_folder(args.folder)
@@ -316,4 +345,6 @@ _CHECKS = {
     "run_serve": _serve,
     "run_evaluate": _evaluate,
     "run_export": _export,
+    "run_duplicates": _duplicates,
+    "run_train_instance": _train_instance,
 }

@@ -17,20 +17,29 @@ import warnings
 import numpy as np
 
 from subic_keras import datasets, evaluation, protocols, retrieval, streams
-from subic_keras import images as image_files
-from subic_keras._io import atomic_path, check_file
+from subic_keras._io import atomic_path
 from subic_keras.applications import WeightsUnavailableError, keras_cache
 from subic_keras.cli.console import debug_requested, plural, printable, quiet_imports
+from subic_keras.cli.loading import index_name, load_model, open_index
+
+# Each command's `run_*` function is found here by name (`subic_keras.cli`).
+from subic_keras.cli.search_commands import run_duplicates as run_duplicates
+from subic_keras.cli.search_commands import run_search as run_search
+from subic_keras.cli.search_commands import run_serve as run_serve
+from subic_keras.cli.search_commands import (
+    run_train_instance as run_train_instance,
+)
 from subic_keras.cli.train_options import config_from_args
 from subic_keras.datasets import load_images
-from subic_keras.export import export_litert, export_saved_model, load_subic
-from subic_keras.paths import check_folder, open_file
+from subic_keras.export import (
+    export_litert,
+    export_saved_model,
+    load_subic,
+)
+from subic_keras.paths import check_folder
 from subic_keras.recipe import LearnedLittleWarning
-from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import LOOK_SIZE, VIEWS, query_look
-from subic_keras.sockets import listen
 from subic_keras.training import train
 
 
@@ -133,7 +142,7 @@ def run_quickstart(args) -> int:
     _report_training(summary)
     if summary["checkpoint"] is None:
         return 1
-    subic = _load_subic(summary["checkpoint"])
+    subic = load_model(summary["checkpoint"])
     (x_db, y_db), (x_query, y_query) = load_images(
         config.dataset, config.data_dir, config.max_train_images
     )
@@ -164,12 +173,6 @@ def run_quickstart(args) -> int:
     )
     print(json.dumps(result))
     return 0
-
-
-def _load_subic(path: str):
-    subic = load_subic(path)
-    subic.show_progress = True
-    return subic
 
 
 def _follow_model(args, subic) -> dict:
@@ -222,34 +225,10 @@ def _write_json(path: str | None, result: dict) -> None:
             json.dump(result, handle, indent=2)
 
 
-def _index_name(args, uri: str) -> str:
-    """How messages name the index at `uri`."""
-    if search_uri.is_database(uri):
-        return f"collection {args.collection!r} at {uri}"
-    return f"index {uri}"
-
-
-def _open_index(args, uri: str):
-    """The index at `uri`, and how messages name it."""
-    _join_ray(args, uri)
-    index = search_uri.open(
-        uri, collection=args.collection, scanner=getattr(args, "scanner", "auto")
-    )
-    return index, _index_name(args, uri)
-
-
-def _join_ray(args, uri) -> None:
-    """Ray joined (or started) as `--ray-address` says, for a manifest."""
-    if search_uri.is_manifest(uri):
-        from subic_keras.search.ray_index import ray_module
-
-        ray_module(getattr(args, "ray_address", None))
-
-
 def run_index_build(args) -> int:
     if args.folder is not None:
         return _index_folder(args)
-    subic = _load_subic(args.model)
+    subic = load_model(args.model, instance=True)
     source = _follow_model(args, subic)
     if source.get("images"):
         args.folder = source["images"]
@@ -269,7 +248,7 @@ def run_index_build(args) -> int:
     )
     print(
         f"indexed {plural(len(added), f'{args.dataset} {args.split} image')} into "
-        f"{_index_name(args, args.output)} ({plural(total, 'item')})"
+        f"{index_name(args, args.output)} ({plural(total, 'item')})"
     )
     return 0
 
@@ -277,7 +256,7 @@ def run_index_build(args) -> int:
 def _index_folder(args, subic=None) -> int:
     if search_uri.is_manifest(args.output):
         return _index_folder_on_ray(args)
-    subic = subic or _load_subic(args.model)
+    subic = subic or load_model(args.model, instance=True)
     index, report = retrieval.index_folder(
         subic,
         args.folder,
@@ -348,7 +327,7 @@ def run_index_add(args) -> int:
     index = ImageIndex.load(args.index)
     folder = index.root if args.folder is None else args.folder
     check_folder(folder)
-    subic = _load_subic(args.model)
+    subic = load_model(args.model, instance=True)
     index, report = retrieval.index_folder(
         subic,
         folder,
@@ -405,197 +384,8 @@ def _missing_files(index: ImageIndex, force: bool) -> list[str]:
     return missing
 
 
-def _npy_bytes(handle) -> tuple[int, int]:
-    """The bytes a `.npy` file's header claims for its array, and the bytes
-    that follow the header; `handle` is left at the start."""
-    from numpy.lib import format as npy
-
-    version = npy.read_magic(handle)
-    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-    shape, _, dtype = read(handle)
-    held = os.fstat(handle.fileno()).st_size - handle.tell()
-    handle.seek(0)
-    return math.prod(shape) * dtype.itemsize, held
-
-
-def _read_npy(path: str, shape) -> np.ndarray:
-    """Images `(n, *shape)` from a `.npy` file (one image may lack the `n`).
-
-    The header's claim is checked before NumPy allocates it: no more than
-    the file holds, nor than a file may take (`images.FILE_DECODE_BYTES`).
-    """
-    limit = image_files.FILE_DECODE_BYTES
-    with open_file(path) as handle:
-        try:
-            claimed, held = _npy_bytes(handle)
-            if claimed <= min(held, limit):
-                array = np.load(handle, allow_pickle=False)
-        except (ValueError, EOFError) as error:
-            raise ValueError(f"not a NumPy .npy array ({error}) ({path})") from None
-    if claimed > limit:
-        raise ValueError(
-            f"query array too large: {claimed / 1e6:.0f} MB, more than the "
-            f"{limit / 1e6:.0f} MB a file is read with ({path})"
-        )
-    if claimed > held:
-        raise ValueError(
-            f"truncated .npy array: its header claims {claimed:,} bytes, the file "
-            f"holds {held:,} ({path})"
-        )
-    shape = tuple(shape)
-    if shape[-1] == 1 and array.shape[-2:] == shape[:2]:
-        array = array[..., None]  # grey images without a channel axis
-    if array.shape == shape:
-        array = array[None]  # one image
-    if array.dtype != np.uint8 and array.dtype.kind != "f":
-        raise ValueError(
-            f"query images must be uint8 pixels or floats in [0, 1], received "
-            f"dtype {array.dtype} ({path})"
-        )
-    if array.shape[1:] != tuple(shape):
-        raise ValueError(
-            f"query images must have shape (n, {', '.join(map(str, shape))}), "
-            f"received {array.shape} ({path})"
-        )
-    if array.dtype.kind == "f":
-        finite = np.isfinite(array)
-        if not finite.all() or (array.size and (array.min() < 0 or array.max() > 1)):
-            low, high = (
-                (array[finite].min(), array[finite].max()) if finite.any() else (0, 0)
-            )
-            raise ValueError(
-                "float query images must hold pixels in [0, 1] (or save uint8 "
-                f"pixels in [0, 255]), received values in [{low:g}, {high:g}]"
-                + ("" if finite.all() else " and NaN or infinity")
-                + f" ({path})"
-            )
-        return array.astype(np.float32)
-    return array
-
-
-def _read_image(path: str, shape) -> np.ndarray:
-    """One encoded image file, decoded to the model's `(H, W, C)`."""
-    try:
-        return image_files.read_image(path, shape)[None]
-    except image_files.ImageDecodeError as error:
-        raise ValueError(f"{error}: a query is a picture or a .npy array") from None
-
-
-def _read_query_images(
-    paths: list[str], shape
-) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image
-    files, and the fingerprints and looks of their pixels (0 and a look of
-    zeros, which orders nothing, for float arrays)."""
-    shape = tuple(shape)
-    names, batches = [], []
-    for path in paths:
-        check_file(path, "query image file")
-        if path.endswith(".npy"):
-            array = _read_npy(path, shape)
-            names += [f"{path}[{i}]" for i in range(len(array))]
-        else:
-            array = _read_image(path, shape)
-            names.append(path)
-        batches.append(array)
-    fingerprints = np.array(
-        [
-            image_files.fingerprint(image) if batch.dtype == np.uint8 else 0
-            for batch in batches
-            for image in batch
-        ],
-        dtype=np.uint64,
-    )
-    looks = np.concatenate(
-        [
-            query_look(batch)
-            if batch.dtype == np.uint8
-            else np.zeros((len(batch), VIEWS, LOOK_SIZE), np.int8)
-            for batch in batches
-        ]
-    )
-    if len({batch.dtype for batch in batches}) > 1:
-        batches = [retrieval.as_model_inputs(batch) for batch in batches]
-    return names, np.concatenate(batches), fingerprints, looks
-
-
-def run_search(args) -> int:
-    paths = args.images
-    condition = _where(args)  # a bad filter is said before anything loads
-    subic = _load_subic(args.model)
-    index, where = _open_index(args, args.index)
-    retrieval.check_model_fits(index, subic, where, args.model)
-    names, images, fingerprints, looks = _read_query_images(
-        paths, retrieval.input_shape(subic)
-    )
-    queries = subic.query(images, kind=args.query)
-    # At most len(index) columns come back, whatever -k says; a Milvus
-    # collection may leave some empty (id -1).
-    answers = index.answer(
-        queries, args.k, where=condition, fingerprints=fingerprints, looks=looks
-    )
-    for name, matches in zip(names, answers):
-        _print_matches(name, [{"query": name, **match} for match in matches], args.json)
-    if condition is not None and len(index) and not any(answers):
-        # Said on standard error: `--json` keeps standard output parseable.
-        given = " and ".join(
-            option
-            for option, value in (("--where", args.where), ("--under", args.under))
-            if value is not None
-        )
-        print(
-            f"subic search: no item of {printable(os.fspath(args.index))} passes "
-            f"{given}: no match",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-def _where(args) -> filters.Filter | None:
-    """`--where EXPR` and `--under FOLDER`, both if both are given."""
-    where = filters.parse(args.where) if args.where is not None else None
-    if args.under is not None:
-        under = filters.Under(args.under)
-        where = under if where is None else where & under
-    return where
-
-
-def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
-    if as_json:
-        for match in matches:
-            print(json.dumps(match))
-        return
-    print(printable(name))
-    for match in matches:
-        path = match["path"]
-        where = printable(path) if path is not None else f"id {match['id']}"
-        note = "  (the query itself)" if match["exact"] else ""
-        print(f"  {match['rank']:>4}  {match['score']:>10.4f}  {where}{note}")
-
-
-def run_serve(args) -> int:
-    from subic_keras import http_app, server
-
-    # Listened on by the command line's checks (a busy port is said before
-    # TensorFlow loads); called otherwise, here.
-    sock = getattr(args, "socket", None) or listen(args.host, args.port)
-    _join_ray(args, args.index)
-    service = server.SearchService(
-        args.model,
-        args.index,
-        query=args.query,
-        max_upload_bytes=int(args.max_upload_mb * 1e6),
-        scanner=args.scanner,
-        folder=args.folder,
-        decode_bytes=int(args.max_decode_mb * 1e6),
-    )
-    http_app.run(service, sock=sock)
-    return 0
-
-
 def run_evaluate(args) -> int:
-    subic = _load_subic(args.model)
+    subic = load_model(args.model)
     if args.images is None:
         args.images = _follow_model(args, subic).get("images")
     if args.images is not None:
@@ -633,7 +423,7 @@ def run_evaluate(args) -> int:
         ks = tuple(k for k in ks if k <= database) or (database,)
     index = None
     if args.index:
-        index, where = _open_index(args, args.index)
+        index, where = open_index(args, args.index)
         retrieval.check_model_fits(index, subic, where, args.model)
     start = time.time()
     result = retrieval.evaluate(

@@ -13,6 +13,11 @@ from subic_keras.cli.train_options import QUICKSTART, add_train_arguments
 from subic_keras.cli.train_options import config_from_args as config_from_args
 from subic_keras.config import DATASETS, QUERY_KINDS, TrainConfig
 
+MODEL_HELP = (
+    "a SuBiC .keras model, or `instance`: the instance code that ships with "
+    "the package, which finds copies of pictures without any training"
+)
+
 
 def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -73,7 +78,9 @@ def _add_ray_address(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _add_model_and_index(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="the SuBiC .keras model that built the index")
+    parser.add_argument(
+        "model", help="the SuBiC .keras model that built the index, or `instance`"
+    )
     parser.add_argument("index", help="an index file built from a folder")
 
 
@@ -199,6 +206,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(train, TrainConfig())
     train.set_defaults(run="run_train", command_name="train")
 
+    tune = commands.add_parser(
+        "train-instance",
+        parents=[common],
+        help="fine-tune the instance code on a folder of pictures (no labels)",
+    )
+    tune.add_argument("folder", help="the pictures, in any layout: no classes")
+    tune.add_argument(
+        "--output", required=True, help="the .keras file to write (required)"
+    )
+    tune.add_argument(
+        "--from",
+        dest="start",
+        default="instance",
+        help="the instance code to start from: a .keras file, or `instance`, "
+        "the one that ships (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--epochs", type=int, default=5, help="passes over the folder (default: 5)"
+    )
+    tune.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="pictures a batch, each seen as two copies (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output (default: refuse)",
+    )
+    tune.set_defaults(run="run_train_instance", command_name="train-instance")
+
     index = commands.add_parser("index", help="build, extend or prune a search index")
     index.set_defaults(run=None, help_of=index, command_name="index")
     index_commands = index.add_subparsers(dest="index_command")
@@ -211,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         "relative to FOLDER; files that are not pictures are skipped and "
         "listed. Without: encodes a dataset split, ids the positions in it.",
     )
-    build.add_argument("model", help="a SuBiC .keras model")
+    build.add_argument("model", help=MODEL_HELP)
     build.add_argument(
         "folder",
         nargs="?",
@@ -294,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     search = commands.add_parser(
         "search", parents=[common], help="search an index with query images"
     )
-    search.add_argument("model", help="a SuBiC .keras model")
+    search.add_argument("model", help=MODEL_HELP)
     search.add_argument("index", help=f"the index: {INDEX_URI}")
     search.add_argument(
         "images",
@@ -329,11 +368,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="print one JSON object per match (query, rank, score, id, path, "
-        "class, added, attributes, exact) instead of a table (default: off)",
+        "class, added, attributes, exact, copy, lifted) instead of a table "
+        "(default: off)",
     )
     _add_collection_argument(search)
     _add_scanner_argument(search)
     search.set_defaults(run="run_search", command_name="search")
+
+    duplicates = commands.add_parser(
+        "duplicates",
+        parents=[common],
+        help="list the groups of copies in an index of an instance code",
+    )
+    duplicates.add_argument(
+        "index", help="a .subic index of a folder, built by an instance code"
+    )
+    duplicates.add_argument(
+        "--copy-blocks",
+        type=int,
+        default=None,
+        help="the least equal blocks of two copies (default: the number the "
+        "instance code chose on validation, recorded in the index)",
+    )
+    duplicates.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object per group ({"paths": [...]}) (default: off)',
+    )
+    duplicates.set_defaults(run="run_duplicates", command_name="duplicates")
 
     serve = commands.add_parser(
         "serve",

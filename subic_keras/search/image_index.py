@@ -330,6 +330,38 @@ class ImageIndex(Searcher):
         (relative,) = self.paths([item_id])
         return resolve(self._root, relative)
 
+    def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
+        """Groups of pictures that are copies of each other, by their codes
+        (`subic_keras.copies.duplicate_groups`: exact, all pairs).
+
+        Args:
+            copy_blocks: the least equal blocks of two copies; default: the
+                one the instance code that wrote the index chose on
+                validation (`model["copy_blocks"]`).
+
+        Returns:
+            The groups' paths, each group in insertion order, largest first.
+
+        Raises:
+            ValueError: with no `copy_blocks` given or recorded (an index of
+                a class code: classes, not copies).
+        """
+        from subic_keras.copies import duplicate_groups
+
+        if copy_blocks is None:
+            copy_blocks = (self.model or {}).get("copy_blocks")
+        if copy_blocks is None:
+            raise ValueError(
+                "copy_blocks must be given for an index whose model chose none "
+                "(an index of a class code ranks by class; build one with an "
+                "instance code, e.g. `subic index build instance FOLDER`)"
+            )
+        with self._lock.read():
+            ids = self._items.ids.copy()
+            codes = self._codes.get_codes(ids)
+        groups = duplicate_groups(codes, ids, self.block_size, copy_blocks)
+        return [self.paths(group) for group in groups]
+
     def exact_copies(self, fingerprint: int) -> np.ndarray:
         """Ids of the pictures whose pixels have this fingerprint."""
         with self._lock.read():

@@ -1,0 +1,39 @@
+"""What several `subic` commands share: their model, and the index they
+open (`commands`, `search_commands`)."""
+
+from __future__ import annotations
+
+from subic_keras.export import load_encoder, load_subic
+from subic_keras.search import uri as search_uri
+
+
+def load_model(path: str, instance: bool = False):
+    """The model at `path` (with `instance`, also an instance code, and the
+    word `instance` for the one that ships with the package)."""
+    subic = load_encoder(path) if instance else load_subic(path)
+    subic.show_progress = True
+    return subic
+
+
+def index_name(args, uri: str) -> str:
+    """How messages name the index at `uri`."""
+    if search_uri.is_database(uri):
+        return f"collection {args.collection!r} at {uri}"
+    return f"index {uri}"
+
+
+def open_index(args, uri: str):
+    """The index at `uri`, and how messages name it."""
+    join_ray(args, uri)
+    index = search_uri.open(
+        uri, collection=args.collection, scanner=getattr(args, "scanner", "auto")
+    )
+    return index, index_name(args, uri)
+
+
+def join_ray(args, uri) -> None:
+    """Ray joined (or started) as `--ray-address` says, for a manifest."""
+    if search_uri.is_manifest(uri):
+        from subic_keras.search.ray_index import ray_module
+
+        ray_module(getattr(args, "ray_address", None))

@@ -1,0 +1,265 @@
+"""What counts as a copy of a picture, for an instance code.
+
+An instance code (`subic_keras.instance`) ranks a database by the
+asymmetric score of the paper (Eq. 10), `s(q, x) = sum_m z*_m[c_m(x)]`,
+`z*` the query's block probabilities and `c(x)` an item's code. Two rules
+built on it say which results are copies:
+
+- in a search, a result is a copy of the query when its **relative score**
+  `r(q, x) = s(q, x) / sum_m max_k z*_m[k]` (1: the item's code is the
+  query's own argmax in every block) is at least the model's
+  `copy_threshold` (`mark`);
+- among stored codes, two items are copies of each other when at least
+  `copy_blocks` of their `M` blocks are equal (`duplicate_groups`): what
+  is left of `r` when the query is a stored code, one-hot.
+
+`calibrate` chooses both on validation pictures, for a precision: the
+share of marked results that are copies, over copies of database pictures
+and copies of pictures the database does not hold, saved with the model
+(`InstanceModel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from subic_keras._validation import check_int, check_pictures
+from subic_keras.search.subic_index import SubicIndex
+
+# The share of marked results that must be copies, on validation.
+PRECISION = 0.99
+# Results per query whose marks `calibrate` counts.
+CALIBRATION_K = 10
+
+
+def relative_scores(queries: np.ndarray, scores: np.ndarray, block_size: int):
+    """`r = s / sum_m max_k z*_m[k]` of each query's scores `(nq, width)`."""
+    queries = np.asarray(queries, np.float32)
+    best = queries.reshape(len(queries), -1, block_size).max(-1).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(scores, np.float64) / np.maximum(best, 1e-12)[:, None]
+
+
+def mark(
+    answers: list[list[dict]],
+    queries: np.ndarray,
+    block_size: int,
+    threshold: float | None,
+) -> list[list[dict]]:
+    """Adds `"copy"` and `"lifted"` to every row of `answers`
+    (`Searcher.answer`'s), in place.
+
+    `copy`: an exact copy of the query, or a relative score of at least
+    `threshold` (`None`: exact copies only, as for a class code). `lifted`:
+    a row listed above a better-scored one, not being an exact copy: an
+    index that keeps looks lists the near copies of the query by look first
+    (`search.looks`), and a row there says so.
+
+    Example:
+
+    >>> rows = [[{"score": 2.0, "exact": True}, {"score": 0.5, "exact": False},
+    ...          {"score": 1.0, "exact": False}]]
+    >>> [(r["copy"], r["lifted"]) for r in mark(rows, np.ones((1, 4)), 2, None)[0]]
+    [(True, False), (False, True), (False, False)]
+
+    Returns:
+        `answers`.
+    """
+    queries = np.asarray(queries, np.float32)
+    for row, query in zip(answers, queries):
+        if not row:
+            continue
+        scores = np.array([match["score"] for match in row])
+        relative = relative_scores(query[None], scores[None], block_size)[0]
+        # The best score listed below each row.
+        below = np.r_[np.maximum.accumulate(scores[::-1])[::-1][1:], -np.inf]
+        for match, value, best_below in zip(row, relative, below):
+            near = threshold is not None and value >= threshold - 1e-6
+            match["copy"] = bool(match.get("exact") or near)
+            match["lifted"] = bool(
+                not match.get("exact") and match["score"] < best_below
+            )
+    return answers
+
+
+def least_precise(values: np.ndarray, correct: np.ndarray, precision: float):
+    """The smallest threshold `t` among `values` at which the marks
+    `values >= t` are `correct` at a rate of at least `precision`, and that
+    rate and the share of the correct ones marked; `None` where none is.
+
+    Example:
+
+    >>> least_precise(np.array([0.9, 0.8, 0.7, 0.6]),
+    ...               np.array([True, True, False, True]), 0.75)
+    (0.6, 0.75, 1.0)
+    """
+    order = np.argsort(-values, kind="stable")
+    values, correct = values[order], correct[order]
+    hits = np.cumsum(correct)
+    rates = hits / np.arange(1, len(values) + 1)
+    # Only the last row of a run of equal values is a threshold of its own.
+    last = np.r_[values[1:] != values[:-1], True]
+    good = np.flatnonzero(last & (rates >= precision))
+    if not len(good):
+        return None
+    row = good[-1]
+    recall = hits[row] / max(1, int(correct.sum()))
+    return float(values[row]), float(rates[row]), float(recall)
+
+
+def calibrate(
+    code,
+    pictures: np.ndarray,
+    *,
+    queries: int = 1000,
+    precision: float = PRECISION,
+    seed: int = 0,
+    families: Sequence[str] | None = None,
+    batch_size: int = 512,
+) -> dict:
+    """Chooses `code`'s `copy_threshold` and `copy_blocks` on `pictures`.
+
+    The database is every picture but the last `queries`; the queries are
+    copies, altered by `families`, of the first `queries` pictures (whose
+    originals the database holds) and of the last `queries` (whose it does
+    not). Over each query's `CALIBRATION_K` best results, the least
+    threshold whose marks are copies at a rate of `precision` is kept,
+    for the relative score and for equal blocks alike, and set on
+    `code.model` (saved with it); where no threshold is that precise, the
+    rule is `None` (only exact copies are marked, no duplicates listed).
+
+    Args:
+        code: an `InstanceSubic`.
+        pictures: uint8 validation pictures `(n, H, W[, C])`, more than
+            `2 · queries`.
+        queries: copies of database pictures, and as many of others.
+        precision: the least share of marked results that are copies.
+        seed: the alterations' seed.
+        families: the alteration families of the copies (default: all).
+        batch_size: prediction batch size.
+
+    Returns:
+        What was chosen and measured: `copy_threshold`, `copy_blocks`, and
+        for each the precision and recall (share of copies' originals
+        marked) on the validation queries, and under `"best"` the most
+        precise threshold and its precision and recall, whatever the target.
+    """
+    from subic_keras import alterations
+
+    pictures = check_pictures("pictures", pictures)
+    queries = check_int("queries", queries, minimum=1)
+    if len(pictures) <= 2 * queries:
+        raise ValueError(
+            f"pictures must number more than 2 · queries = {2 * queries}, "
+            f"received {len(pictures)}"
+        )
+    if not 0 < precision <= 1:
+        raise ValueError(f"precision must be in (0, 1], received {precision}")
+    database = pictures[:-queries]
+    asked = np.concatenate([pictures[:queries], pictures[-queries:]])
+    families = alterations.FAMILIES if families is None else families
+    copies = alterations.alter_batch(asked, seed=seed, families=families)
+    index = SubicIndex(code.num_blocks, code.block_size)
+    index.add(code.encode(database, batch_size))
+    truth = np.r_[np.arange(queries), np.full(queries, -1)][:, None]
+    k = min(CALIBRATION_K, len(database))
+
+    z_star = code.query(copies, batch_size)
+    scores, ids = index.search(z_star, k)
+    relative = relative_scores(z_star, scores, code.block_size)
+    scored = relative.ravel(), (ids == truth).ravel()
+    by_score = least_precise(*scored, precision)
+
+    one_hot = np.eye(code.block_size, dtype=np.float32)[code.encode(copies)]
+    one_hot = one_hot.reshape(len(copies), -1)
+    equal, ids = index.search(one_hot, k)
+    blocks = equal.ravel(), (ids == truth).ravel()
+    by_blocks = least_precise(*blocks, precision)
+
+    result: dict = {"precision_target": precision, "queries": 2 * queries}
+    for name, found, value, (values, correct) in (
+        ("copy_threshold", by_score, lambda t: round(t, 6), scored),
+        ("copy_blocks", by_blocks, lambda t: round(t), blocks),
+    ):
+        if found is None:  # never precise enough: no rule, exact copies only
+            chosen = None
+            result[name] = {"value": None, "precision": None, "recall": 0.0}
+        else:
+            chosen = value(found[0])
+            result[name] = {"value": chosen, "precision": found[1], "recall": found[2]}
+        # The most precise the rule gets, whatever the target.
+        best = least_precise(values, correct, _best_rate(values, correct))
+        if best is not None:
+            result[name]["best"] = dict(zip(("value", "precision", "recall"), best))
+        setattr(code.model, name, chosen)
+    return result
+
+
+def _best_rate(values: np.ndarray, correct: np.ndarray) -> float:
+    """The highest rate of correct marks of any threshold among `values`."""
+    order = np.argsort(-values, kind="stable")
+    values, correct = values[order], correct[order]
+    rates = np.cumsum(correct) / np.arange(1, len(values) + 1)
+    last = np.r_[values[1:] != values[:-1], True]
+    return float(rates[last].max()) if len(values) else 1.0
+
+
+def duplicate_groups(
+    codes: np.ndarray, ids: np.ndarray, block_size: int, copy_blocks: int, k: int = 64
+) -> list[np.ndarray]:
+    """Groups of stored codes that are copies of each other.
+
+    Each code is searched, one-hot, among all (the native scan: exact, all
+    pairs, in C), its `k` best kept; pairs with at least `copy_blocks`
+    equal blocks are joined, and the joined pairs' connected components are
+    the groups.
+
+    Example:
+
+    >>> codes = np.array([[0, 1, 2], [0, 1, 3], [3, 3, 3], [0, 1, 2]])
+    >>> duplicate_groups(codes, np.array([10, 11, 12, 13]), 4, copy_blocks=2)
+    [array([10, 11, 13])]
+
+    Args:
+        codes: int codes `(n, M)`.
+        ids: their ids `(n,)`.
+        block_size: `K`.
+        copy_blocks: the least equal blocks of two copies.
+        k: neighbours looked at per item (a group can be larger: it grows
+            through its members' neighbours).
+
+    Returns:
+        The groups of two or more ids, each sorted, largest groups first.
+    """
+    from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
+    from scipy.sparse.csgraph import (  # type: ignore[import-untyped]
+        connected_components,
+    )
+
+    codes = np.asarray(codes)
+    ids = np.asarray(ids, np.int64)
+    copy_blocks = check_int("copy_blocks", copy_blocks, minimum=1)
+    k = check_int("k", k, minimum=1)
+    if len(codes) < 2:
+        return []
+    num_blocks = codes.shape[1]
+    index = SubicIndex(num_blocks, block_size)
+    index.add(codes, ids=np.arange(len(codes)))
+    eye = np.eye(block_size, dtype=np.float32)
+    parts = []
+    for start in range(0, len(codes), 4096):
+        part = eye[codes[start : start + 4096]].reshape(-1, num_blocks * block_size)
+        equal, found = index.search(part, min(k + 1, len(codes)))
+        rows, cols = np.nonzero((equal >= copy_blocks) & (found >= 0))
+        parts.append(np.stack([rows + start, found[rows, cols]]))
+    pairs = np.concatenate(parts, axis=1)
+    graph = coo_matrix(
+        (np.ones(pairs.shape[1], np.int8), (pairs[0], pairs[1])),
+        shape=(len(codes), len(codes)),
+    )
+    _, labels = connected_components(graph, directed=False)
+    sizes = np.bincount(labels)
+    groups = [np.sort(ids[labels == label]) for label in np.flatnonzero(sizes > 1)]
+    return sorted(groups, key=lambda group: (-len(group), group[0]))

@@ -1,0 +1,312 @@
+"""`subic_keras.copies`: what counts as a copy, chosen on validation; an
+index of a folder built, searched and grouped by an instance code."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from subic_keras import copies, images, instance, retrieval
+from subic_keras import datasets as sk_datasets
+from subic_keras.cli import main
+from subic_keras.export import load_encoder, load_subic
+from subic_keras.images import write_image_folder
+from subic_keras.search.image_index import ImageIndex
+
+
+def _code(num_blocks=4, block_size=16, seed=0):
+    keras.utils.set_random_seed(seed)
+    backbone = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, 3, strides=2, activation="relu"),
+            keras.layers.Flatten(),
+        ]
+    )
+    return instance.build_instance_subic(backbone, num_blocks, block_size)
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    rng = np.random.default_rng(0)
+    return (
+        rng.integers(0, 256, (120, 4, 4, 3)).repeat(4, 1).repeat(4, 2).astype(np.uint8)
+    )
+
+
+def test_least_precise_takes_the_lowest_threshold_that_keeps_precision():
+    values = np.array([5.0, 4.0, 4.0, 3.0, 2.0, 1.0])
+    correct = np.array([True, True, False, True, False, True])
+    # At 4 (both rows of the tie count): 2 of 3; at 3: 3 of 4.
+    assert copies.least_precise(values, correct, 0.75) == (3.0, 0.75, 0.75)
+    assert copies.least_precise(values, correct, 1.0) == (5.0, 1.0, 0.25)
+    assert copies.least_precise(values, ~correct, 0.9) is None
+
+
+def test_mark_flags_exact_copies_and_scores_over_the_threshold():
+    query = np.array([[0.5, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]], np.float32)
+    # The best possible score is 0.5 + 1.0 = 1.5.
+    rows = [
+        [
+            {"score": 1.5, "exact": False},
+            {"score": 1.0, "exact": False},
+            {"score": 0.0, "exact": True},
+        ]
+    ]
+    copies.mark(rows, query, 4, threshold=0.6)
+    assert [row["copy"] for row in rows[0]] == [True, True, True]
+    copies.mark(rows, query, 4, threshold=0.9)
+    assert [row["copy"] for row in rows[0]] == [True, False, True]
+    copies.mark(rows, query, 4, threshold=None)  # a class code: exact only
+    assert [row["copy"] for row in rows[0]] == [False, False, True]
+
+
+def test_duplicate_groups_join_codes_with_enough_equal_blocks():
+    codes = np.array(
+        [
+            [0, 1, 2, 3],
+            [0, 1, 2, 0],
+            [5, 5, 5, 5],
+            [0, 9, 9, 3],
+            [5, 5, 5, 6],
+            [7, 7, 7, 7],
+        ]
+    )
+    ids = np.arange(100, 106)
+    groups = copies.duplicate_groups(codes, ids, 16, copy_blocks=3)
+    assert [g.tolist() for g in groups] == [[100, 101], [102, 104]]
+    # With 2 equal blocks, 103 joins 100 (blocks 0 and 3).
+    groups = copies.duplicate_groups(codes, ids, 16, copy_blocks=2)
+    assert [g.tolist() for g in groups] == [[100, 101, 103], [102, 104]]
+    assert copies.duplicate_groups(codes, ids, 16, copy_blocks=5) == []
+    with pytest.raises(ValueError, match="copy_blocks must be >= 1, received 0"):
+        copies.duplicate_groups(codes, ids, 16, copy_blocks=0)
+
+
+def test_duplicate_groups_match_a_brute_force_count():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 4, (300, 6))
+    groups = copies.duplicate_groups(codes, np.arange(300), 4, copy_blocks=5, k=300)
+    equal = (codes[:, None] == codes[None]).sum(-1) >= 5
+    np.fill_diagonal(equal, False)
+    from scipy.sparse.csgraph import connected_components
+
+    _, labels = connected_components(equal, directed=False)
+    expected = sorted(
+        (np.flatnonzero(labels == label) for label in np.unique(labels)),
+        key=lambda g: (-len(g), g[0]),
+    )
+    expected = [g.tolist() for g in expected if len(g) > 1]
+    assert [g.tolist() for g in groups] == expected and expected
+
+
+def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path):
+    code = _code()
+    instance.train_instance(code, pictures, epochs=3, batch_size=20, verbose=0)
+    found = copies.calibrate(code, pictures, queries=20, precision=0.5)
+    assert found["queries"] == 40
+    for name in ("copy_threshold", "copy_blocks"):
+        value = found[name]["value"]
+        assert value == getattr(code, name)
+        if value is not None:
+            assert found[name]["precision"] >= 0.5
+    code.model.copy_threshold, code.model.copy_blocks = 0.75, 3
+    code.save(tmp_path / "code.keras", include_optimizer=False)
+    loaded = instance.InstanceSubic.load(tmp_path / "code.keras")
+    assert (loaded.copy_threshold, loaded.copy_blocks) == (0.75, 3)
+    np.testing.assert_array_equal(loaded.encode(pictures), code.encode(pictures))
+    with pytest.raises(ValueError, match="pictures must number more than"):
+        copies.calibrate(code, pictures[:40], queries=20)
+
+
+@pytest.fixture(scope="module")
+def instance_model(tmp_path_factory, pictures):
+    code = _code(seed=1)
+    code.model.copy_threshold, code.model.copy_blocks = 0.999, 4
+    path = tmp_path_factory.mktemp("instance") / "instance.keras"
+    code.save(path, include_optimizer=False)
+    return path
+
+
+@pytest.fixture
+def photos(tmp_path, pictures):
+    """40 pictures in two folders, pictures 3 and 7 copied exactly once."""
+    root = tmp_path / "photos"
+    write_image_folder(pictures[:40], np.arange(40) % 2, root, ["a", "b"])
+    for number in (3, 7):
+        source = next(root.glob(f"*/*{number:05d}.png"))
+        (root / "a" / f"copy_of_{number}.png").write_bytes(source.read_bytes())
+    return root
+
+
+def test_the_commands_refuse_an_instance_code_where_classes_are_needed(
+    instance_model,
+):
+    with pytest.raises(ValueError, match="is an instance code .*, which finds copies"):
+        load_subic(instance_model)
+    assert isinstance(load_encoder(instance_model), instance.InstanceSubic)
+
+
+def test_a_folder_is_indexed_searched_and_grouped_by_an_instance_code(
+    instance_model, photos, tmp_path, capsys
+):
+    index_path = tmp_path / "photos.subic"
+    argv = ["index", "build", str(instance_model), str(photos), "--output"]
+    assert main([*argv, str(index_path)]) == 0
+    index = ImageIndex.load(index_path)
+    assert len(index) == 42 and not index.has_looks
+    assert index.model["copy_blocks"] == 4 and index.model["query"] == "z_star"
+    capsys.readouterr()
+
+    query = next(photos.glob("*/*00007.png"))
+    argv = ["search", str(instance_model), str(index_path), str(query), "--json"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[0]["exact"] and rows[0]["copy"]
+    copy_row = next(row for row in rows if row["path"] == "a/copy_of_7.png")
+    assert copy_row["copy"]  # the same pixels: the same code, score 1
+    # A picture whose code is not the query's is not marked.
+    assert all(row["copy"] == (row["score"] >= rows[0]["score"] - 1e-4) for row in rows)
+
+    assert main(["duplicates", str(index_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    groups = [json.loads(line)["paths"] for line in out.splitlines()]
+    planted = [sorted(g) for g in groups if any("copy_of" in p for p in g)]
+    assert len(planted) == 2
+    assert all(len(group) >= 2 for group in groups)
+    assert "groups of copies" in err or "group of copies" in err
+    assert index.duplicates() == [g for g in groups]
+
+
+def test_duplicates_mistakes_are_one_line(photos, tmp_path, capsys):
+    def error(*argv):
+        with pytest.raises(SystemExit) as stop:
+            main(["duplicates", *argv])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    assert "index file not found" in error(str(tmp_path / "none.subic"))
+    class_index = ImageIndex(2, 4, photos)
+    class_index.save(tmp_path / "class.subic")
+    assert "--copy-blocks must be >= 1, received 0" in error(
+        str(tmp_path / "class.subic"), "--copy-blocks", "0"
+    )
+    assert "copy_blocks must be given" in error(str(tmp_path / "class.subic"))
+
+
+def test_an_instance_code_is_searched_from_the_library(instance_model, photos):
+    code = load_encoder(instance_model)
+    index, report = retrieval.index_folder(code, photos)
+    assert report.added == 42
+    files = sorted(photos.glob("b/*.png"))[:3]
+    pixels = np.stack([images.read_image(path, (16, 16, 3)) for path in files])
+    queries = code.query(pixels)
+    answers = copies.mark(
+        index.answer(queries, 3), queries, code.block_size, code.copy_threshold
+    )
+    assert all(rows[0]["copy"] for rows in answers)
+
+
+def test_a_server_of_an_instance_code_marks_copies_and_names_no_class(
+    instance_model, photos, tmp_path
+):
+    from subic_keras.server import SearchService
+
+    index_path = tmp_path / "photos.subic"
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                str(instance_model),
+                str(photos),
+                "--output",
+                str(index_path),
+            ]
+        )
+        == 0
+    )
+    service = SearchService(str(instance_model), str(index_path))
+    data = next(photos.glob("*/*00003.png")).read_bytes()
+    answer = service.search_image(data, k=5)
+    assert answer["predicted_class"] is None and answer["probability"] is None
+    first, second = answer["results"][:2]
+    assert first["exact"] and first["copy"] and second["copy"]
+    assert {first["path"], second["path"]} == {
+        str(next(photos.glob("*/*00003.png")).relative_to(photos)),
+        "a/copy_of_3.png",
+    }
+    assert service.stats()["num_classes"] is None
+
+
+def test_train_instance_fine_tunes_on_a_folder_and_chooses_its_rules(
+    instance_model, photos, tmp_path, capsys
+):
+    out = tmp_path / "mine.keras"
+    argv = ["train-instance", str(photos), "--from", str(instance_model)]
+    assert main([*argv, "--output", str(out), "--epochs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "trained on 42 pictures" in printed and str(out) in printed
+    tuned = load_encoder(out)
+    assert isinstance(tuned, instance.InstanceSubic)
+    before = load_encoder(instance_model)
+    assert not np.array_equal(
+        tuned.model.get_layer("fc0").get_weights()[0],
+        before.model.get_layer("fc0").get_weights()[0],
+    )
+    # The output is not replaced without --overwrite; a class model is no start.
+    with pytest.raises(SystemExit):
+        main([*argv, "--output", str(out)])
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_shipped_code_lists_the_planted_copies_of_a_folder(
+    shared_data_dir, tmp_path, capsys
+):
+    """200 CIFAR-10 test pictures and 20 planted copies (JPEG at 75 after a
+    doubling, a 2-pixel crop, or a brightness change): `subic duplicates
+    --copy-blocks 15` with the shipped code lists half of them, and nothing
+    else."""
+    from PIL import Image, ImageEnhance
+
+    (_, _), (x_test, y_test) = sk_datasets.load_cifar10(shared_data_dir)
+    root = tmp_path / "photos"
+    write_image_folder(x_test[:200], y_test[:200], root)
+    originals = sorted(str(p.relative_to(root)) for p in root.glob("*/*.png"))
+    planted = set()
+    for number in range(20):
+        source = next(root.glob(f"*/*{number:05d}.png"))
+        picture = Image.open(source).convert("RGB")
+        if number % 3 == 0:
+            picture = picture.resize((64, 64), Image.BICUBIC)
+        elif number % 3 == 1:
+            picture = picture.crop((2, 2, 30, 30))
+        else:
+            picture = ImageEnhance.Brightness(picture).enhance(1.2)
+        name = f"copies/copy_{number:02d}.jpg"
+        (root / "copies").mkdir(exist_ok=True)
+        picture.save(root / name, quality=75)
+        planted.add(frozenset({str(source.relative_to(root)), name}))
+    assert len(originals) == 200
+    index_path = tmp_path / "photos.subic"
+    argv = ["index", "build", "instance", str(root), "--output", str(index_path)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    argv = ["duplicates", str(index_path), "--json", "--copy-blocks", "15"]
+    assert main(argv) == 0
+    groups = [
+        json.loads(line)["paths"] for line in capsys.readouterr().out.splitlines()
+    ]
+    pairs = {
+        frozenset({a, b}) for group in groups for a in group for b in group if a < b
+    }
+    found = pairs & planted
+    precision, recall = len(found) / max(1, len(pairs)), len(found) / len(planted)
+    # Measured: precision 1.0, recall 0.55 (11 of the 20); at 13 blocks 0.86
+    # and 0.90. The shipped code chose no rule of its own: none was 99 %
+    # precise on copies of 20,000 training pictures (docs/instance.md).
+    assert precision >= 0.95 and recall >= 0.5, (precision, recall, groups)
