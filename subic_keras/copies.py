@@ -260,6 +260,9 @@ def duplicate_groups(
         shape=(len(codes), len(codes)),
     )
     _, labels = connected_components(graph, directed=False)
+    # Items by component (one sort, not a pass over all items per group).
+    order = np.argsort(labels, kind="stable")
     sizes = np.bincount(labels)
-    groups = [np.sort(ids[labels == label]) for label in np.flatnonzero(sizes > 1)]
+    parts = np.split(ids[order], np.cumsum(sizes)[:-1])
+    groups = [np.sort(part) for part in parts if len(part) > 1]
     return sorted(groups, key=lambda group: (-len(group), group[0]))
