@@ -296,6 +296,10 @@ def test_the_shipped_code_lists_the_planted_copies_of_a_folder(
     argv = ["index", "build", "instance", str(root), "--output", str(index_path)]
     assert main(argv) == 0
     capsys.readouterr()
+    # The shipped code chose no rule: the count is asked for, saying why.
+    with pytest.raises(SystemExit):
+        main(["duplicates", str(index_path)])
+    assert "chose no number of equal blocks" in capsys.readouterr().err
     argv = ["duplicates", str(index_path), "--json", "--copy-blocks", "15"]
     assert main(argv) == 0
     groups = [
