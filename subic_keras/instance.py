@@ -48,15 +48,12 @@ from subic_keras._validation import (
     check_pictures,
 )
 from subic_keras.building import attach_backbone
-from subic_keras.callbacks import PredictionProgress
 from subic_keras.layers import BlockSoftmax
 from subic_keras.losses import InstanceContrastiveLoss
-from subic_keras.models import check_model_inputs
+from subic_keras.models import BLOCK_PROBS, FC0, check_model_inputs, predict
 from subic_keras.pixels import ImageModel
 from subic_keras.pretrained import path as pretrained_path
 
-FC0 = "fc0"
-BLOCK_PROBS = "block_probs"
 SCHEDULES = ("cosine", "constant")
 # The name of an instance code's Keras model.
 NAME = "instance_subic"
@@ -161,15 +158,8 @@ class InstanceSubic:
         pictures = check_model_inputs(self.model, pictures)
         if not len(pictures):
             return np.zeros((0, self.num_blocks * self.block_size), np.float32)
-        callbacks = []
-        if self.show_progress:
-            callbacks.append(PredictionProgress("queries", len(pictures)))
-        return np.asarray(
-            self.model.predict(
-                pictures, batch_size=batch_size, verbose=0, callbacks=callbacks
-            ),
-            np.float32,
-        )
+        probs = predict(self.model, pictures, batch_size, "queries", self.show_progress)
+        return np.asarray(probs, np.float32)
 
     def encode(self, pictures, batch_size: int = 512) -> np.ndarray:
         """The codes of `pictures`: each block's first largest, int32 `(n, M)`."""

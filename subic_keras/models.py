@@ -92,6 +92,15 @@ def check_model_inputs(model: keras.Model, images) -> np.ndarray:
     return inputs
 
 
+def predict(model, inputs, batch_size: int, description: str, progress: bool):
+    """`model.predict(inputs)`, with a progress bar named `description` on a
+    terminal's standard error when `progress` (and `inputs` is an array)."""
+    callbacks = []
+    if progress and isinstance(inputs, np.ndarray):
+        callbacks.append(PredictionProgress(description, len(inputs)))
+    return model.predict(inputs, batch_size=batch_size, verbose=0, callbacks=callbacks)
+
+
 class Subic(Scorer):
     """A SuBiC network: its train model and its weight-sharing test views.
 
@@ -359,13 +368,7 @@ class Subic(Scorer):
         return images.prefetch(tf.data.AUTOTUNE)
 
     def _predict(self, model, inputs, batch_size: int, description: str):
-        callbacks = []
-        total = len(inputs) if isinstance(inputs, np.ndarray) else None
-        if self.show_progress and total is not None:
-            callbacks.append(PredictionProgress(description, total))
-        return model.predict(
-            inputs, batch_size=batch_size, verbose=0, callbacks=callbacks
-        )
+        return predict(model, inputs, batch_size, description, self.show_progress)
 
     def encode(self, images, batch_size: int = 256) -> np.ndarray:
         """Integer codes `(n, M)` int32 of `images`: uint8 or float arrays, or

@@ -365,13 +365,11 @@ class SearchService:
         except TimeoutError as error:
             raise ApiError(503, str(error)) from None
         queries, probabilities = self.encode(pixels[None])
+        index = self._state.index
+        # The query's look (38 views) only for an index that orders ties by it.
+        looks = query_look(pixels[None]) if index.has_looks else None
         answer = self._search(
-            self._state.index,
-            queries,
-            k,
-            condition,
-            image_files.fingerprint(pixels),
-            query_look(pixels[None]),
+            index, queries, k, condition, image_files.fingerprint(pixels), looks
         )
         best = probability = name = None  # an instance code has no classes
         if probabilities is not None:

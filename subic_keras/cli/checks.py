@@ -140,7 +140,7 @@ def _index_build(args) -> None:
         )
     if args.shards is not None:
         check_int("--shards", args.shards, minimum=1)
-    _model(args)
+    _model(args.model)
     if args.folder is not None:
         refuse_given(
             args,
@@ -152,12 +152,12 @@ def _index_build(args) -> None:
     _data_dir(args)
 
 
-def _model(args) -> None:
-    """`args.model` is a `.keras` file, or names the shipped instance code."""
-    if args.model == INSTANCE:
+def _model(path: str) -> None:
+    """`path` is a `.keras` file, or names the shipped instance code."""
+    if path == INSTANCE:
         check_file(pretrained_path(), "shipped instance model")
     else:
-        check_keras_file(args.model, members=False)
+        check_keras_file(path, members=False)
 
 
 def _ours_to_replace(path: str, manifest: bool) -> None:
@@ -186,7 +186,7 @@ def _ours_to_replace(path: str, manifest: bool) -> None:
 def _index_add(args) -> None:
     check_int("--batch-size", args.batch_size, minimum=1)
     check_file(args.index, "index file")
-    _model(args)
+    _model(args.model)
     if args.folder is not None:
         check_folder(args.folder)
 
@@ -221,7 +221,7 @@ def _search(args) -> None:
     if args.where is not None:
         filters.parse(args.where)  # its syntax; its fields are checked on the index
     check_int("-k", args.k, minimum=1)
-    _model(args)
+    _model(args.model)
     if not args.images:
         raise ValueError("give at least one query image after the index")
     _index(args.index, args.collection)
@@ -243,8 +243,7 @@ def _train_instance(args) -> None:
     check_folder(args.folder)
     check_int("--epochs", args.epochs, minimum=1)
     check_int("--batch-size", args.batch_size, minimum=2)
-    if args.start != INSTANCE:
-        check_keras_file(args.start, members=False)
+    _model(args.start)
     check_output_path(args.output)
     if os.path.lexists(args.output) and not args.overwrite:
         raise FileExistsError(
@@ -279,7 +278,7 @@ def _serve(args) -> None:
         )
     _megabytes("--max-upload-mb", args.max_upload_mb, 0.001)
     _megabytes("--max-decode-mb", args.max_decode_mb, 1)
-    _model(args)
+    _model(args.model)
     check_file(args.index, "index file")
     if args.folder is not None:
         check_folder(args.folder)
