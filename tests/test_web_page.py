@@ -15,7 +15,7 @@ from served import ServeProcess, save_model
 from subic_keras import retrieval
 from subic_keras.config import CLASS_NAMES
 from subic_keras.datasets import load_cifar10
-from subic_keras.export import load_subic
+from subic_keras.export import load_encoder, load_subic
 from subic_keras.images import write_image_folder
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
@@ -191,3 +191,43 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             ), requests
         finally:
             browser.close()
+
+
+def test_the_page_of_an_instance_code_names_copies_not_classes(
+    shared_data_dir, tmp_path
+):
+    sync_playwright = _browser()
+    (_, _), (images, labels) = load_cifar10(shared_data_dir, max_per_split=60)
+    paths = write_image_folder(images[:60], labels[:60], tmp_path / "photos")
+    # An exact copy of picture 5 under another name.
+    copy = tmp_path / "photos" / "copy.png"
+    copy.write_bytes((tmp_path / "photos" / paths[5]).read_bytes())
+    index, _ = retrieval.index_folder(load_encoder("instance"), tmp_path / "photos")
+    index.save(tmp_path / "photos.subic")
+    with ServeProcess("instance", str(tmp_path / "photos.subic")) as server:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=_BROWSER_ARGS
+            )
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                page.goto(f"http://127.0.0.1:{server.port}/")
+                page.wait_for_function(
+                    "document.getElementById('stats').textContent.includes("
+                    "'61 pictures')"
+                )
+                page.set_input_files("#file", str(tmp_path / "photos" / paths[5]))
+                page.wait_for_selector("#grid .card")
+                cards = page.locator("#grid .card")
+                badges = [cards.nth(i).locator(".badge").inner_text() for i in (0, 1)]
+                assert sorted(badges) == ["query", "query"]  # both identical
+                assert {cards.nth(i).get_attribute("data-path") for i in (0, 1)} == {
+                    paths[5],
+                    "copy.png",
+                }
+                info = page.inner_text("#query-info")
+                assert info == "2 copies of this picture found", info
+                assert "predicted" not in info
+                page.screenshot(path=str(tmp_path / "instance_page.png"))
+            finally:
+                browser.close()
