@@ -48,6 +48,10 @@ KNOWN = {
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),
     "encode_speed.json": ("Encoding speed", render_encode_speed),
     "export_parity.json": ("Export parity", render_export_parity),
+    "export_parity_instance.json": (
+        "Export parity of the shipped instance code",
+        render_export_parity,
+    ),
     "train_overhead.json": ("Training overhead", render_train_overhead),
     "train_recipe.json": ("`subic train` defaults", render_train_recipe),
     "serve_load.json": ("Serving under load", render_serve_load),

@@ -119,7 +119,8 @@ def header(title: str, name: str, data: dict) -> list[str]:
     if isinstance(machine, dict) and machine:
         cpus = machine.get("cpu_count", machine.get("cpus"))
         where = machine.get("platform", "")
-        lines.append(f"Measured on {cpus} CPU cores ({where}).")
+        cpu = f" of an {machine['cpu']}" if machine.get("cpu") else ""
+        lines.append(f"Measured on {cpus} CPU cores{cpu} ({where}).")
     if data.get("timestamp"):
         lines.append(f"Run at {data['timestamp']}.")
     return [*lines, ""]

@@ -172,8 +172,10 @@ def render_export_parity(data: dict) -> list[str]:
         [[name, *(r.get(c) for c in columns)] for name, r in results.items()],
     )
     if isinstance(data.get("retrieval_map"), dict):
+        measure = data.get("settings", {}).get("map", "")
+        name = "copies found first" if measure.startswith("recall") else "retrieval mAP"
         lines += table(
-            ["encoder", "retrieval mAP"], list(map(list, data["retrieval_map"].items()))
+            ["encoder", name], list(map(list, data["retrieval_map"].items()))
         )
     if isinstance(data.get("targets"), dict):
         lines += table(["target", "met"], list(map(list, data["targets"].items())))

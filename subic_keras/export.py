@@ -24,6 +24,12 @@
   flatbuffer with builtin operators only, in float32 or with full-integer
   (int8) quantisation.
 
+An instance code (`subic_keras.instance`, the command line's `instance`) is
+exported the same way, with the outputs it has: `codes` and `query`, its
+block probabilities `z*` (Eq. 10), in `serving_default`, `encode_images`
+and the LiteRT file; it has no classes, so no `class_query` and no
+`classify`.
+
 Exported models take plain `[0, 1]` images: the standardisation is a layer of
 the model. Every file is written to a temporary path beside its destination
 and moved into place only when complete, so a failed export never leaves a
@@ -124,8 +130,8 @@ def load_subic(model_or_path, *, instance: bool = False) -> Subic | InstanceSubi
         raise ValueError(
             f"model_or_path is an instance code{source}, which finds copies of "
             "a picture and has no classes: it indexes and searches folders "
-            "(`subic index build`, `search`, `serve`); this needs a class "
-            "model trained by `subic train`"
+            "(`subic index build`, `search`, `serve`) and is exported by "
+            "`subic export`; this needs a class model trained by `subic train`"
         )
     layers = {layer.name: layer for layer in model.layers}
     is_subic = (
@@ -174,7 +180,9 @@ def export_saved_model(
     module docstring). The codes are `c_m = argmax_k z_m[k]` (ties to the
     lowest index), the query is `z`, the ReLU output of FC0, and the class
     query is `W₁ s`, exactly as `Subic.encoder`, `Subic.query_encoder` and
-    `Subic.class_query_encoder` compute them.
+    `Subic.class_query_encoder` compute them. An instance code's signatures
+    answer `codes` and `query` (`z*`, `InstanceSubic.query`), and there is
+    no `classify`.
 
     Inputs are checked inside the graph, so on every serving host: a float
     batch of another rank, size or channel count fails with TensorFlow's
@@ -194,7 +202,8 @@ def export_saved_model(
     TensorShape([64, 8])
 
     Args:
-        model_or_path: a `Subic`, a SuBiC train model or a `.keras` path.
+        model_or_path: a `Subic`, a SuBiC train model, an instance code
+            (`InstanceSubic` or its model) or a `.keras` path.
         base_dir: the directory mounted as TF Serving's model base.
         model_name: the model's name, TF Serving's `MODEL_NAME`.
         version: the version number, a directory name; by default one more
@@ -214,7 +223,7 @@ def export_saved_model(
         ValueError: not a SuBiC model on images `(H, W, C)`, a bad
             `model_name`, `version` or `image_size`.
     """
-    subic = load_subic(model_or_path)
+    subic = load_subic(model_or_path, instance=True)
     height, width, channels = _image_shape(subic, image_size)
     model_name = _check_model_name(model_name)
     model_dir = os.path.join(os.fspath(base_dir), model_name)
@@ -270,7 +279,8 @@ def export_litert(
     (64, 8)
 
     Args:
-        model_or_path: a `Subic`, a SuBiC train model or a `.keras` path.
+        model_or_path: a `Subic`, a SuBiC train model, an instance code
+            (`InstanceSubic` or its model) or a `.keras` path.
         path: the destination file.
         quantization: `"float32"` or `"int8"`.
         representative_images: for `"int8"` only: calibration images shaped
@@ -291,7 +301,7 @@ def export_litert(
         raise ValueError(
             f"quantization must be one of {QUANTIZATIONS}, received {quantization!r}"
         )
-    subic = load_subic(model_or_path)
+    subic = load_subic(model_or_path, instance=True)
     model = _encoder_model(subic, int8=quantization == "int8")
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     if quantization == "float32":
@@ -400,35 +410,45 @@ class _ArgmaxOperator(BlockArgmax):
         return tf.argmax(blocks, axis=-1, output_type=tf.int32)
 
 
-def _encoder_model(subic: Subic, int8: bool = False) -> keras.Model:
+def _encoder_model(subic: Subic | InstanceSubic, int8: bool = False) -> keras.Model:
     """`images → {"codes": int32 (batch, M), "query", "class_query"}`.
 
-    Both queries are float32 `(batch, M·K)`: `z` and `W₁ s`.
+    Both queries are float32 `(batch, M·K)`: `z` and `W₁ s`. An instance
+    code's are `codes` and `query`, its block probabilities `z*`.
     """
-    images = subic.train_model.inputs[0]
-    z = subic.train_model.get_layer(FC0).output
+    model = subic.train_model
+    images = model.inputs[0]
+    z = model.get_layer(FC0).output
     argmax = _ArgmaxOperator if int8 else BlockArgmax
-    codes = argmax(subic.num_blocks, subic.block_size, name="codes")(z)
-    # float32 even when the model computes in float16.
-    query = keras.layers.Activation("linear", dtype="float32", name="query")(z)
-    class_query = keras.layers.Activation(
-        "linear", dtype="float32", name="class_query"
-    )(subic.class_query_encoder.outputs[0])
-    return keras.Model(
-        images,
-        {"codes": codes, "query": query, "class_query": class_query},
-        name="encoder",
-    )
+    outputs = {}
+    if not isinstance(subic, Subic):  # an instance code
+        probs = model.get_layer(BLOCK_PROBS).output
+        # As `InstanceSubic.encode`: the first largest probability. At int8
+        # the probabilities are steps of 1/256 and tie often, so the codes
+        # come from the logits, whose order they keep.
+        outputs["codes"] = argmax(subic.num_blocks, subic.block_size, name="codes")(
+            z if int8 else probs
+        )
+        outputs["query"] = keras.layers.Activation(
+            "linear", dtype="float32", name="query"
+        )(probs)
+    else:
+        outputs["codes"] = argmax(subic.num_blocks, subic.block_size, name="codes")(z)
+        # float32 even when the model computes in float16.
+        outputs["query"] = keras.layers.Activation(
+            "linear", dtype="float32", name="query"
+        )(z)
+        outputs["class_query"] = keras.layers.Activation(
+            "linear", dtype="float32", name="class_query"
+        )(subic.class_query_encoder.outputs[0])
+    return keras.Model(images, outputs, name="encoder")
 
 
-def _serving_module(subic: Subic, height: int, width: int, channels: int):
+def _serving_module(
+    subic: Subic | InstanceSubic, height: int, width: int, channels: int
+):
     """A `tf.Module` holding the model's variables, and its signatures."""
     encoder = _encoder_model(subic)
-    classifier = keras.Model(
-        subic.train_model.inputs[0],
-        {"probabilities": subic.classifier.outputs[0]},
-        name="binary_classifier",
-    )
     images_spec = tf.TensorSpec((None, height, width, channels), tf.float32, IMAGES)
     bytes_spec = tf.TensorSpec((None,), tf.string, IMAGE_BYTES)
 
@@ -440,9 +460,8 @@ def _serving_module(subic: Subic, height: int, width: int, channels: int):
     def encode(images):
         outputs = encoder(check(images), training=False)
         return {
-            "codes": tf.cast(outputs["codes"], tf.int32),
-            "query": tf.cast(outputs["query"], tf.float32),
-            "class_query": tf.cast(outputs["class_query"], tf.float32),
+            name: tf.cast(value, tf.int32 if name == "codes" else tf.float32)
+            for name, value in outputs.items()
         }
 
     def decode(data):
@@ -470,17 +489,25 @@ def _serving_module(subic: Subic, height: int, width: int, channels: int):
         )
         return encode(images)
 
-    @tf.function(input_signature=[images_spec], autograph=False)
-    def classify(images):
-        outputs = classifier(check(images), training=False)
-        return {"probabilities": tf.cast(outputs["probabilities"], tf.float32)}
-
     signatures = {
         "serving_default": serving_default.get_concrete_function(),
         "encode_images": encode_images.get_concrete_function(),
-        "classify": classify.get_concrete_function(),
     }
     module = tf.Module(name="subic_serving")
+    if isinstance(subic, Subic):  # an instance code has no classes
+        classifier = keras.Model(
+            subic.train_model.inputs[0],
+            {"probabilities": subic.classifier.outputs[0]},
+            name="binary_classifier",
+        )
+
+        @tf.function(input_signature=[images_spec], autograph=False)
+        def classify(images):
+            outputs = classifier(check(images), training=False)
+            return {"probabilities": tf.cast(outputs["probabilities"], tf.float32)}
+
+        signatures["classify"] = classify.get_concrete_function()
+        module.classify = classify
     # Track the TensorFlow variables the signatures read, not the Keras
     # models or their variable wrappers: TF Serving's loader (TF1-style, as
     # `saved_model_cli run`) restores exactly the captured variables, and
@@ -493,11 +520,10 @@ def _serving_module(subic: Subic, height: int, width: int, channels: int):
     module.model_variables = list(captured.values())
     module.serving_default = serving_default
     module.encode_images = encode_images
-    module.classify = classify
     return module, signatures
 
 
-def _image_shape(subic: Subic, image_size) -> tuple[int, int, int]:
+def _image_shape(subic: Subic | InstanceSubic, image_size) -> tuple[int, int, int]:
     """`(H, W, C)` of the model's images, with `image_size` filling `H, W`."""
     shape = tuple(subic.train_model.inputs[0].shape[1:])
     if len(shape) != 3 or shape[2] is None:

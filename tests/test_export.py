@@ -27,6 +27,7 @@ from subic_keras.export import (
     load_subic,
     run_litert,
 )
+from subic_keras.instance import build_instance_subic
 from subic_keras.training import standardization
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
@@ -612,6 +613,51 @@ def test_int8_codes_survive_large_z(tmp_path):
     assert out["query"].max() > 300
     np.testing.assert_array_equal(out["codes"], reference_codes(out["query"], 2))
     assert (out["codes"] == subic.encode(images / 255.0)).mean() > 0.8
+
+
+def test_an_instance_code_exports_its_codes_and_block_probabilities(tmp_path, capsys):
+    """An instance code has no classes: `codes` and `query` (`z*`) in both
+    SavedModel signatures and both LiteRT files, no `classify`, from the
+    library and from `subic export`."""
+    keras.utils.set_random_seed(6)
+    backbone = keras.Sequential(
+        [keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten()]
+    )
+    code = build_instance_subic(backbone, 2, 8)
+    path = tmp_path / "code.keras"
+    code.save(path, include_optimizer=False)
+    images = np.random.default_rng(7).integers(0, 256, (40, 8, 8, 3), np.uint8)
+    probs, codes = code.query(images), code.encode(images)
+
+    served = tf.saved_model.load(export_saved_model(str(path), str(tmp_path)))
+    assert sorted(served.signatures) == ["encode_images", "serving_default"]
+    out = served.signatures["serving_default"](
+        images=tf.constant(images / 255.0, tf.float32)
+    )
+    assert sorted(out) == ["codes", "query"]
+    np.testing.assert_array_equal(out["codes"].numpy(), codes)
+    np.testing.assert_allclose(out["query"].numpy(), probs, atol=1e-6)
+    encoded = [tf.io.encode_png(image).numpy() for image in images[:3]]
+    out = served.signatures["encode_images"](image_bytes=tf.constant(encoded))
+    np.testing.assert_array_equal(out["codes"].numpy(), codes[:3])
+
+    floats = run_litert(export_litert(code, str(tmp_path / "c.tflite")), images)
+    assert sorted(floats) == ["codes", "query"]
+    np.testing.assert_array_equal(floats["codes"], codes)
+    np.testing.assert_allclose(floats["query"], probs, atol=1e-5)
+    int8_path = export_litert(code, str(tmp_path / "c8.tflite"), "int8", images)
+    ints = run_litert(int8_path, images)
+    assert sorted(ints) == ["codes", "query"]
+    assert (ints["codes"] == codes).mean() > 0.8
+    np.testing.assert_allclose(ints["query"].reshape(-1, 2, 8).sum(-1), 1, atol=0.05)
+
+    out_dir = tmp_path / "serving"
+    argv = ["export", str(path), "--output-dir", str(out_dir), "--litert"]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"SavedModel for TF Serving: {out_dir / 'subic' / '1'}" in printed
+    cli_codes = run_litert(str(out_dir / "subic.tflite"), images)["codes"]
+    np.testing.assert_array_equal(cli_codes, codes)
 
 
 # CLI -----------------------------------------------------------------------

@@ -322,7 +322,7 @@ def _export(args) -> None:
             "--int8 needs --representative-data (calibration images), received none"
         )
     check_int("--num-representative", args.num_representative, minimum=1)
-    check_keras_file(args.model, members=False)
+    _model(args.model)
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise NotADirectoryError(20, "--output-dir is not a directory", args.output_dir)
     if args.version is not None:

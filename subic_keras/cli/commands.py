@@ -34,7 +34,7 @@ from subic_keras.datasets import load_images
 from subic_keras.export import (
     export_litert,
     export_saved_model,
-    load_subic,
+    load_encoder,
 )
 from subic_keras.paths import check_folder
 from subic_keras.recipe import LearnedLittleWarning
@@ -473,7 +473,7 @@ def run_export(args) -> int:
     # An existing version was refused before anything was written (`checks`),
     # so that no export is left half done. A new version (no --version)
     # replaces the LiteRT files: they always hold the latest encoders.
-    subic = load_subic(args.model)
+    subic = load_encoder(args.model)
     path = export_saved_model(
         subic,
         args.output_dir,

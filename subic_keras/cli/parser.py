@@ -125,12 +125,13 @@ def _add_export_parser(commands, common) -> None:
         parents=[common],
         help="export a trained model for TF Serving (SavedModel) and LiteRT",
         description="Writes OUTPUT_DIR/MODEL_NAME/VERSION/ (a SavedModel with the "
-        "signatures serving_default, encode_images and classify) and, with "
+        "signatures serving_default, encode_images and classify; an instance "
+        "code has no classify) and, with "
         "--litert / --int8, OUTPUT_DIR/MODEL_NAME.tflite / MODEL_NAME_int8.tflite. "
         "Exporting again writes the next version and replaces the LiteRT files "
         "with its encoders; an existing version is replaced only with --overwrite.",
     )
-    export.add_argument("model", help="the trained model, a .keras file")
+    export.add_argument("model", help=MODEL_HELP)
     export.add_argument(
         "--output-dir", required=True, help="TF Serving's base directory (required)"
     )
