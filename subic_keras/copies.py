@@ -206,6 +206,30 @@ def _best_rate(values: np.ndarray, correct: np.ndarray) -> float:
     return float(rates[last].max()) if len(values) else 1.0
 
 
+def recorded_copy_blocks(record: dict | None, copy_blocks: int | None) -> int:
+    """`copy_blocks`, or else the count an index's model record holds.
+
+    Raises:
+        ValueError: with neither, saying why: the instance code chose no
+            count precise enough, or the index is of a class code.
+    """
+    if copy_blocks is None:
+        copy_blocks = (record or {}).get("copy_blocks")
+    if copy_blocks is None and (record or {}).get("query") == "z_star":
+        raise ValueError(
+            "copy_blocks must be given: the instance code that wrote this "
+            "index chose no number of equal blocks precise enough on "
+            "validation (15 of 16 lists mild copies with few false pairs)"
+        )
+    if copy_blocks is None:
+        raise ValueError(
+            "copy_blocks must be given for an index whose model chose none "
+            "(an index of a class code ranks by class; build one with an "
+            "instance code, e.g. `subic index build instance FOLDER`)"
+        )
+    return copy_blocks
+
+
 def duplicate_groups(
     codes: np.ndarray, ids: np.ndarray, block_size: int, copy_blocks: int, k: int = 64
 ) -> list[np.ndarray]:

@@ -149,7 +149,7 @@ def test_the_commands_refuse_an_instance_code_where_classes_are_needed(
 
 
 def test_a_folder_is_indexed_searched_and_grouped_by_an_instance_code(
-    instance_model, photos, tmp_path, capsys
+    instance_model, photos, tmp_path, capsys, monkeypatch
 ):
     index_path = tmp_path / "photos.subic"
     argv = ["index", "build", str(instance_model), str(photos), "--output"]
@@ -161,6 +161,11 @@ def test_a_folder_is_indexed_searched_and_grouped_by_an_instance_code(
 
     query = next(photos.glob("*/*00007.png"))
     argv = ["search", str(instance_model), str(index_path), str(query), "--json"]
+
+    def no_look(pictures):  # the index keeps none: nothing to compare it to
+        raise AssertionError("a query's look was computed")
+
+    monkeypatch.setattr("subic_keras.cli.search_commands.query_look", no_look)
     assert main(argv) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[0]["exact"] and rows[0]["copy"]
@@ -195,6 +200,12 @@ def test_duplicates_mistakes_are_one_line(photos, tmp_path, capsys):
         str(tmp_path / "class.subic"), "--copy-blocks", "0"
     )
     assert "copy_blocks must be given" in error(str(tmp_path / "class.subic"))
+    # A manifest is refused as what it is, before Ray starts.
+    manifest = tmp_path / "photos.shards.json"
+    manifest.write_text("{}")
+    assert "received a manifest of shards" in error(str(manifest))
+    with pytest.raises(ValueError, match="reads a .subic file, not"):
+        ImageIndex.load(manifest)
 
 
 def test_an_instance_code_is_searched_from_the_library(instance_model, photos):

@@ -252,6 +252,15 @@ def _train_instance(args) -> None:
 
 
 def _duplicates(args) -> None:
+    if is_manifest(args.index) or is_database(args.index):
+        kind = (
+            "a manifest of shards" if is_manifest(args.index) else "a Milvus database"
+        )
+        raise ValueError(
+            f"subic duplicates reads one .subic index of a folder, received "
+            f"{kind} ({args.index}); give one of its .subic files, or an index "
+            "built with `subic index build MODEL DIR --output FILE.subic`"
+        )
     check_file(args.index, "index file")
     if args.copy_blocks is not None:
         check_int("--copy-blocks", args.copy_blocks, minimum=1)

@@ -100,11 +100,12 @@ def _read_image(path: str, shape) -> np.ndarray:
 
 
 def _read_query_images(
-    paths: list[str], shape
-) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    paths: list[str], shape, with_looks: bool
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None]:
     """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image
     files, and the fingerprints and looks of their pixels (0 and a look of
-    zeros, which orders nothing, for float arrays)."""
+    zeros, which orders nothing, for float arrays; no looks without
+    `with_looks`: an index that keeps none has nothing to compare them to)."""
     shape = tuple(shape)
     names, batches = [], []
     for path in paths:
@@ -124,14 +125,16 @@ def _read_query_images(
         ],
         dtype=np.uint64,
     )
-    looks = np.concatenate(
-        [
-            query_look(batch)
-            if batch.dtype == np.uint8
-            else np.zeros((len(batch), VIEWS, LOOK_SIZE), np.int8)
-            for batch in batches
-        ]
-    )
+    looks = None
+    if with_looks:
+        looks = np.concatenate(
+            [
+                query_look(batch)
+                if batch.dtype == np.uint8
+                else np.zeros((len(batch), VIEWS, LOOK_SIZE), np.int8)
+                for batch in batches
+            ]
+        )
     if len({batch.dtype for batch in batches}) > 1:
         batches = [retrieval.as_model_inputs(batch) for batch in batches]
     return names, np.concatenate(batches), fingerprints, looks
@@ -144,7 +147,7 @@ def run_search(args) -> int:
     index, where = open_index(args, args.index)
     retrieval.check_model_fits(index, subic, where, args.model)
     names, images, fingerprints, looks = _read_query_images(
-        paths, retrieval.input_shape(subic)
+        paths, retrieval.input_shape(subic), getattr(index, "has_looks", False)
     )
     queries = subic.query(images, kind=args.query)
     # At most len(index) columns come back, whatever -k says; a Milvus

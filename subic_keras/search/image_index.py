@@ -4,10 +4,9 @@ An `ImageIndex` is a `Searcher` made of two parts kept in step: a
 `SubicIndex` holding each picture's code, id and look (`looks`), and an
 `ItemTable` (`items`) holding the rest: its path relative to the folder,
 its class (the top folder), a fingerprint of its decoded pixels, when it
-was added, and the user's attributes. One `.subic` file
-(format version 4, or 3 without looks: `file_format`) holds them all, so
-the paths can never drift from the codes;
-`subic_keras.search.open` reads it.
+was added, and the user's attributes. One `.subic` file (format version
+4, or 3 without looks: `file_format`) holds them all, so the paths can
+never drift from the codes; `subic_keras.search.open` reads it.
 
 Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3), refined
 by what the pictures look like where the query's look is given (`looks`:
@@ -15,8 +14,8 @@ near copies of the query first, then equal scores by look; an index keeps
 its pictures' looks unless made with `looks=False`; files written before
 looks existed search as before), with one rule added for pictures: an
 exact copy of the query (the same pixels at the model's input size, by
-fingerprint) is listed first. With the paper's `z*`
-query it already has the highest possible score, `sum_m max z*_m`, but it
+fingerprint) is listed first. With the paper's `z*` query it already has
+the highest possible score, `sum_m max z*_m`, but it
 can tie with other pictures that share its code, and the class-posterior
 query scores pictures by class rather than by look; either way, a person who
 searches with a picture of the folder expects to see that picture first.
@@ -346,23 +345,9 @@ class ImageIndex(Searcher):
             ValueError: with no `copy_blocks` given or recorded (an index of
                 a class code: classes, not copies).
         """
-        from subic_keras.copies import duplicate_groups
+        from subic_keras.copies import duplicate_groups, recorded_copy_blocks
 
-        record = self.model or {}
-        if copy_blocks is None:
-            copy_blocks = record.get("copy_blocks")
-        if copy_blocks is None and record.get("query") == "z_star":
-            raise ValueError(
-                "copy_blocks must be given: the instance code that wrote this "
-                "index chose no number of equal blocks precise enough on "
-                "validation (15 of 16 lists mild copies with few false pairs)"
-            )
-        if copy_blocks is None:
-            raise ValueError(
-                "copy_blocks must be given for an index whose model chose none "
-                "(an index of a class code ranks by class; build one with an "
-                "instance code, e.g. `subic index build instance FOLDER`)"
-            )
+        copy_blocks = recorded_copy_blocks(self.model, copy_blocks)
         with self._lock.read():
             ids = self._items.ids.copy()
             codes = self._codes.get_codes(ids)
@@ -504,13 +489,15 @@ class ImageIndex(Searcher):
         """Reads an index written by `save` (`scanner` as `SubicIndex`'s).
 
         Raises:
-            ValueError: naming the path, for a file that is not a SuBiC
-                index, or an index of codes without paths (one built from a
-                dataset split rather than a folder).
+            ValueError: naming the path, for a manifest, a database, a file
+                that is not a SuBiC index, or codes without paths (an index
+                of a dataset split rather than of a folder).
         """
-        from subic_keras.search.uri import open as open_index
+        from subic_keras.search import uri
 
-        index = open_index(path, scanner=scanner)
+        if uri.is_manifest(path) or uri.is_database(path):
+            raise ValueError(f"ImageIndex.load reads a .subic file, not {path!r}")
+        index = uri.open(path, scanner=scanner)
         if not isinstance(index, ImageIndex):
             raise ValueError(
                 f"{os.fspath(path)!r} holds codes without image paths (an index "
