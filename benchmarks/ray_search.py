@@ -34,7 +34,8 @@ import numpy as np
 from benchmarks import common
 from benchmarks.filter_speed import trained_like_codes
 from subic_keras.search import SubicIndex
-from subic_keras.search.ray_index import RayIndex, save_shards
+from subic_keras.search.manifests import save_shards
+from subic_keras.search.ray_index import RayIndex
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "ray_search.json")
 K = 100

@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from subic_keras._validation import load_json
 from subic_keras.search import filters
+from subic_keras.search.ray_index import ShardUnavailableError
 from subic_keras.server import (
     LOG,
     ApiError,
@@ -63,6 +64,12 @@ def create_app(service: SearchService) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError):
         return JSONResponse({"error": error.message}, status_code=error.status)
+
+    @app.exception_handler(ShardUnavailableError)
+    async def _shard(request: Request, error: ShardUnavailableError):
+        # A shard of a manifest that could not restart: the index is
+        # degraded (GET /health) until it is opened again (POST /reload).
+        return JSONResponse({"error": str(error)}, status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError):

@@ -33,6 +33,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 
 import numpy as np
 
@@ -43,13 +44,14 @@ from subic_keras.paths import find_files, read_bytes
 from subic_keras.retrieval import FolderReport, input_shape, keeps_looks, model_record
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
-from subic_keras.search.ray_index import (
+from subic_keras.search.manifests import (
     MANIFEST_SUFFIX,
     MAX_SHARDS,
-    ray_module,
+    new_build,
     shard_paths,
     write_manifest,
 )
+from subic_keras.search.ray_index import ray_module
 
 PROGRESS_FORMAT = "subic.shards.progress"
 _MAX_PROGRESS_BYTES = 64 << 20
@@ -107,28 +109,31 @@ def _progress_path(manifest: str) -> str:
     return manifest[: -len(MANIFEST_SUFFIX)] + ".progress.json"
 
 
-def _read_progress(path: str, model: str, root: str) -> dict:
-    """The shards a build finished with this model and folder (`{}` when
-    there is no progress file, or one of another build)."""
+def _read_progress(path: str, model: str, root: str) -> tuple[str | None, dict]:
+    """The build token and the shards a build finished with this model and
+    folder (`(None, {})` when there is no progress file, or one of another
+    build)."""
     try:
         progress = load_json(read_bytes(path, _MAX_PROGRESS_BYTES, "progress file"))
     except (OSError, ValueError):
-        return {}  # (a FIFO is refused at once: `read_bytes`)
+        return None, {}  # (a FIFO is refused at once: `read_bytes`)
     if (
         not isinstance(progress, dict)
         or progress.get("format") != PROGRESS_FORMAT
         or progress.get("model") != model
         or progress.get("root") != root
+        or not isinstance(progress.get("build"), str)
+        or not re.fullmatch(r"[0-9a-f]{8}", progress["build"])
         or not isinstance(progress.get("shards"), dict)
     ):
-        return {}
-    return progress["shards"]
+        return None, {}
+    return progress["build"], progress["shards"]
 
 
-def _write_progress(path: str, model: str, root: str, shards: dict) -> None:
+def _write_progress(path: str, model: str, root: str, build: str, shards: dict) -> None:
     progress = {"format": PROGRESS_FORMAT, "model": model, "root": root}
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        json.dump({**progress, "shards": shards}, handle)
+        json.dump({**progress, "build": build, "shards": shards}, handle)
 
 
 def index_folder_on_ray(
@@ -154,8 +159,9 @@ def index_folder_on_ray(
             read it (and the folder) at the same path.
         root: the folder of pictures.
         manifest: the shard manifest to write (`*.shards.json`); shard `s`
-            is `<stem>-<s>.subic` beside it, or `<stem>-<s>.b.subic` over a
-            manifest that lists the former (`search.ray_index.shard_paths`).
+            is `<stem>-<build>-<s>.subic` beside it, the files of this build
+            (`search.manifests`: a reader of the manifest keeps working
+            across one rebuild).
         num_shards: shards, >= 1 (a contiguous run of the files each).
         address: the Ray cluster to join when Ray is not initialized yet
             (`None`: `RAY_ADDRESS`, or a local one).
@@ -207,10 +213,12 @@ def index_folder_on_ray(
             f"encoders must be at most the Ray cluster's CPUs ({cpus}), received "
             f"{encoders}"
         )
-    finished = _read_progress(progress_file, record["digest"], root)
+    build, finished = _read_progress(progress_file, record["digest"], root)
+    # A build resumed by its progress file goes on writing its own files.
+    build = build or new_build(manifest)
     report = FolderReport(skipped=list(skipped))
     bounds = np.linspace(0, len(paths), num_shards + 1).astype(np.int64)
-    files = shard_paths(manifest, num_shards)
+    files = shard_paths(manifest, num_shards, build)
     runs = {}  # the shards to encode now: their files' runs
     for number, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         done = finished.get(str(number))
@@ -235,7 +243,7 @@ def index_folder_on_ray(
             "added": len(index),
             "skipped": [dataclasses.asdict(entry) for entry in passed],
         }
-        _write_progress(progress_file, record["digest"], root, finished)
+        _write_progress(progress_file, record["digest"], root, build, finished)
 
     for number in [n for n, run in runs.items() if not run]:
         write(number, None)
@@ -269,7 +277,9 @@ def index_folder_on_ray(
                         number,
                         {k: np.concatenate([p[k] for p in pieces]) for k in batch},
                     )
-    write_manifest(manifest, subic.num_blocks, subic.block_size, files)
+    write_manifest(
+        manifest, subic.num_blocks, subic.block_size, files, build, record["digest"]
+    )
     if os.path.exists(progress_file):
         os.remove(progress_file)
     # Shards finish in any order: the files passed over are listed in the

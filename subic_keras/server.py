@@ -72,7 +72,8 @@ from subic_keras.search import filters
 from subic_keras.search.base import answer_rows
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import query_look
-from subic_keras.search.ray_index import RayIndex, is_manifest
+from subic_keras.search.manifests import is_manifest
+from subic_keras.search.ray_index import RayIndex, ShardUnavailableError
 
 LOG = logging.getLogger(__name__)
 
@@ -297,7 +298,9 @@ class SearchService:
 
     def health(self) -> dict:
         """`{"status", "items", "reload"}`: "degraded" while the last reload
-        failed or one has run longer than `reload_seconds`."""
+        failed or one has run longer than `reload_seconds`, or while a shard
+        of a manifest cannot answer (`"shards"`: each one's reason; `items`
+        None when they cannot be counted)."""
         reload: dict = {"state": "idle"}
         running = self._reload
         if running is not None and not running.done():
@@ -308,7 +311,17 @@ class SearchService:
         elif self._reload_error is not None:
             reload = {"state": "failed", "error": self._reload_error}
         status = "ok" if reload["state"] in ("idle", "running") else "degraded"
-        return {"status": status, "items": len(self.index), "reload": reload}
+        index = self.index
+        items: int | None = None
+        try:
+            items = len(index)
+        except ShardUnavailableError:
+            pass  # named under "shards" below
+        answer = {"status": status, "items": items, "reload": reload}
+        unavailable = getattr(index, "unavailable", {})
+        if unavailable:
+            answer.update(status="degraded", shards=unavailable)
+        return answer
 
     # Searching --------------------------------------------------------------
 

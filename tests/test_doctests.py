@@ -40,6 +40,7 @@ MODULES = (
     "subic_keras.search.uri",
     "subic_keras.search.image_index",
     "subic_keras.search.sharding",
+    "subic_keras.search.manifests",
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
     "subic_keras.search.milvus",

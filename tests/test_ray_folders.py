@@ -21,7 +21,8 @@ from subic_keras.ray_folders import _read_progress, index_folder_on_ray
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as open_index
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.ray_index import RayIndex, save_shards, write_manifest
+from subic_keras.search.manifests import save_shards, write_manifest
+from subic_keras.search.ray_index import RayIndex
 from subic_keras.server import SearchService
 
 pytest.importorskip("ray", reason="the [ray] extra")
@@ -93,8 +94,9 @@ def _codes_by_path(files):
 def test_shards_hold_the_single_process_codes(built):
     single, manifest = built["single"], built["manifest"]
     files = _shard_files(manifest)
+    build = json.loads(manifest.read_text())["build"]
     assert [os.path.basename(f) for f in files] == [
-        f"photos-{s}.subic" for s in range(3)
+        f"photos-{build}-{s}.subic" for s in range(3)
     ]
     want = dict(zip(single.get_paths(), single.get_codes().tolist()))
     assert _codes_by_path(files) == want
@@ -129,11 +131,15 @@ def test_an_interrupted_build_resumes_from_the_command_line(built, tmp_path, cap
     path = tmp_path / "progress.json"
     path.write_text(json.dumps(progress))
     digest, folder = progress["model"], progress["root"]
-    assert _read_progress(str(path), digest, folder) == progress["shards"]
-    assert _read_progress(str(path), "0" * 64, folder) == {}
-    assert _read_progress(str(path), digest, "/elsewhere") == {}
+    resumed = (progress["build"], progress["shards"])
+    assert _read_progress(str(path), digest, folder) == resumed
+    assert _read_progress(str(path), "0" * 64, folder) == (None, {})
+    assert _read_progress(str(path), digest, "/elsewhere") == (None, {})
     path.write_text("{not json")
-    assert _read_progress(str(path), digest, folder) == {}
+    assert _read_progress(str(path), digest, folder) == (None, {})
+    # The resumed build wrote its files under the interrupted build's name.
+    build = json.loads(manifest.read_text())["build"]
+    assert build == progress["build"]
     # Searched from the command line: paths, the query itself first.
     query = str(root / built["paths"][4])
     assert main(["search", model, str(manifest), query, "-k", "2"]) == 0
@@ -201,7 +207,8 @@ def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     model = built["model"]
     files = [shutil.copy(file, tmp_path) for file in _shard_files(built["manifest"])]
     manifest = tmp_path / "photos.shards.json"
-    write_manifest(manifest, 4, 16, files)
+    digest = ImageIndex.load(files[0]).model["digest"]
+    write_manifest(manifest, 4, 16, files, "0123abcd", digest)
     sharded = open_index(manifest)
     with pytest.raises(ValueError, match="hold pictures of a folder"):
         sharded.add(np.zeros((1, 4), int))
@@ -217,7 +224,14 @@ def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     codes.save(tmp_path / "codes.subic")
     for second in ("other.subic", "codes.subic"):
         mixed = tmp_path / "mixed.shards.json"
-        write_manifest(mixed, 4, 16, [files[0], str(tmp_path / second)])
+        # (Version 1, which records no model: the shards' own fields say.)
+        names = [os.path.basename(files[0]), second]
+        mixed.write_text(
+            json.dumps(
+                {"format": "subic.shards", "version": 1, "num_blocks": 4,
+                 "block_size": 16, "shards": names}
+            )
+        )  # fmt: skip
         with pytest.raises(ValueError, match="differ in root"):
             RayIndex(mixed)
     # More encoders than CPUs would wait for ever: refused.

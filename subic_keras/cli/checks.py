@@ -21,7 +21,7 @@ from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
 from subic_keras.search.addresses import check_database_exists
 from subic_keras.search.file_format import MAGIC
-from subic_keras.search.ray_index import read_manifest
+from subic_keras.search.manifests import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
 
 # The largest upload or decoding memory a server is told to allow, in MB.

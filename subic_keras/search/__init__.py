@@ -32,8 +32,10 @@ concept:
   (`SubicIndex(looks=True)`; an `ImageIndex` keeps looks by default).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
-- `ray_index`: `RayIndex`, the shards of a manifest (`save_shards`) in Ray
-  actors, on one machine or a cluster.
+- `manifests`: shard manifests, `save_shards`, and how rebuilds and open
+  indexes share a folder.
+- `ray_index`: `RayIndex`, the shards of a manifest in Ray actors, on one
+  machine or a cluster.
 - `milvus`: `MilvusIndex`, codes in a Milvus collection (Milvus Lite or a
   server).
 - `addresses`: which addresses name a Milvus database, checked without
@@ -58,7 +60,8 @@ from subic_keras.search import filters, looks, scanners
 from subic_keras.search.base import SearchBackend, Searcher, answer_rows
 from subic_keras.search.filters import Filter
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.ray_index import RayIndex, save_shards
+from subic_keras.search.manifests import save_shards
+from subic_keras.search.ray_index import RayIndex
 from subic_keras.search.sharding import ShardedSubicIndex, merge_results
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.uri import open

@@ -1,19 +1,14 @@
 """`RayIndex`: an index whose shards are index files served by Ray actors.
 
-A collection larger than one machine is split into shards (`save_shards`),
-each a `.subic` file that every node can read (a shared or replicated
-folder), listed in order by a *shard manifest*, a small JSON file:
-
-    {"format": "subic.shards", "version": 1, "num_blocks": 8,
-     "block_size": 64, "shards": ["part-0.subic", "part-1.subic"]}
-
-(paths relative to the manifest). `subic_keras.search.open("x.shards.json")`
-and the command line's INDEX arguments open it as a `RayIndex`: one Ray
-actor per shard loads its file and scans it with the native scan. The
-shards are all indexes of codes (`SubicIndex`, `save_shards`) or all
-picture indexes of one folder (`ImageIndex`, `ray_folders` builds them);
-of pictures, a `RayIndex` answers with paths and is served by `subic
-serve` as one picture index is.
+A collection larger than one machine is split into shards, each a `.subic`
+file that every node can read (a shared or replicated folder), listed by a
+shard manifest (`manifests`: `save_shards`, `read_manifest`).
+`subic_keras.search.open("x.shards.json")` and the command line's INDEX
+arguments open it as a `RayIndex`: one Ray actor per shard loads its file
+and scans it with the native scan. The shards are all indexes of codes
+(`SubicIndex`) or all picture indexes of one folder (`ImageIndex`,
+`ray_folders` builds them); of pictures, a `RayIndex` answers with paths
+and is served by `subic serve` as one picture index is.
 
 Results are those of one index holding the shards' items in manifest
 order, ties included: every shard sends its best by the codes with
@@ -30,7 +25,10 @@ file) and answers exactly, at least once. Actors are spread over the nodes
 without being pinned to one, so the shards of a lost node restart on the
 others. A shard writes its file again (atomically) after every `add` and
 `remove`, so a restarted shard has every change that was acknowledged;
-both are idempotent, so a retried call changes nothing twice.
+both are idempotent, so a retried call changes nothing twice. A shard that
+cannot restart (its file removed by a second rebuild, or replaced by codes
+of another model: `manifests`) fails every call with `ShardUnavailableError`
+naming it and why; the index is then `degraded` until opened again.
 
 New codes go to the last shard (of codes): as in one index, they rank
 after every older item among equal scores. `remove` goes to the shards
@@ -39,21 +37,14 @@ that hold the ids.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import errno
-import json
 import logging
 import os
-import re
 from typing import Any
 
 import numpy as np
 
-from subic_keras._io import atomic_path
-from subic_keras._validation import check_int, load_json
-from subic_keras.paths import is_utf8, open_in_folder, read_bytes, relative_parts
-from subic_keras.search import file_format, filters
+from subic_keras.paths import read_bytes
+from subic_keras.search import filters
 from subic_keras.search import looks as _looks
 from subic_keras.search.base import Searcher, answer_rows
 from subic_keras.search.checks import check_ids, check_queries, duplicates, preview
@@ -63,259 +54,44 @@ from subic_keras.search.image_index import (
     copies_first,
 )
 from subic_keras.search.looks import Candidates, check_query_looks, fitting, refine
-from subic_keras.search.subic_index import SubicIndex
-
-MANIFEST_FORMAT = "subic.shards"
-MANIFEST_VERSION = 1
-MANIFEST_SUFFIX = ".shards.json"
-_MAX_MANIFEST_BYTES = 1 << 20
-MAX_SHARDS = 4096
+from subic_keras.search.manifests import (
+    Manifest,
+    check_shard_files,
+    read_manifest,
+)
 
 
-@dataclasses.dataclass(frozen=True)
-class Manifest:
-    """A shard manifest: the block shape, the manifest's real folder and
-    the shards' paths in it."""
-
-    num_blocks: int
-    block_size: int
-    shards: tuple[str, ...]
-    folder: str
-
-
-def is_manifest(uri) -> bool:
-    """Whether `uri` names a shard manifest (by its suffix)."""
-    return isinstance(uri, (str, os.PathLike)) and os.fspath(uri).endswith(
-        MANIFEST_SUFFIX
-    )
-
-
-def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Reads and checks a shard manifest.
-
-    Read as every file is (`paths.read_bytes`: a regular file of at most
-    1 MiB, a FIFO refused at once). Its shards are `.subic` files named
-    relative to its folder, inside it: no absolute path, no `..`, no
-    manifest (so no manifest can list itself or another), each once. What
-    the names lead to on disk is `check_shard_files`'.
-
-    Raises:
-        ValueError: naming the path, for a file that is not a manifest, or
-            shard names that break those rules.
-        OSError: the manifest cannot be read, or is not a regular file.
-    """
-    path = os.fspath(path)
-
-    def fail(reason: str) -> ValueError:
-        return ValueError(f"{path!r} is not a valid shard manifest: {reason}")
-
-    data = read_bytes(path, _MAX_MANIFEST_BYTES, "shard manifest")
-    try:
-        manifest = load_json(data)
-    except ValueError as error:
-        raise fail(f"not JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise fail(f'its "format" is not {MANIFEST_FORMAT!r}')
-    if manifest.get("version") != MANIFEST_VERSION:
-        raise fail(f"version {manifest.get('version')!r}, this code reads 1")
-    num_blocks, block_size = manifest.get("num_blocks"), manifest.get("block_size")
-    if not all(isinstance(v, int) and v >= 1 for v in (num_blocks, block_size)):
-        raise fail(
-            f"num_blocks and block_size ({num_blocks!r}, {block_size!r}) are not "
-            "positive integers"
-        )
-    assert isinstance(num_blocks, int) and isinstance(block_size, int)
-    shards = manifest.get("shards")
-    if (
-        not isinstance(shards, list)
-        or not 1 <= len(shards) <= MAX_SHARDS
-        or not all(isinstance(s, str) and s for s in shards)
-    ):
-        raise fail(f"shards must be a list of 1 to {MAX_SHARDS} file names")
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    paths = []
-    for shard in shards:
-        name = shard[:200]
-        if "\0" in shard or not is_utf8(shard):
-            raise fail(f"shard {name!r} is not a file name")
-        try:
-            parts = relative_parts(shard)  # the rule `open_in_folder` applies
-        except PermissionError:
-            raise fail(f"shard {name!r} lies outside the manifest's folder") from None
-        if not shard.endswith(".subic"):
-            raise fail(
-                f"shard {name!r} is not a .subic index file: a manifest lists "
-                "index files only, never a manifest"
-            )
-        paths.append(os.path.join(folder, *parts))
-    if len(set(paths)) != len(paths):
-        raise fail("a shard is listed twice")
-    return Manifest(num_blocks, block_size, tuple(paths), folder)
-
-
-def check_shard_files(manifest: Manifest, path: str | os.PathLike) -> None:
-    """Checks, before any actor starts, that every shard of `manifest` (read
-    from `path`) is a regular index file inside its folder: each opened as
-    its actor opens it (`paths.open_in_folder`: a link out refused on the
-    opened descriptor) and its first bytes read.
-
-    Raises:
-        FileNotFoundError: shards missing, naming up to five.
-        ValueError: a shard that leads out of the folder, is not a regular
-            file, or is not an index file, naming it.
-    """
-    missing = []
-    for shard in manifest.shards:
-        relative = os.path.relpath(shard, manifest.folder)
-        try:
-            with open(open_in_folder(manifest.folder, relative), "rb") as handle:
-                magic = handle.read(len(file_format.MAGIC))
-        except FileNotFoundError:
-            missing.append(shard)
-            continue
-        except OSError as error:
-            reason = "leads out of the manifest's folder"
-            if not isinstance(error, PermissionError):
-                reason = error.strerror or str(error)
-            raise ValueError(
-                f"shard {relative[:200]!r} of {os.fspath(path)!r}: {reason}"
-            ) from None
-        if magic != file_format.MAGIC:
-            raise ValueError(
-                f"shard {relative[:200]!r} of {os.fspath(path)!r} is not a "
-                "SuBiC index file"
-            )
-    if missing:
-        raise FileNotFoundError(
-            errno.ENOENT,
-            f"{len(missing)} shard files not found: {', '.join(missing[:5])}",
-            os.fspath(path),
-        )
-
-
-def save_shards(
-    index: SubicIndex, path: str | os.PathLike, num_shards: int
-) -> list[str]:
-    """Splits `index` into `num_shards` files beside a manifest at `path`.
-
-    Shard `s` is `<path without .shards.json>-<s>.subic`, a contiguous run
-    of the items (`SubicIndex.shard`), so the manifest's order is the
-    insertion order. Every file is written atomically, the manifest last;
-    over a manifest that lists those files, the shards are written as
-    `<...>-<s>.b.subic` instead (`shard_paths`), so that it names complete
-    shards until the new manifest replaces it.
-
-    Example:
-
-    >>> index = SubicIndex(4, 16)
-    >>> ids = index.add(np.random.default_rng(0).integers(0, 16, (100, 4)))
-    >>> files = save_shards(index, "codes.shards.json", 2)
-    >>> [os.path.basename(f) for f in files]
-    ['codes-0.subic', 'codes-1.subic']
-
-    Returns:
-        The shard files' paths.
-
-    Raises:
-        ValueError: for a path without the `.shards.json` suffix.
-    """
-    path = os.fspath(path)
-    if not path.endswith(MANIFEST_SUFFIX):
-        raise ValueError(
-            f"path must end in {MANIFEST_SUFFIX!r} (a shard manifest), received "
-            f"{path!r}"
-        )
-    num_shards = check_int("num_shards", num_shards, minimum=1)
-    if num_shards > MAX_SHARDS:
-        raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
-    files = shard_paths(path, num_shards)
-    for file, shard in zip(files, index.shard(num_shards)):
-        shard.model = index.model
-        shard.save(file)
-    write_manifest(path, index.num_blocks, index.block_size, files)
-    return files
-
-
-def shard_path(manifest: str | os.PathLike, number: int, spare: bool = False) -> str:
-    """Shard `number`'s file beside `manifest`: `<stem>-<number>.subic`, or
-    `<stem>-<number>.b.subic` in the spare set (`shard_paths`)."""
-    tail = ".b.subic" if spare else ".subic"
-    return f"{os.fspath(manifest)[: -len(MANIFEST_SUFFIX)]}-{number}{tail}"
-
-
-def shard_paths(manifest: str | os.PathLike, num_shards: int) -> list[str]:
-    """The files a build of `num_shards` shards for `manifest` writes: the
-    set of `shard_path` names that a manifest already there does not list
-    (a rebuild interrupted before its manifest is written leaves the
-    earlier one naming complete shards, not some of each build's)."""
-    listed = _our_shards(manifest)
-    plain, spare = (
-        [shard_path(manifest, n, kind) for n in range(num_shards)]
-        for kind in (False, True)
-    )
-    if listed.intersection(map(os.path.basename, plain)) and not listed.intersection(
-        map(os.path.basename, spare)
-    ):
-        return spare
-    return plain  # (a manifest written by hand may list some of each)
-
-
-def write_manifest(
-    path: str | os.PathLike, num_blocks: int, block_size: int, files: list[str]
-) -> None:
-    """Writes a shard manifest (atomically) listing `files`, in order, then
-    removes the shard files an earlier manifest at `path` listed and this
-    one does not (a rebuild into fewer shards leaves none behind); only
-    files named as `shard_path` names them are removed."""
-    earlier = _our_shards(path)
-    names = [os.path.basename(f) for f in files]
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "num_blocks": num_blocks,
-        "block_size": block_size,
-        "shards": names,
-    }
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=1)
-    for name in earlier - set(names):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), name))
-
-
-def _our_shards(manifest: str | os.PathLike) -> set[str]:
-    """The file names of the shards a manifest at `manifest` lists beside
-    it under `shard_path`'s names (none without a valid manifest): a
-    manifest written by hand may list files that are not ours to remove."""
-    try:
-        listed = read_manifest(manifest).shards
-    except (OSError, ValueError):
-        return set()
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(manifest)))
-    stem = re.escape(os.path.basename(shard_path(manifest, 0))[: -len("0.subic")])
-    return {
-        os.path.basename(shard)
-        for shard in listed
-        if os.path.dirname(shard) == folder
-        and re.fullmatch(
-            stem + r"(0|[1-9][0-9]*)(\.b)?\.subic", os.path.basename(shard)
-        )
-    }
+class ShardUnavailableError(OSError):
+    """A shard's actor cannot answer: its file is gone or no longer the one
+    the index opened (`manifests`). The index must be opened again."""
 
 
 class _Shard:
     """One shard in a Ray actor: its file (codes, or pictures), loaded and
     kept up to date."""
 
-    def __init__(self, path: str, scanner: str, folder: str):
+    def __init__(self, path: str, scanner: str, manifest: Manifest):
         from subic_keras.search.uri import open as open_index  # uri imports us
 
         self.path = path
         # A SubicIndex or an ImageIndex: the methods called are on both,
         # or called on pictures only. Read inside the manifest's folder
         # only, as `check_shard_files` checked it.
-        self.index: Any = open_index(path, scanner=scanner, folder=folder)
+        self.index: Any = open_index(path, scanner=scanner, folder=manifest.folder)
         self.pictures = isinstance(self.index, ImageIndex)
+        # Run again on every restart: a file replaced since the index was
+        # opened by codes of another model is refused, never served.
+        found = _digest(self.index.model)
+        if manifest.records_model and found != manifest.model:
+
+            def named(digest: str | None) -> str:
+                return "no recorded model" if digest is None else f"model {digest}"
+
+            raise ValueError(
+                f"its codes are of {named(found)}, its manifest's build "
+                f"{manifest.build} of {named(manifest.model)}: the file was "
+                "replaced; build the index again"
+            )
 
     def info(self) -> dict:
         index = self.index
@@ -456,12 +232,14 @@ def _cluster_file() -> tuple[str, str | None]:
     return f"the cluster file {path}", text or None
 
 
+def _digest(model: dict | None) -> str | None:
+    return None if model is None else model.get("digest")
+
+
 def _one_model(shards: tuple[str, ...], models: list) -> dict | None:
     """The model record every shard holds, or the error naming the first
     shard whose codes another model (or no recorded model) wrote."""
-
-    def digest(model) -> str | None:
-        return None if model is None else model.get("digest")
+    digest = _digest
 
     def named(model) -> str:
         if model is None:
@@ -478,21 +256,21 @@ def _one_model(shards: tuple[str, ...], models: list) -> dict | None:
     return models[0]
 
 
-def _load_failure(ray, shards: tuple[str, ...], loaded: list) -> ValueError:
-    """The error that names the first shard whose actor could not load it,
-    and why in one line (not Ray's traceback of the actor)."""
-    for path, ref in zip(shards, loaded):
+def _failure(ray, shards: tuple[str, ...], refs: list) -> tuple[str, str] | None:
+    """The first shard whose call failed (of calls already ended), and why
+    in one line (not Ray's traceback of the actor)."""
+    for path, ref in zip(shards, refs):
         try:
             ray.get(ref, timeout=0)
         except ray.exceptions.GetTimeoutError:
-            continue  # still loading (a subclass of RayError)
+            continue  # still running (a subclass of RayError)
         except ray.exceptions.RayError as error:
             cause = getattr(error, "cause", None) or error
             lines = [line for line in str(cause).splitlines() if line.strip()]
             # Ray's text of a failed task ends with the exception's own line.
             reason = lines[-1].strip() if lines else type(cause).__name__
-            return ValueError(f"shard {path!r} cannot be loaded: {reason[:500]}")
-    return ValueError("a shard's actor failed while loading")
+            return path, reason[:500]
+    return None
 
 
 class RayIndex(Searcher):
@@ -547,9 +325,10 @@ class RayIndex(Searcher):
             scheduling_strategy="SPREAD",
         )
         self._ray = ray
-        folder = self._manifest.folder
+        self._unavailable: dict[str, str] = {}
         self._actors = [
-            actor.remote(path, scanner, folder) for path in self._manifest.shards
+            actor.remote(path, scanner, self._manifest)
+            for path in self._manifest.shards
         ]
         loaded = [a.info.remote() for a in self._actors]
         try:
@@ -563,7 +342,11 @@ class RayIndex(Searcher):
             ) from None
         except ray.exceptions.RayError:
             self._stop()
-            raise _load_failure(ray, self._manifest.shards, loaded) from None
+            path, reason = _failure(ray, self._manifest.shards, loaded) or (
+                "?",
+                "its actor failed while loading",
+            )
+            raise ValueError(f"shard {path!r} cannot be loaded: {reason}") from None
         for path, info in zip(self._manifest.shards, infos):
             if tuple(info["blocks"]) != (self.num_blocks, self.block_size):
                 m, k = info["blocks"]
@@ -592,7 +375,27 @@ class RayIndex(Searcher):
 
     def _all(self, method: str, *args) -> list:
         """`method(*args)` on every shard, in manifest order."""
-        return self._ray.get([getattr(a, method).remote(*args) for a in self._actors])
+        return self._get([getattr(a, method).remote(*args) for a in self._actors])
+
+    def _get(self, refs: list, shards: tuple[str, ...] | None = None) -> list:
+        """The results of calls on `shards` (all, by default), or the
+        `ShardUnavailableError` of the first shard that could not answer."""
+        ray, shards = self._ray, shards or self._manifest.shards
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError:
+            path, reason = _failure(ray, shards, refs) or ("?", "its actor died")
+        self._unavailable[path] = reason
+        raise ShardUnavailableError(
+            f"shard {path!r} is unavailable: {reason}; the index is degraded "
+            "until it is opened again"
+        )
+
+    @property
+    def unavailable(self) -> dict[str, str]:
+        """The shards that could not answer since the index was opened, and
+        why: the index is degraded while any is listed."""
+        return dict(self._unavailable)
 
     @property
     def num_blocks(self) -> int:
@@ -757,10 +560,10 @@ class RayIndex(Searcher):
         held = self._all("holds", ids)
         codes = np.zeros((len(ids), self.num_blocks), np.int64)
         found = np.zeros(len(ids), bool)
-        for actor, part in zip(self._actors, held):
+        for actor, path, part in zip(self._actors, self._manifest.shards, held):
             if len(part):
                 where = np.flatnonzero(np.isin(ids, part))
-                codes[where] = self._ray.get(actor.codes.remote(ids[where]))
+                codes[where] = self._get([actor.codes.remote(ids[where])], (path,))[0]
                 found[where] = True
         if not found.all():
             raise KeyError(f"ids not in the index: {preview(ids[~found])}")
@@ -792,7 +595,7 @@ class RayIndex(Searcher):
             clash = ids[np.isin(ids, every)]
             if clash.size:
                 raise ValueError(f"ids already in the index: {preview(clash)}")
-        self._ray.get(self._actors[-1].add.remote(codes, ids))
+        self._get([self._actors[-1].add.remote(codes, ids)], self._manifest.shards[-1:])
         return ids
 
     def remove(self, ids) -> int:

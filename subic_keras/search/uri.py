@@ -24,7 +24,7 @@ from subic_keras.search import file_format
 from subic_keras.search.addresses import is_database as is_database
 from subic_keras.search.base import Searcher
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.ray_index import is_manifest
+from subic_keras.search.manifests import is_manifest
 from subic_keras.search.subic_index import SubicIndex
 
 DEFAULT_COLLECTION = "subic"

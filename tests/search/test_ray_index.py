@@ -12,12 +12,12 @@ from search_reference import relu_queries
 
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as open_index
-from subic_keras.search.ray_index import (
-    RayIndex,
+from subic_keras.search.manifests import (
     check_shard_files,
     read_manifest,
     save_shards,
 )
+from subic_keras.search.ray_index import RayIndex, ShardUnavailableError
 
 ray = pytest.importorskip("ray", reason="the [ray] extra")
 
@@ -199,18 +199,19 @@ def test_a_manifest_names_only_index_files_of_its_folder(tmp_path, rng):
     tmp_path.mkdir()
     path = tmp_path / "codes.shards.json"
     files = save_shards(index, path, 2)
+    first = os.path.basename(files[0])
     # Itself, another manifest, a name that is not an index file, a NUL:
     # refused from the names, before any file is opened or actor started.
     other = tmp_path / "other.shards.json"
-    _manifest(other, ["codes-0.subic"])
+    _manifest(other, [first])
     for shards, message in (
         (["codes.shards.json"], "never a manifest"),
-        (["other.shards.json", "codes-0.subic"], "never a manifest"),
-        (["codes-0.subic", "notes.txt"], "not a .subic index file"),
+        (["other.shards.json", first], "never a manifest"),
+        ([first, "notes.txt"], "not a .subic index file"),
         (["a\0.subic"], "not a file name"),
         (["\ud800.subic"], "not a file name"),
-        (["./codes-0.subic"], "outside the manifest's folder"),
-        (["/etc/codes-0.subic"], "outside the manifest's folder"),
+        ([f"./{first}"], "outside the manifest's folder"),
+        ([f"/etc/{first}"], "outside the manifest's folder"),
     ):
         bad = tmp_path / "bad.shards.json"
         _manifest(bad, shards)
@@ -229,7 +230,7 @@ def test_a_manifest_names_only_index_files_of_its_folder(tmp_path, rng):
         ("gone.subic", "1 shard files not found"),
     ):
         bad = tmp_path / "bad.shards.json"
-        _manifest(bad, ["codes-0.subic", name])
+        _manifest(bad, [first, name])
         start = time.perf_counter()
         with pytest.raises(OSError if name == "gone.subic" else ValueError) as error:
             check_shard_files(read_manifest(bad), bad)
@@ -254,30 +255,38 @@ def test_a_manifest_that_is_a_fifo_is_refused_at_once(tmp_path):
     assert time.perf_counter() - start < 1
 
 
-def test_a_rebuild_into_fewer_shards_leaves_none_behind(tmp_path, rng):
+def _files(folder) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def test_a_rebuild_keeps_the_build_before_and_removes_older_ones(tmp_path, rng):
     index = SubicIndex(4, 16)
     index.add(rng.integers(0, 16, (90, 4)))
     path = tmp_path / "codes.shards.json"
-    save_shards(index, path, 3)
+    first = save_shards(index, path, 3)
     (tmp_path / "mine.subic").write_bytes(b"a user's own file")
-    # Over a manifest listing codes-<s>.subic, the spare set is written.
-    files = save_shards(index, path, 2)
-    assert files == [str(tmp_path / f"codes-{n}.b.subic") for n in range(2)]
-    assert sorted(os.listdir(tmp_path)) == [
-        "codes-0.b.subic", "codes-1.b.subic", "codes.shards.json", "mine.subic"
-    ]  # fmt: skip
+    second = save_shards(index, path, 2)
+    # New names for every build: the first build's files stay whole for
+    # the readers that opened it.
+    assert not set(first) & set(second)
+    assert all(os.path.basename(f).startswith("codes-") for f in first + second)
+    manifest = json.loads(path.read_text())
+    assert manifest["previous"] == [os.path.basename(f) for f in first]
+    assert manifest["version"] == 2 and manifest["model"] is None
+    assert _files(tmp_path) == sorted(
+        [*map(os.path.basename, first + second), "codes.shards.json", "mine.subic"]
+    )
     shards = read_manifest(path).shards
     assert sum(len(SubicIndex.load(shard)) for shard in shards) == 90
     # A manifest written by hand may list files that are not ours: a
-    # rebuild never removes them.
-    manifest = json.loads(path.read_text())
+    # rebuild never removes them. The build before the last goes.
     manifest["shards"].append("mine.subic")
     path.write_text(json.dumps(manifest))
-    save_shards(index, path, 1)
-    assert sorted(os.listdir(tmp_path)) == [
-        "codes-0.subic", "codes.shards.json", "mine.subic"
-    ]  # fmt: skip
-    assert read_manifest(path).shards == (str(tmp_path / "codes-0.subic"),)
+    third = save_shards(index, path, 1)
+    assert _files(tmp_path) == sorted(
+        [*map(os.path.basename, second + third), "codes.shards.json", "mine.subic"]
+    )
+    assert read_manifest(path).shards == tuple(third)
 
 
 def test_an_interrupted_rebuild_leaves_the_manifest_whole(tmp_path, rng, monkeypatch):
@@ -286,12 +295,17 @@ def test_an_interrupted_rebuild_leaves_the_manifest_whole(tmp_path, rng, monkeyp
     before.add(codes)
     after.add(codes[::-1])
     path = tmp_path / "codes.shards.json"
-    save_shards(before, path, 3)
+    first = save_shards(before, path, 3)
     save = SubicIndex.save
     saved = []
 
     def save_twice(self, file):
         if len(saved) == 2:
+            # Opened now, during the rebuild: the first build, whole.
+            shards = [SubicIndex.load(shard) for shard in read_manifest(path).shards]
+            assert np.array_equal(
+                np.concatenate([s.get_codes() for s in shards]), codes
+            )
             raise KeyboardInterrupt
         saved.append(file)
         save(self, file)
@@ -300,20 +314,73 @@ def test_an_interrupted_rebuild_leaves_the_manifest_whole(tmp_path, rng, monkeyp
     with pytest.raises(KeyboardInterrupt):
         save_shards(after, path, 3)
     monkeypatch.setattr(SubicIndex, "save", save)
-    assert [os.path.basename(file) for file in saved] == [
-        "codes-0.b.subic", "codes-1.b.subic"
-    ]  # fmt: skip
-    # The manifest still names the first build's shards, all of them.
-    shards = [SubicIndex.load(shard) for shard in read_manifest(path).shards]
+    assert len(saved) == 2 and not set(saved) & set(first)
+    # A reader of the first build's manifest opens its files after the
+    # next build has replaced the manifest: they are all there.
+    opened = read_manifest(path).shards
+    last = save_shards(after, path, 3)
+    shards = [SubicIndex.load(shard) for shard in opened]
     assert np.array_equal(np.concatenate([s.get_codes() for s in shards]), codes)
-    # The next build completes over them, and the spare files it wrote
-    # are the manifest's now.
-    save_shards(after, path, 3)
     shards = [SubicIndex.load(shard) for shard in read_manifest(path).shards]
     assert np.array_equal(np.concatenate([s.get_codes() for s in shards]), codes[::-1])
-    assert sorted(os.listdir(tmp_path)) == [
-        "codes-0.b.subic", "codes-1.b.subic", "codes-2.b.subic", "codes.shards.json"
-    ]  # fmt: skip
+    # The interrupted build's files are gone; the first build's stay.
+    assert _files(tmp_path) == sorted(
+        [*map(os.path.basename, first + last), "codes.shards.json"]
+    )
+
+
+def test_a_restarted_shard_reopens_its_own_build_or_fails_naming_it(
+    cluster, tmp_path, rng
+):
+    """An index opened before two rebuilds: after one, a killed shard comes
+    back with its own file (same answers); after two, its file is gone and
+    it says so, never loading the new build; the server's health says
+    degraded. (A file replaced by another model's codes is refused by the
+    same check on every start: `test_shards_of_two_models_are_refused...`.)"""
+    path = tmp_path / "codes.shards.json"
+    first, second = SubicIndex(8, 64), SubicIndex(8, 64)
+    first.add(_trained_like(rng, 3000))
+    second.add(_trained_like(rng, 3000))
+    save_shards(first, path, 3)
+    remote = RayIndex(path)
+    queries = relu_queries(rng, 4, 8, 64)
+    expected = first.search(queries, 10)
+
+    def killed_then_searched(number: int):
+        ray.kill(remote.actors[number], no_restart=False)
+        time.sleep(1.0)
+        return remote.search(queries, 10)
+
+    save_shards(second, path, 3)
+    got = killed_then_searched(1)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+    save_shards(second, path, 3)  # the first build's files are removed
+    with pytest.raises(ShardUnavailableError) as error:
+        killed_then_searched(1)
+    message = str(error.value)
+    assert message.startswith(f"shard {remote._manifest.shards[1]!r} is unavailable")
+    assert "degraded until it is opened again" in message and "\n" not in message
+    assert list(remote.unavailable) == [remote._manifest.shards[1]]
+    from subic_keras.server import SearchService
+
+    health = SearchService.health(_Served(remote))
+    assert health["status"] == "degraded" and health["items"] is None
+    assert list(health["shards"]) == [remote._manifest.shards[1]]
+
+    reopened = RayIndex(path)  # the newest build, whole
+    want = second.search(queries, 10)
+    assert all(np.array_equal(a, b) for a, b in zip(reopened.search(queries, 10), want))
+
+
+class _Served:
+    """What `SearchService.health` reads of a service."""
+
+    reload_seconds = 60.0
+    _reload = None
+    _reload_error = None
+
+    def __init__(self, index):
+        self.index = index
 
 
 def test_looks_and_filters_refine_as_one_index(cluster, tmp_path, rng):
@@ -436,15 +503,29 @@ def test_shards_of_two_models_are_refused_naming_the_shard(cluster, tmp_path, rn
     index.add(rng.integers(0, 16, (60, 4)))
     index.model = {"digest": "a" * 64, "file": "one.keras", "path": "/m/one.keras"}
     files = save_shards(index, tmp_path / "codes.shards.json", 3)
-    for model, named in (
+    path = tmp_path / "codes.shards.json"
+    versions = {2: json.loads(path.read_text())}
+    versions[1] = {**versions[2], "version": 1}
+    for key in ("build", "model", "previous"):
+        del versions[1][key]
+    cases = (
         ({"digest": "b" * 64, "file": "two.keras"}, f"two.keras (digest {'b' * 64})"),
         (None, "no recorded model"),
-    ):
+    )
+    for (model, named), version in ((cases[0], 2), (cases[0], 1), (cases[1], 1)):
         shard = SubicIndex.load(files[2])
         shard.model = model
         shard.save(files[2])
+        path.write_text(json.dumps(versions[version]))
         with pytest.raises(ValueError) as error:
             RayIndex(tmp_path / "codes.shards.json")
+        if version == 2:  # the manifest records its model: the shard says
+            assert str(error.value).startswith(
+                f"shard {files[2]!r} cannot be loaded: ValueError: its codes are "
+                f"of {'no recorded model' if model is None else 'model ' + 'b' * 64}"
+                f", its manifest's build {versions[2]['build']} of model {'a' * 64}"
+            ), str(error.value)
+            continue
         assert str(error.value) == (
             f"shard {files[2]!r} holds codes of {named}, the first shard "
             f"{files[0]!r} codes of /m/one.keras (digest {'a' * 64}): a manifest "
