@@ -1,25 +1,28 @@
 """Cold start: the first search after loading an index against a warm one.
 
 The native scan scores each distinct code once: it groups the items of
-equal codes (`native.group_equal`, a hash table in C) and writes the
+equal codes (`native.group_equal`, a hash table in C, after an estimate
+from every code's hash of whether they repeat at all) and writes the
 distinct codes into tiles for its kernel. An index file of format version
-5 holds that grouping, checked and laid out on load, so that the first
-search is a warm one; a file without it (version 4 and before) is grouped
-on the first search. This measures both, for 5,000,000 codes of
-trained-like repetition (M = 8, K = 64) and every native kernel this CPU
-runs (each forced):
+5 holds that grouping, checked and laid out on load; a file without it
+(codes that hardly repeat, or version 4 and before) is grouped and laid
+out on load too, so that the first search is a warm one either way. This
+measures both files, for trained-like codes (M = 8, K = 64; `--codes
+random`: uniform ones) and every native kernel this CPU runs (each
+forced):
 
-- `load_s`: `subic_keras.search.open` (the file read and verified, and
-  with the grouping, the layout);
+- `load_s`: `subic_keras.search.open` (the file read and verified, the
+  grouping found or read, the layout, one warm-up search);
 - `first_s`: the first search after it (one query, k = 10);
 - `warm_s`: the best of 5 searches after that;
 - the same for a batch of 1,000 queries;
 - `group_s`: `group_equal` alone.
 
-    python -m benchmarks.cold_start              # ~4 min on 2 cores
+    python -m benchmarks.cold_start --num-items 10000000
+    python -m benchmarks.cold_start --codes random --num-items 5000000
 
-Writes `benchmarks/results/cold_start.json` with the command, CPU and
-versions.
+Writes `benchmarks/results/cold_start.json` (`cold_start_random.json`) with
+the command, CPU and versions.
 """
 
 from __future__ import annotations
@@ -37,13 +40,17 @@ from subic_keras.search import SubicIndex, file_format, native, scanners
 from subic_keras.search import open as open_index
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "cold_start.json")
+RANDOM_RESULTS = RESULTS.replace("cold_start.json", "cold_start_random.json")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-items", type=int, default=5_000_000)
-    parser.add_argument("--output", default=RESULTS)
-    return parser.parse_args(argv)
+    parser.add_argument("--codes", choices=("trained", "random"), default="trained")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    args.output = args.output or (RANDOM_RESULTS if args.codes == "random" else RESULTS)
+    return args
 
 
 def seconds(function, *args, **kwargs) -> float:
@@ -55,7 +62,10 @@ def seconds(function, *args, **kwargs) -> float:
 def main(argv=None) -> None:
     args = parse_args(argv)
     rng = np.random.default_rng(0)
-    codes = trained_like_codes(rng, args.num_items)
+    if args.codes == "random":
+        codes = rng.integers(0, 64, (args.num_items, 8))
+    else:
+        codes = trained_like_codes(rng, args.num_items)
     single = np.maximum(rng.standard_normal((1, 512)), 0).astype(np.float32)
     batch = np.maximum(rng.standard_normal((1000, 512)), 0).astype(np.float32)
     kernels = [name for name in scanners.available(8, 64) if name.startswith("native")]
@@ -65,13 +75,13 @@ def main(argv=None) -> None:
         index.add(codes)
         paths = {
             "grouping_in_file": os.path.join(folder, "grouped.subic"),
-            "grouped_on_first_search": os.path.join(folder, "plain.subic"),
+            "no_grouping_in_file": os.path.join(folder, "plain.subic"),
         }
         index.save(paths["grouping_in_file"])
         with index.contents() as (header, chunks, ids):
             packed = np.concatenate(list(chunks))
             # What versions before 5 hold: the codes and ids alone.
-            file_format.write(paths["grouped_on_first_search"], header, [packed], ids)
+            file_format.write(paths["no_grouping_in_file"], header, [packed], ids)
         group_s = min(seconds(native.group_equal, packed) for _ in range(3))
         grouped = native.group_equal(packed)
         distinct = len(packed) if grouped is None else len(grouped[0])
@@ -104,6 +114,7 @@ def main(argv=None) -> None:
         **common.run_metadata("cold_start", "numpy"),
         "first_over_warm_goal": 2.0,
         "items": args.num_items,
+        "codes": args.codes,
         "distinct_codes": distinct,
         "group_s": group_s,
         "kernels": results,

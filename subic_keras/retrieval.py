@@ -26,6 +26,7 @@ from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
+from subic_keras.weights_digest import weights_digest
 
 # A model that writes an index's codes: a class code or an instance code.
 Encoder = Subic | InstanceSubic
@@ -153,7 +154,8 @@ def model_record(subic: Encoder, path: str | os.PathLike | None = None) -> dict:
     Args:
         subic: the model.
         path: its file, named in messages (its base name and absolute path
-            are recorded).
+            are recorded, and the digest of its weights as the file holds
+            them, `weights_digest`).
     """
     digest = hashlib.sha256()
     config = {
@@ -170,11 +172,20 @@ def model_record(subic: Encoder, path: str | os.PathLike | None = None) -> dict:
         value = np.ascontiguousarray(keras.ops.convert_to_numpy(weight))
         digest.update(f"{value.dtype}{value.shape}".encode())
         digest.update(value.tobytes())
-    name = where = None
+    name = where = weights = None
     if path is not None:
         name = os.path.basename(os.fspath(path))
         where = os.path.abspath(os.fspath(path))
-    return {"digest": digest.hexdigest(), "file": name, "path": where, **config}
+        weights = weights_digest(path)
+    return {
+        "digest": digest.hexdigest(),
+        "file": name,
+        "path": where,
+        # Read from the file without TensorFlow: the command line's check
+        # before it loads (`cli.checks`).
+        "weights_file": weights,
+        **config,
+    }
 
 
 def check_model_fits(

@@ -84,6 +84,10 @@ MISTAKES = [
         "never writes through a link",
     ),
     (["export", "{model}", "--output-dir", "out", "--int8"], "--int8 needs"),
+    # A model whose weights are not those the index records.
+    (["search", "{other}", "{written}", "q.png"], "their weights differ"),
+    (["serve", "{other}", "{written}", "--port", "0"], "their weights differ"),
+    (["index", "add", "{other}", "{written}"], "their weights differ"),
 ]
 
 SCRIPT = textwrap.dedent(
@@ -103,6 +107,29 @@ SCRIPT = textwrap.dedent(
     print(json.dumps({"outcomes": outcomes, "tf": "tensorflow" in sys.modules}))
     """
 )
+
+
+def _index_of_another_model(folder) -> tuple[str, str]:
+    """An index recording one model's weights, and another model's file."""
+    import keras
+
+    from subic_keras.search import SubicIndex
+    from subic_keras.weights_digest import weights_digest
+
+    for name in ("one", "other"):
+        inputs = keras.Input((3,))
+        keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(
+            folder / f"{name}.keras"
+        )
+    index = SubicIndex(2, 4)
+    index.add([[0, 1]])
+    index.model = {
+        "digest": "a" * 64,
+        "path": str(folder / "one.keras"),
+        "weights_file": weights_digest(folder / "one.keras"),
+    }
+    index.save(folder / "written.subic")
+    return str(folder / "written.subic"), str(folder / "other.keras")
 
 
 def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
@@ -130,7 +157,10 @@ def test_mistakes_are_one_line_before_tensorflow_loads(tmp_path):
     model = tmp_path / "model.keras"
     with zipfile.ZipFile(model, "w") as archive:
         archive.writestr("config.json", "{}")
+    written, other = _index_of_another_model(tmp_path)
     names = {
+        "written": written,
+        "other": other,
         "missing": str(tmp_path / "missing"),
         "text": str(tmp_path / "notes.txt"),
         "folder": str(tmp_path / "folder"),

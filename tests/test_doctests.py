@@ -41,6 +41,7 @@ MODULES = (
     "subic_keras.search.image_index",
     "subic_keras.search.sharding",
     "subic_keras.search.manifests",
+    "subic_keras.weights_digest",
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
     "subic_keras.search.milvus",

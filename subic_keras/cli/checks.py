@@ -20,9 +20,10 @@ from subic_keras.pretrained import INSTANCE
 from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
 from subic_keras.search.addresses import check_database_exists
-from subic_keras.search.file_format import MAGIC
+from subic_keras.search.file_format import MAGIC, recorded_model
 from subic_keras.search.manifests import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
+from subic_keras.weights_digest import weights_digest
 
 # The largest upload or decoding memory a server is told to allow, in MB.
 _MAX_MEGABYTES = 100_000.0
@@ -160,6 +161,36 @@ def _model(path: str) -> None:
         check_keras_file(path, members=False)
 
 
+def _model_wrote(model: str, index: str) -> None:
+    """Refuses, before TensorFlow loads, a model whose weights are not those
+    of the model the index records (`weights_digest`; indexes that record
+    none are checked once the model is loaded, `retrieval.check_model_fits`)."""
+    if is_database(index):
+        return
+    shard = index
+    if is_manifest(index):
+        try:
+            shard = read_manifest(index).shards[0]
+        except (OSError, ValueError):
+            return  # said when the manifest is opened
+    record = recorded_model(shard) or {}
+    wrote = record.get("weights_file")
+    if not isinstance(wrote, str):
+        return
+    path = os.path.abspath(pretrained_path() if model == INSTANCE else model)
+    weights = weights_digest(path)
+    if weights is None or weights == wrote:
+        return
+    writer = record.get("path") or record.get("file") or "another model"
+    if writer == path:  # the same file, trained again since
+        writer = f"an earlier training of {writer}"
+    raise ValueError(
+        f"index {index} was written by {writer} (weights {wrote[:12]}), not by "
+        f"{path} (weights {weights[:12]}): their weights differ; build the "
+        "index again with this model (`subic index build`)"
+    )
+
+
 def _ours_to_replace(path: str, manifest: bool) -> None:
     """Refuses an existing `--output` that is not an index (or a manifest)
     of ours: a build replaces an index, never a user's other file."""
@@ -187,6 +218,7 @@ def _index_add(args) -> None:
     check_int("--batch-size", args.batch_size, minimum=1)
     check_file(args.index, "index file")
     _model(args.model)
+    _model_wrote(args.model, args.index)
     if args.folder is not None:
         check_folder(args.folder)
 
@@ -225,6 +257,7 @@ def _search(args) -> None:
     if not args.images:
         raise ValueError("give at least one query image after the index")
     _index(args.index, args.collection)
+    _model_wrote(args.model, args.index)
     # Pillow, for the headers: loaded here, not for `--help`.
     from subic_keras.images import ImageDecodeError, check_picture
 
@@ -289,6 +322,7 @@ def _serve(args) -> None:
     _megabytes("--max-decode-mb", args.max_decode_mb, 1)
     _model(args.model)
     check_file(args.index, "index file")
+    _model_wrote(args.model, args.index)
     if args.folder is not None:
         check_folder(args.folder)
     # Listening now says a busy port at once; `run_serve` serves on it.

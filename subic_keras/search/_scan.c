@@ -1261,6 +1261,88 @@ static PyObject *group(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(distinct);
 }
 
+/* How often codes repeat, from every row at the cost of a hash each: the
+ * rows whose mixed hash falls below `threshold` (a share of all possible
+ * rows, whatever their order) are kept, and the distinct ones among them
+ * counted in a small table of hashes. `kept / distinct` estimates the
+ * items per distinct row of the whole. Returns distinct (and kept in
+ * *kept), or -2 without memory. */
+static uint64_t mixed(uint64_t x) { /* splitmix64's finaliser */
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static long long sampled_distinct(const uint8_t *rows, long long n, long long width,
+                                  uint64_t threshold, long long *kept) {
+    long long capacity = 1024, distinct = 0;
+    uint64_t *table = calloc((size_t)capacity, sizeof(uint64_t)); /* 0: empty */
+    if (!table) return -2;
+    *kept = 0;
+    for (long long i = 0; i < n; i++) {
+        const uint8_t *row = rows + i * width;
+        uint64_t h;
+        if (width <= 8) {
+            uint64_t key = 0;
+            memcpy(&key, row, (size_t)width);
+            h = mixed(key);
+        } else {
+            h = mixed(row_hash(row, width));
+        }
+        if (h >= threshold) continue;
+        ++*kept;
+        h |= 1; /* never 0, the empty slot */
+        long long slot = (long long)((h >> 7) & (uint64_t)(capacity - 1));
+        while (table[slot] && table[slot] != h) slot = (slot + 1) & (capacity - 1);
+        if (table[slot]) continue;
+        table[slot] = h;
+        if (2 * ++distinct > capacity) {
+            long long grown = 2 * capacity;
+            uint64_t *bigger = calloc((size_t)grown, sizeof(uint64_t));
+            if (!bigger) {
+                free(table);
+                return -2;
+            }
+            for (long long s = 0; s < capacity; s++) {
+                if (!table[s]) continue;
+                long long t = (long long)((table[s] >> 7) & (uint64_t)(grown - 1));
+                while (bigger[t]) t = (t + 1) & (grown - 1);
+                bigger[t] = table[s];
+            }
+            free(table);
+            table = bigger;
+            capacity = grown;
+        }
+    }
+    free(table);
+    return distinct;
+}
+
+static PyObject *sample_repeats(PyObject *self, PyObject *args) {
+    Py_buffer rows;
+    long long n, width, kept = 0, distinct = 0;
+    unsigned long long threshold;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LLK", &rows, &n, &width, &threshold)) return NULL;
+    const char *problem = NULL;
+    if (n < 0 || width < 1)
+        problem = "sizes out of range";
+    else if (rows.len != n * width)
+        problem = "rows buffer has the wrong size";
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS distinct =
+            sampled_distinct(rows.buf, n, width, (uint64_t)threshold, &kept);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&rows);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    if (distinct == -2) return PyErr_NoMemory();
+    return Py_BuildValue("LL", kept, distinct);
+}
+
 /* Refinement by looks (subic_keras/search/looks.py): each query's candidates,
  * the codes' best, ordered by how much their looks (int8 rows of `table`)
  * look like the query's views. A candidate's likeness is that of the most
@@ -1747,6 +1829,9 @@ static PyMethodDef methods[] = {
      "(n rows of width bytes), in linear time; returns the number of distinct rows "
      "(first: each one's first item; members[starts[r]:starts[r+1]]: its items), or "
      "-1 past limit."},
+    {"sample_repeats", sample_repeats, METH_VARARGS,
+     "sample_repeats(rows, n, width, threshold): (kept, distinct): the rows whose "
+     "mixed hash is below threshold, and the distinct ones among them."},
     {"refine", refine, METH_VARARGS,
      "refine(table, table_rows, rows, scores, positions, queries, bars, nq, c, d, views, "
      "k, near, standout, floor, dots, out): the first k of each query's c candidates in "

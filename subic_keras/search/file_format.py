@@ -252,6 +252,29 @@ def _checksum(f, raw_header: bytes, expected: int) -> bytes:
     return digest.digest()
 
 
+def recorded_model(path: str | os.PathLike) -> dict | None:
+    """The model record in an index file's metadata (version 3 on), read
+    without reading the codes or verifying the file: for a check before
+    anything loads (`read` verifies the file when it is opened). None when
+    there is none, or the file is not one to read so."""
+    try:
+        with open(open_regular(path), "rb") as f:
+            magic, version, _, _, _, n, code_size, _ = _HEADER.unpack(
+                f.read(_HEADER.size)
+            )
+            if magic != MAGIC or version not in _VERSIONS[2:]:
+                return None
+            f.seek(_HEADER.size + n * (code_size + 8))
+            (length,) = _LENGTH.unpack(f.read(_LENGTH.size))
+            if length > 1 << 20:
+                return None
+            metadata = load_json(f.read(length))
+    except (OSError, ValueError, struct.error, OverflowError):
+        return None
+    model = metadata.get("model") if isinstance(metadata, dict) else None
+    return model if isinstance(model, dict) else None
+
+
 def read(
     path: str | os.PathLike, *, folder: str | None = None
 ) -> tuple[Header, np.ndarray, np.ndarray, Items | None]:

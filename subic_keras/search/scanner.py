@@ -78,10 +78,14 @@ class Scanner(abc.ABC):
             store: the codes.
             groups: the grouping of the store's equal codes an index file
                 held (`grouping`'s), which spares the native scan finding
-                it (other scanners have no use for it).
+                it (other scanners have no use for it); None: found now,
+                where the scanner groups.
         """
         with self._sync_lock:
-            self._lay_out_grouped(store, groups)
+            if groups is None:
+                self._lay_out(store, 0)
+            else:
+                self._lay_out_grouped(store, groups)
             self._synced = (store.version, store.removals, store.size)
         if store.size:
             # One search of a query like a model's (non-negative), as TF

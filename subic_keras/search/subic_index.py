@@ -744,10 +744,11 @@ class SubicIndex(SearchBackend):
                 raise ValueError(
                     f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
                 ) from None
-            if items.groups is not None:
-                # Laid out now, from the file's grouping: the first search
-                # costs what the next ones do.
-                index._scanner.lay_out(index._store, items.groups)
+        # Laid out and warmed now (from the file's grouping where it holds
+        # one): the first search costs what the next ones do.
+        if index._store.size:
+            groups = None if items is None else items.groups
+            index._scanner.lay_out(index._store, groups)
         return index
 
 

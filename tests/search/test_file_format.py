@@ -271,11 +271,22 @@ def test_a_file_keeps_the_grouping_and_a_load_needs_no_regrouping(
         np.testing.assert_array_equal(a, b)
 
 
-def test_codes_that_hardly_repeat_write_no_grouping(rng, tmp_path):
+def test_codes_that_hardly_repeat_write_no_grouping(rng, tmp_path, monkeypatch):
     index = SubicIndex(6, 64)
     index.add(random_codes(rng, 300, 6, 64))
     index.save(tmp_path / "r.subic")
     assert (tmp_path / "r.subic").read_bytes()[8:12] == struct.pack("<I", 1)
+    # Laid out when loaded all the same: the first search lays out nothing.
+    loaded = SubicIndex.load(tmp_path / "r.subic")
+    queries = rng.random((2, 6 * 64)).astype(np.float32)
+    expected = index.search(queries, 5)
+
+    def no_layout(*args):
+        raise AssertionError("laid out on the first search")
+
+    monkeypatch.setattr(type(loaded._scanner), "_lay_out", no_layout)
+    for a, b in zip(loaded.search(queries, 5), expected):
+        np.testing.assert_array_equal(a, b)
 
 
 def _with_groups(data, n, starts, members):

@@ -321,8 +321,28 @@ def test_group_equal_matches_a_sort(rng, width):
         assert items[0] == start and np.all(np.diff(items) > 0)
         assert (rows[items] == rows[start]).all()
     np.testing.assert_array_equal(np.sort(members), np.arange(5000))
-    # Codes that hardly repeat are told from a sample, at once.
+    # Codes that hardly repeat are told from every code's hash, at once.
     assert native.group_equal(rng.integers(0, 256, (300_000, 8), np.uint8)) is None
+
+
+@needs_native
+def test_whether_codes_repeat_is_told_from_every_code(rng):
+    """Neither the codes' order nor a mixture of single and repeated codes
+    misleads the estimate: 200,000 codes each five times, laid out so that
+    an evenly spaced sample meets each once; a tenth of 300,000 items in
+    pairs, the rest single."""
+    codes = rng.integers(0, 256, (200_000, 6), np.uint8)
+    rows = np.repeat(codes, 5, axis=0)  # a code's five items side by side
+    assert len(np.unique(rows[:: len(rows) // 65536], axis=0)) > 0.99 * 65536
+    assert abs(native.repeat_estimate(rows) - 0.2) < 0.01
+    first, starts, _ = native.group_equal(rows)
+    assert len(first) == 200_000 and set(np.diff(starts)) == {5}
+    single = rng.integers(0, 2**47, 240_000)
+    pairs = rng.integers(2**47, 2**48, 30_000)
+    mixed = rng.permutation(np.concatenate([single, pairs, pairs]))
+    rows = mixed.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :6]
+    assert 0.85 < native.repeat_estimate(rows) < 0.95
+    assert native.group_equal(rows) is not None  # 0.9 distinct: grouped
 
 
 @needs_native
