@@ -20,7 +20,11 @@ import os
 
 from benchmarks import common
 from benchmarks.markdown import header, render_generic, table
-from benchmarks.render_paper import render_cifar10, render_cross_domain
+from benchmarks.render_paper import (
+    render_cifar10,
+    render_cross_domain,
+    render_unseen_classes,
+)
 from benchmarks.render_systems import (
     render_encode_speed,
     render_export_parity,
@@ -42,6 +46,10 @@ KNOWN = {
     "cross_domain.json": (
         "Cross-domain category retrieval (Table 3)",
         render_cross_domain,
+    ),
+    "unseen_classes.json": (
+        "Codes that transfer: classes held out of training",
+        render_unseen_classes,
     ),
     "search_speed.json": ("Search speed", render_search_speed),
     "filter_speed.json": ("Filtered search", render_filter_speed),
@@ -289,6 +297,22 @@ def _summary_cold_start(data: dict) -> tuple[str, str]:
     )
 
 
+def _summary_unseen_classes(data: dict) -> tuple[str, str]:
+    means = data["mean_map"]
+    key = max((k for k in means if k.startswith("unseen")), key=lambda k: int(k[7:]))
+    rows, bits = means[key], key.split()[1]
+    paper = means.get(f"paper {bits}", {})
+    return (
+        f"mAP on CIFAR-10 classes held out of training (unseen), {bits} bits, "
+        f"{data['settings']['budget']}",
+        f"SuBiC z {rows['subic_z']:.3f}, one-hot classifier "
+        f"{rows['one_hot_classifier']:.3f}, PQ {rows['pq']:.3f}, OPQ "
+        f"{rows['opq']:.3f}; standard protocol: SuBiC "
+        f"{paper.get('subic_z', float('nan')):.3f}, one-hot classifier "
+        f"{paper.get('one_hot_classifier', float('nan')):.3f}",
+    )
+
+
 def _summary_ray_search(data: dict) -> tuple[str, str]:
     results = data["results"]
     four, recovery = results["ray_4_shards"], results["ray_4_shards"]["recovery"]
@@ -313,6 +337,7 @@ def _summary_ray_folders(data: dict) -> tuple[str, str]:
 
 _SUMMARIES = {
     "cifar10_retrieval.json": _summary_cifar10,
+    "unseen_classes.json": _summary_unseen_classes,
     "train_recipe.json": _summary_train_recipe,
     "search_speed.json": _summary_search_speed,
     "filter_speed.json": _summary_filter_speed,

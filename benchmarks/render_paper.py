@@ -274,3 +274,35 @@ def render_cross_domain(data: dict) -> list[str]:
             [[name, *values] for name, values in paper["rows"].items()],
         )
     return lines
+
+
+UNSEEN_ROWS = {
+    "subic_z": "SuBiC, query z (Eq. 10)",
+    "subic_class_posterior": "SuBiC, class-posterior query",
+    "one_hot_classifier": "one-hot classifier (3 bits)",
+    "pq": "PQ of the backbone's features",
+    "opq": "OPQ of the backbone's features",
+}
+
+
+def render_unseen_classes(data: dict) -> list[str]:
+    """Mean mAP of every row on both protocols, by code length."""
+    settings = data["settings"]
+    means = data["mean_map"]
+    columns = sorted(means, key=lambda key: (int(key.split()[1]), key))
+    lines = [
+        f"Budget: {settings['budget']} (pre-training epochs "
+        f"{settings['pretrain_epochs']}, SuBiC epochs {settings['epochs']}); "
+        f"unseen: classes held out of training, splits {settings['splits']} "
+        "averaged (`protocols.held_out_classes`); paper: a model of every class "
+        "with the same budget. mAP, pessimistic ties.",
+        "",
+    ]
+    lines += table(
+        ["method", *(f"{key.split()[0]}, {key.split()[1]} bits" for key in columns)],
+        [
+            [UNSEEN_ROWS.get(row, row), *(means[key].get(row) for key in columns)]
+            for row in UNSEEN_ROWS
+        ],
+    )
+    return lines

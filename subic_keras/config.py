@@ -174,6 +174,10 @@ class TrainConfig:
             float32 (`models.float32_copy`).
         max_train_images: train on the first `n` training images only
             (quick runs); the test split is always whole.
+        exclude_classes: class ids of `dataset` left out of training and
+            validation (`protocols.held_out_classes`): the model learns the
+            other classes (numbered in order) and records these, which
+            `subic evaluate --protocol unseen` retrieves among.
         seed: seed of the initial weights, the data order and augmentation.
         output_dir: where `best.keras`, `summary.json` and TensorBoard logs go.
         cache_dir: where pre-trained backbones are cached, keyed by
@@ -201,6 +205,7 @@ class TrainConfig:
     frozen_epochs: int | None = None
     mixed_precision: bool = False
     max_train_images: int | None = None
+    exclude_classes: tuple[int, ...] = ()
     seed: int = 0
     output_dir: str = "subic_run"
     cache_dir: str | None = None
@@ -230,6 +235,19 @@ class TrainConfig:
                 )
         if self.max_train_images is not None:
             check_int("max_train_images", self.max_train_images, minimum=2)
+        excluded = tuple(self.exclude_classes)
+        for value in excluded:
+            check_int("exclude_classes", value, minimum=0)
+        if len(set(excluded)) != len(excluded):
+            raise ValueError(
+                f"exclude_classes must name each class once, received {excluded}"
+            )
+        if excluded and self.images is not None:
+            raise ValueError(
+                "exclude_classes applies to dataset (a folder's classes are its "
+                f"subfolders: leave one out of it), received {excluded}"
+            )
+        self.exclude_classes = tuple(sorted(excluded))
         self.recipe()  # validates the budgets and weights
 
     def recipe(self, augment: bool = True) -> Recipe:

@@ -381,6 +381,14 @@ class Subic(Scorer):
             return np.zeros((0, self.num_blocks), np.int32)
         return self._predict(self.encoder, inputs, batch_size, "encoding")
 
+    def features(self, images, batch_size: int = 256) -> np.ndarray:
+        """The backbone's features of `images`, FC0's input `(n, d)`: what
+        the unsupervised baselines quantize (`baselines.ProductQuantizer`)."""
+        fc0 = self.train_model.get_layer(FC0)
+        model = ImageModel(self.train_model.inputs, fc0.input, name="features")
+        inputs = self.model_inputs(images)
+        return np.asarray(self._predict(model, inputs, batch_size, "features"))
+
     def query(
         self, images, batch_size: int = 256, kind: str | None = None
     ) -> np.ndarray:

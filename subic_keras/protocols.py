@@ -47,8 +47,52 @@ RETRIEVAL_PROTOCOLS = {
             "Seeded random queries, num_queries in total or queries_per_class "
             "per class; the rest is the database.",
         ),
+        RetrievalProtocol(
+            "unseen",
+            "Classes held out of training only (Sablayrolles et al., ICASSP "
+            "2017): 100 random queries per held-out class (queries_per_class), "
+            "the rest of those classes' test items as database.",
+        ),
     )
 }
+# The share of a dataset's classes an unseen-class split holds out of
+# training (rounded up: 3 of CIFAR-10's 10).
+UNSEEN_FRACTION = 0.25
+
+
+def held_out_classes(num_classes: int, split: int = 0) -> tuple[int, ...]:
+    """The classes unseen-class split `split` holds out of training.
+
+    Sablayrolles, Douze, Usunier and Jégou ("How should we evaluate
+    supervised hashing?", ICASSP 2017) train on about 75 % of the classes
+    and retrieve among the others, where a classifier's prediction cannot
+    stand in for a code. Here `ceil(num_classes / 4)` classes are held out:
+    the classes in a fixed order (a permutation drawn with seed 0), split
+    `s` takes its `s`-th run, so the splits hold out disjoint classes.
+
+    Example:
+
+    >>> [held_out_classes(10, split) for split in range(3)]
+    [(2, 4, 6), (3, 5, 7), (0, 8, 9)]
+
+    Args:
+        num_classes: the dataset's classes, at least 2.
+        split: which split, in `[0, num_classes // ceil(num_classes / 4))`.
+
+    Returns:
+        The held-out class ids, sorted.
+    """
+    num_classes = check_int("num_classes", num_classes, minimum=2)
+    count = -(-num_classes // 4)
+    splits = num_classes // count
+    split = check_int("split", split, minimum=0)
+    if split >= splits:
+        raise ValueError(
+            f"split must be < {splits} (the number of unseen-class splits of "
+            f"{num_classes} classes), received {split}"
+        )
+    order = np.random.default_rng(0).permutation(num_classes)
+    return tuple(sorted(int(c) for c in order[split * count : (split + 1) * count]))
 
 
 def protocol_split(
@@ -57,6 +101,7 @@ def protocol_split(
     seed: int = 0,
     num_queries: int | None = None,
     queries_per_class: int | None = None,
+    classes=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Query and database indices of a named protocol (`RETRIEVAL_PROTOCOLS`).
 
@@ -74,7 +119,11 @@ def protocol_split(
         seed: seed of the random choice of queries (`"paper"`, `"random"`).
         num_queries: total queries for `"random"`.
         queries_per_class: queries per class for `"random"`; exactly one of
-            `num_queries` and `queries_per_class` must be given for it.
+            `num_queries` and `queries_per_class` must be given for it. For
+            `"unseen"`, 100 by default.
+        classes: for `"unseen"` (and only it), the classes held out of
+            training (`held_out_classes`): queries and database are drawn
+            from their items alone.
 
     Returns:
         `(query_indices, database_indices)`, sorted int64 arrays. For
@@ -90,6 +139,13 @@ def protocol_split(
         )
     seed = check_int("seed", seed, minimum=0)
     labels = _check_labels(labels)
+    if (classes is None) != (name != "unseen"):
+        raise ValueError(
+            "classes (the held-out classes) goes with protocol 'unseen' and only "
+            f"with it, received protocol {name!r} and classes {classes!r}"
+        )
+    if name == "unseen":
+        return _unseen_split(labels, classes, seed, num_queries, queries_per_class)
     if name == "paper" and labels.ndim != 1:
         raise ValueError(
             "protocol 'paper' draws queries per class, so labels must be class "
@@ -120,6 +176,30 @@ def protocol_split(
         num_queries=num_queries,
         seed=seed,
     )
+
+
+def _unseen_split(labels, classes, seed, num_queries, queries_per_class):
+    if labels.ndim != 1:
+        raise ValueError(
+            "protocol 'unseen' holds out classes, so labels must be class ids of "
+            f"shape (n,), received shape {labels.shape}"
+        )
+    if num_queries is not None:
+        raise ValueError(
+            "protocol 'unseen' draws queries per class: give queries_per_class, "
+            f"received num_queries={num_queries!r}"
+        )
+    held = np.unique(np.asarray(classes))
+    if not held.size or held.ndim != 1 or not np.isin(held, labels).all():
+        raise ValueError(
+            f"classes must name classes of labels, received {list(held)[:20]} "
+            f"(labels hold {np.unique(labels)[:20].tolist()})"
+        )
+    kept = np.flatnonzero(np.isin(labels, held))
+    queries, database = query_database_split(
+        labels[kept], queries_per_class or 100, seed=seed
+    )
+    return kept[queries], kept[database]
 
 
 def query_database_split(

@@ -205,19 +205,50 @@ def _data(config: TrainConfig) -> _TrainingData:
         config.dataset, config.data_dir, config.max_train_images
     )
     num_classes = int(max(y_train.max(), y_test.max())) + 1
+    names: list[str] | None = CLASS_NAMES[config.dataset]
+    names = names if names is not None and len(names) == num_classes else None
+    if config.exclude_classes:
+        (x_train, y_train), (x_test, y_test), names = _without_classes(
+            config.exclude_classes,
+            num_classes,
+            (x_train, y_train, x_test, y_test),
+            names,
+        )
+        num_classes -= len(config.exclude_classes)
     train_idx, val_idx = datasets.train_validation_split(
         y_train, config.validation_size, seed=0
     )
     splits = (x_train[train_idx], y_train[train_idx], x_train[val_idx])
-    names = CLASS_NAMES[config.dataset]
     return _TrainingData(
         (*splits, y_train[val_idx], x_test, y_test),
         x_train.shape[1:],
         num_classes,
         len(train_idx),
         len(val_idx),
-        names if len(names) == num_classes else None,
+        names,
         [],
+    )
+
+
+def _without_classes(excluded, num_classes: int, arrays, names):
+    """The training and test arrays without the `excluded` classes, the
+    others numbered `0, 1, ...` in order (the test split keeps the seen
+    classes: what the summary's classification figures are measured on)."""
+    if max(excluded) >= num_classes or len(excluded) >= num_classes - 1:
+        raise ValueError(
+            f"exclude_classes must leave at least 2 of the {num_classes} classes, "
+            f"received {list(excluded)}"
+        )
+    seen = np.setdiff1d(np.arange(num_classes), excluded)
+    number = np.full(num_classes, -1, np.int64)
+    number[seen] = np.arange(len(seen))
+    x_train, y_train, x_test, y_test = arrays
+    kept_train = number[y_train] >= 0
+    kept_test = number[y_test] >= 0
+    return (
+        (x_train[kept_train], number[y_train[kept_train]]),
+        (x_test[kept_test], number[y_test[kept_test]]),
+        None if names is None else [names[c] for c in seen],
     )
 
 
@@ -335,8 +366,11 @@ def _data_source(config: TrainConfig) -> dict:
 
     if config.images is not None:
         return {"dataset": None, "data_dir": None, "images": absolute(config.images)}
-    return {
+    source = {
         "dataset": config.dataset,
         "data_dir": absolute(config.data_dir),
         "images": None,
     }
+    if config.exclude_classes:  # `subic evaluate --protocol unseen` reads them
+        source["held_out_classes"] = ",".join(map(str, config.exclude_classes))
+    return source

@@ -407,6 +407,30 @@ def test_evaluate_reports_expected_ap_over_tie_orders(digits_model):
     assert abs(result["map_expected"] - expected) < 1e-6
 
 
+def test_evaluate_on_the_classes_a_model_was_trained_without(
+    digits_model, tmp_path, capsys
+):
+    import keras
+
+    with pytest.raises(SystemExit) as stop:
+        main(["evaluate", digits_model, "--protocol", "unseen"])
+    assert stop.value.code == 2
+    assert "was trained on every class" in capsys.readouterr().err
+    # As `subic train --exclude-classes 2,4,6` records it.
+    model = keras.saving.load_model(digits_model)
+    model.data_source = {**model.data_source, "held_out_classes": "2,4,6"}
+    held = tmp_path / "held.keras"
+    model.save(held)
+    out = tmp_path / "unseen.json"
+    argv = ["evaluate", str(held), "--protocol", "unseen", "--queries-per-class", "10"]
+    assert main([*argv, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "digits test, classes [2, 4, 6] (held out of training), protocol " in printed
+    result = json.loads(out.read_text())
+    assert result["protocol"] == "unseen" and result["num_queries"] == 30
+    assert result["num_database"] < 200  # three classes of the test split
+
+
 def _load_model(path):
     import keras
 

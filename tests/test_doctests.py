@@ -13,6 +13,7 @@ MODULES = (
     "subic_keras.baselines.hashing",
     "subic_keras.baselines.quantizers",
     "subic_keras.baselines.uncompressed",
+    "subic_keras.baselines.one_hot",
     "subic_keras.applications",
     "subic_keras.backbones",
     "subic_keras.building",

@@ -5,6 +5,7 @@ import pytest
 
 from subic_keras.protocols import (
     RETRIEVAL_PROTOCOLS,
+    held_out_classes,
     protocol_split,
     query_database_split,
     train_validation_split,
@@ -120,3 +121,34 @@ def test_protocol_splits():
     queries, _ = protocol_split("random", labels, queries_per_class=3)
     assert np.all(np.bincount(labels[queries]) == 3)
     assert set(RETRIEVAL_PROTOCOLS) == {"paper", "dsh", "random"}
+
+
+def test_unseen_classes_splits_hold_out_disjoint_quarters():
+    splits = [held_out_classes(10, split) for split in range(3)]
+    assert all(len(held) == 3 for held in splits)
+    assert len(set().union(*splits)) == 9  # no class held out twice
+    with pytest.raises(ValueError, match="split must be < 3"):
+        held_out_classes(10, 3)
+    assert held_out_classes(4, 1) != held_out_classes(4, 0)  # one class each
+
+
+def test_the_unseen_protocol_draws_from_held_out_classes_only():
+    labels = np.repeat(np.arange(10), 300)
+    held = held_out_classes(10, 1)
+    queries, database = protocol_split("unseen", labels, seed=3, classes=held)
+    assert set(labels[queries]) == set(labels[database]) == set(held)
+    assert len(queries) == 300 and len(database) == 600
+    assert not set(queries) & set(database)
+    queries, _ = protocol_split(
+        "unseen", labels, classes=list(held), queries_per_class=5
+    )
+    assert len(queries) == 15
+    for kwargs, message in (
+        ({"classes": None}, "goes with protocol 'unseen' and only with it"),
+        ({"classes": held, "num_queries": 10}, "give queries_per_class"),
+        ({"classes": [12]}, "classes must name classes of labels"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            protocol_split("unseen", labels, **kwargs)
+    with pytest.raises(ValueError, match="goes with protocol 'unseen'"):
+        protocol_split("paper", labels, classes=held)

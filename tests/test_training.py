@@ -30,6 +30,12 @@ def test_defaults_are_the_recipe():
         ({"epochs": 3, "warmup_epochs": 4}, "warmup_epochs must be at most epochs"),
         ({"max_train_images": 1}, "max_train_images must be >= 2, received 1"),
         ({"learning_rate": 0.0}, "learning_rate must be > 0"),
+        ({"exclude_classes": (2, 2)}, "exclude_classes must name each class once"),
+        ({"exclude_classes": (-1,)}, "exclude_classes must be >= 0, received -1"),
+        (
+            {"images": "photos", "exclude_classes": (1,)},
+            "exclude_classes applies to dataset",
+        ),
     ],
 )
 def test_bad_configuration_names_the_argument(kwargs, message):
@@ -134,3 +140,30 @@ def test_no_output_is_written_through_a_planted_link(tmp_path):
     assert sorted(os.listdir(out / "logs" / "subic")) == ["train", "validation"]
     assert os.listdir(outside) == ["victim"]
     assert (outside / "victim").read_text() == "the user's"
+
+
+def test_held_out_classes_never_reach_training():
+    """`exclude_classes`: no picture of a held-out class is trained or
+    validated on; the others are numbered in order, the model records which
+    were held out."""
+    from subic_keras import datasets
+    from subic_keras.training import _data, _data_source
+
+    config = TrainConfig(dataset="digits", exclude_classes=(6, 2, 4))
+    assert config.exclude_classes == (2, 4, 6)
+    data = _data(config)
+    x_fit, y_fit, x_val, y_val, x_test, y_test = data.splits
+    (x_train, y_train), (_, y_all_test) = datasets.load_digits()
+    held = {image.tobytes() for image in x_train[np.isin(y_train, (2, 4, 6))]}
+    seen = {image.tobytes() for image in x_train[~np.isin(y_train, (2, 4, 6))]}
+    assert held and not held & seen  # (no picture is in two classes)
+    for images in (x_fit, x_val):
+        assert not {image.tobytes() for image in images} & held
+    assert len(x_fit) + len(x_val) == len(seen)
+    assert data.num_classes == 7 and data.class_names == list("0135789")
+    for labels in (y_fit, y_val, y_test):
+        assert set(labels.tolist()) == set(range(7))
+    assert len(x_test) == np.isin(y_all_test, (2, 4, 6), invert=True).sum()
+    assert _data_source(config)["held_out_classes"] == "2,4,6"
+    with pytest.raises(ValueError, match="must leave at least 2 of the 10 classes"):
+        _data(TrainConfig(dataset="digits", exclude_classes=tuple(range(9))))

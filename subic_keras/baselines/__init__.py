@@ -8,6 +8,8 @@
   `train_hashing`.
 - The uncompressed reference, float features ranked by L2 distance or
   cosine: `Uncompressed`.
+- A classifier's prediction as a one-block code: `OneHotClassifier`
+  (Sablayrolles et al., ICASSP 2017).
 
 Each is a `subic_keras.scoring.Scorer`, so `subic_keras.scoring.evaluate`
 scores them like SuBiC. Names load on first use: the quantizers do not
@@ -26,13 +28,22 @@ _NAMES = {
     "HashingNetwork": "hashing",
     "hamming_search": "hashing",
     "LocalSearchQuantizer": "quantizers",
+    "OneHotClassifier": "one_hot",
     "OptimizedProductQuantizer": "quantizers",
     "ProductQuantizer": "quantizers",
     "Quantizer": "quantizers",
     "train_hashing": "training",
     "Uncompressed": "uncompressed",
 }
-_SUBMODULES = ("dlbhc", "dsh", "hashing", "quantizers", "training", "uncompressed")
+_SUBMODULES = (
+    "dlbhc",
+    "dsh",
+    "hashing",
+    "one_hot",
+    "quantizers",
+    "training",
+    "uncompressed",
+)
 
 __all__ = sorted(_NAMES)
 

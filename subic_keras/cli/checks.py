@@ -346,6 +346,13 @@ def _evaluate(args) -> None:
             f"cannot go with --protocol {args.protocol}: only the random "
             "protocol takes a number of queries",
         )
+    if args.protocol == "unseen":
+        refuse_given(
+            args,
+            ("num_queries", "images"),
+            "cannot go with --protocol unseen: it draws --queries-per-class "
+            "from the held-out classes of a dataset",
+        )
     if args.images is not None:
         refuse_given(
             args,

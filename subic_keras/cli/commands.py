@@ -409,7 +409,11 @@ def run_evaluate(args) -> int:
         per_class = args.queries_per_class or (
             100 if smallest > 100 else max(1, smallest // 5)
         )
-    options = {}
+    options: dict = {}
+    if protocol == "unseen":
+        options["classes"] = _held_out_classes(subic, args.model)
+        options["queries_per_class"] = args.queries_per_class or 100
+        source += f", classes {options['classes']} (held out of training)"
     if protocol == "random":
         if args.num_queries is not None:
             options["num_queries"] = args.num_queries
@@ -448,7 +452,9 @@ def run_evaluate(args) -> int:
             "wall_seconds": round(time.time() - start, 1),
         }
     )
-    split = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in options.items())
+    split = ", ".join(
+        f"{k.replace('_', ' ')} {v}" for k, v in options.items() if k != "classes"
+    )
     print(
         f"{source}, protocol {protocol!r}"
         + (f" ({split}, seed {args.seed})" if split else "")
@@ -460,6 +466,19 @@ def run_evaluate(args) -> int:
     )
     _write_json(args.output, result)
     return 0
+
+
+def _held_out_classes(subic, model: str) -> list[int]:
+    """The classes `model` was trained without (`subic train
+    --exclude-classes`), recorded in it."""
+    held = (subic.train_model.data_source or {}).get("held_out_classes")
+    if not held:
+        raise ValueError(
+            f"--protocol unseen retrieves among the classes the model was trained "
+            f"without, and {model} was trained on every class; train one with "
+            "`subic train --exclude-classes IDS`"
+        )
+    return [int(c) for c in held.split(",")]
 
 
 def run_export(args) -> int:

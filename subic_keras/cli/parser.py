@@ -461,11 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(dataset=None, split=None)
     evaluate.add_argument(
         "--protocol",
-        choices=("paper", "dsh", "random"),
+        choices=("paper", "dsh", "random", "unseen"),
         default=None,
         help="paper: 100 queries per class, the rest the database (Sec. 4.1); "
         "dsh: every image queries the whole split; random: --queries-per-class "
-        "or --num-queries random queries (default: paper; random with --images)",
+        "or --num-queries random queries; unseen: the paper's among the classes "
+        "the model was trained without (train --exclude-classes) only "
+        "(default: paper; random with --images)",
     )
     evaluate.add_argument(
         "--queries-per-class",

@@ -189,6 +189,15 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
         "always all of them (default: all)",
     )
     parser.add_argument(
+        "--exclude-classes",
+        type=_class_ids,
+        default=(),
+        metavar="IDS",
+        help="class ids of --dataset left out of training, comma-separated "
+        "(e.g. 2,4,6: unseen-class split 0 of CIFAR-10), which `subic evaluate "
+        "--protocol unseen` retrieves among (default: none)",
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         default=defaults.seed,
@@ -240,7 +249,18 @@ def config_from_args(args) -> TrainConfig:
         frozen_epochs=args.frozen_epochs,
         mixed_precision=args.mixed_precision,
         max_train_images=args.max_train_images,
+        exclude_classes=args.exclude_classes,
         seed=args.seed,
         output_dir=args.output_dir,
         cache_dir=args.cache_dir,
     )
+
+
+def _class_ids(text: str) -> tuple[int, ...]:
+    """`--exclude-classes`: comma-separated class ids."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected class ids separated by commas, received {text!r}"
+        ) from None
