@@ -51,7 +51,7 @@ from subic_keras.search.manifests import (
     shard_paths,
     write_manifest,
 )
-from subic_keras.search.ray_index import ray_module
+from subic_keras.search.ray_cluster import ray_module
 
 PROGRESS_FORMAT = "subic.shards.progress"
 _MAX_PROGRESS_BYTES = 64 << 20

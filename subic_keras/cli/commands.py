@@ -273,7 +273,7 @@ def _index_folder_on_ray(args) -> int:
     import logging
 
     from subic_keras.ray_folders import index_folder_on_ray
-    from subic_keras.search.ray_index import ray_module
+    from subic_keras.search.ray_cluster import ray_module
 
     # The command's output is its own, not Ray Data's progress and notices.
     ray_module(args.ray_address)

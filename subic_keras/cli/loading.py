@@ -34,6 +34,6 @@ def open_index(args, uri: str):
 def join_ray(args, uri) -> None:
     """Ray joined (or started) as `--ray-address` says, for a manifest."""
     if search_uri.is_manifest(uri):
-        from subic_keras.search.ray_index import ray_module
+        from subic_keras.search.ray_cluster import ray_module
 
         ray_module(getattr(args, "ray_address", None))

@@ -37,13 +37,11 @@ that hold the ids.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 import numpy as np
 
-from subic_keras.paths import read_bytes
 from subic_keras.search import filters
 from subic_keras.search import looks as _looks
 from subic_keras.search.base import Searcher, answer_rows
@@ -59,6 +57,8 @@ from subic_keras.search.manifests import (
     check_shard_files,
     read_manifest,
 )
+from subic_keras.search.ray_cluster import ray_module
+from subic_keras.search.sharding import SeenItems, merge_candidates
 
 
 class ShardUnavailableError(OSError):
@@ -156,80 +156,6 @@ class _Shard:
             self.index.remove(self.index.paths(held) if self.pictures else held)
             self.index.save(self.path)
         return len(held)
-
-
-def ray_module(address: str | None = None, probe_seconds: float = 5.0):
-    """Ray, initialized (joining `address` if it is not yet).
-
-    `address` as `ray.init` takes it: `None` or `"auto"` joins the cluster
-    `RAY_ADDRESS` or Ray's cluster file (the last `ray start` on this
-    machine) names, else starts one here; `"local"` always starts one here.
-    A cluster named so is asked first, within `probe_seconds`: one that no
-    longer answers (a stale cluster file) is said in one line instead of
-    Ray waiting for it for minutes.
-
-    Raises:
-        ImportError: without Ray, naming the extra that installs it.
-        ConnectionError: the cluster named does not answer.
-    """
-    try:
-        import ray
-    except ImportError as error:
-        raise ImportError(
-            "shards are searched and built with Ray: pip install 'subic-keras[ray]'"
-        ) from error
-    if not ray.is_initialized():
-        _probe_cluster(address, probe_seconds)
-        ray.init(
-            address=address,
-            log_to_driver=False,
-            include_dashboard=False,
-            logging_level=logging.ERROR,  # a command's output stays its own
-        )
-    return ray
-
-
-def _probe_cluster(address: str | None, seconds: float) -> None:
-    """Raises `ConnectionError` where the cluster `ray.init(address)` would
-    join does not accept a connection within `seconds`."""
-    import socket
-
-    named = f"--ray-address {address}"
-    if address in (None, "auto"):
-        named, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS") or None
-    if address is None:
-        named, address = _cluster_file()
-    if address in (None, "", "local", "auto") or "://" in address:
-        return  # a local start, or a Ray Client address Ray itself resolves
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return  # Ray refuses it with its own message
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
-    except OSError as error:
-        reason = "no answer" if isinstance(error, TimeoutError) else error.strerror
-        raise ConnectionError(
-            f"the Ray cluster at {address} ({named}) does not answer "
-            f"({reason or error}); give --ray-address local to start one on this "
-            "machine, or the address of a running cluster"
-        ) from None
-
-
-def _cluster_file() -> tuple[str, str | None]:
-    """Ray's file naming the last cluster started on this machine, and the
-    address it holds (`None` without one)."""
-    try:
-        from ray._common.utils import get_default_ray_temp_dir
-
-        folder = get_default_ray_temp_dir()
-    except ImportError:  # where Ray keeps it elsewhere: its usual place
-        folder = os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
-    path = os.path.join(folder, "ray_current_cluster")
-    try:
-        text = read_bytes(path, 4096, "Ray cluster file").decode().strip()
-    except (OSError, ValueError):
-        return path, None
-    return f"the cluster file {path}", text or None
 
 
 def _digest(model: dict | None) -> str | None:
@@ -481,10 +407,10 @@ class RayIndex(Searcher):
         parts = self._all("candidates", queries, wide, where, with_looks)
         offsets = np.cumsum([0] + [part["size"] for part in parts])[:-1]
         kept = int(sum(part["kept"] for part in parts))
-        merged = _merge(parts, offsets)
+        merged = merge_candidates(parts, offsets)
         found = min(k, kept)
         if with_looks and found:
-            seen = _Seen(merged)
+            seen = SeenItems(merged)
 
             def same_codes(positions: np.ndarray) -> np.ndarray:
                 codes = np.unique(seen.packed(positions), axis=0)
@@ -611,77 +537,3 @@ class RayIndex(Searcher):
             missing = ids[~np.isin(ids, held)]
             raise KeyError(f"ids not in the index: {preview(missing)}")
         return int(sum(self._all("remove", ids)))
-
-
-def _merge(parts: list[dict], offsets: np.ndarray) -> dict:
-    """The shards' candidates as one list per query: by score (float64),
-    highest first, then by position in manifest order, as one index ranks."""
-    positions = np.concatenate(
-        [part["positions"] + offset for part, offset in zip(parts, offsets)], axis=1
-    )
-    scores = np.concatenate([part["scores"] for part in parts], axis=1)
-    order = np.lexsort((positions, -scores), axis=-1)
-    merged: dict[str, np.ndarray | None] = {
-        "scores": np.take_along_axis(scores, order, axis=1),
-        "positions": np.take_along_axis(positions, order, axis=1),
-    }
-    for name in ("ids", "packed", "looks"):
-        if parts[0][name] is None:
-            merged[name] = None
-            continue
-        column = np.concatenate([part[name] for part in parts], axis=1)
-        index = order.reshape(*order.shape, *([1] * (column.ndim - 2)))
-        merged[name] = np.take_along_axis(column, index, axis=1)
-    return merged
-
-
-class _Seen:
-    """The items a sharded refinement has met, by position in manifest
-    order: their ids and looks (and the shortlist's packed codes)."""
-
-    def __init__(self, merged: dict):
-        self._shortlist = _Table(
-            merged["positions"].ravel(),
-            merged["packed"].reshape(-1, merged["packed"].shape[-1]),
-        )
-        self._ids = _Table(merged["positions"].ravel(), merged["ids"].ravel())
-        looks = merged["looks"]
-        self._looks = _Table(
-            merged["positions"].ravel(), looks.reshape(-1, looks.shape[-1])
-        )
-
-    def add(self, parts: list[dict]) -> None:
-        positions = np.concatenate([part["positions"] for part in parts])
-        self._ids.add(positions, np.concatenate([part["ids"] for part in parts]))
-        self._looks.add(positions, np.concatenate([part["looks"] for part in parts]))
-
-    def packed(self, positions: np.ndarray) -> np.ndarray:
-        return self._shortlist.take(positions)
-
-    def ids(self, positions: np.ndarray) -> np.ndarray:
-        return self._ids.take(positions)
-
-    def looks(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The looks' table, and the rows of `positions` in it."""
-        return self._looks.rows, self._looks.where(positions)
-
-
-class _Table:
-    """Rows by key (unique keys, kept sorted)."""
-
-    def __init__(self, keys: np.ndarray, rows: np.ndarray):
-        self.keys, first = np.unique(keys, return_index=True)
-        self.rows = rows[first]
-
-    def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        new = ~np.isin(keys, self.keys)
-        keys, first = np.unique(
-            np.concatenate([self.keys, keys[new]]), return_index=True
-        )
-        self.keys, self.rows = keys, np.concatenate([self.rows, rows[new]])[first]
-
-    def where(self, keys: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.keys, keys)
-
-    def take(self, keys: np.ndarray) -> np.ndarray:
-        return self.rows[self.where(keys)]
