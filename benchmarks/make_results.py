@@ -298,13 +298,18 @@ def _summary_cold_start(data: dict) -> tuple[str, str]:
 
 
 def _summary_unseen_classes(data: dict) -> tuple[str, str]:
-    means = data["mean_map"]
+    means, settings = data["mean_map"], data["settings"]
     key = max((k for k in means if k.startswith("unseen")), key=lambda k: int(k[7:]))
     rows, bits = means[key], key.split()[1]
     paper = means.get(f"paper {bits}", {})
     return (
         f"mAP on CIFAR-10 classes held out of training (unseen), {bits} bits, "
-        f"{data['settings']['budget']}",
+        + (
+            "`subic train` defaults"
+            if settings["pretrain_epochs"] is None and settings["epochs"] is None
+            else f"{settings['pretrain_epochs']} pre-training + {settings['epochs']} "
+            f"SuBiC epochs, splits {settings['splits']}"
+        ),
         f"SuBiC z {rows['subic_z']:.3f}, one-hot classifier "
         f"{rows['one_hot_classifier']:.3f}, PQ {rows['pq']:.3f}, OPQ "
         f"{rows['opq']:.3f}; standard protocol: SuBiC "
