@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import zipfile
 
@@ -60,3 +61,40 @@ def weights_digest(path: str | os.PathLike) -> str | None:
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, RuntimeError):
         return None
     return digest.hexdigest()
+
+
+def block_shape(path: str | os.PathLike) -> tuple[int, int] | None:
+    """`(M, K)` of the `BlockSoftmax` layer a `.keras` file's configuration
+    holds, read without TensorFlow; None where it holds none (or one is
+    not found).
+
+    Example:
+
+    >>> subic = build_subic(backbones.dsh_cnn(), 4, 16, 10)
+    >>> subic.train_model.save("m.keras")
+    >>> block_shape("m.keras")
+    (4, 16)
+    """
+    try:
+        with zipfile.ZipFile(os.fspath(path)) as archive:
+            info = archive.getinfo("config.json")
+            if info.file_size > 64 << 20:
+                return None
+            config = json.loads(archive.read(info))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    found: list[tuple[int, int]] = []
+    stack = [config]
+    while stack:  # (iterative: a crafted file's nesting is no recursion)
+        item = stack.pop()
+        if isinstance(item, dict):
+            layer = item.get("config")
+            if item.get("class_name") == "BlockSoftmax" and isinstance(layer, dict):
+                blocks, size = layer.get("num_blocks"), layer.get("block_size")
+                if isinstance(blocks, int) and isinstance(size, int):
+                    found.append((blocks, size))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    shapes = set(found)
+    return shapes.pop() if len(shapes) == 1 else None

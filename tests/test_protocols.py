@@ -120,7 +120,7 @@ def test_protocol_splits():
     assert len(queries) == 250 and len(database) == 9750
     queries, _ = protocol_split("random", labels, queries_per_class=3)
     assert np.all(np.bincount(labels[queries]) == 3)
-    assert set(RETRIEVAL_PROTOCOLS) == {"paper", "dsh", "random"}
+    assert set(RETRIEVAL_PROTOCOLS) == {"paper", "dsh", "random", "unseen"}
 
 
 def test_unseen_classes_splits_hold_out_disjoint_quarters():

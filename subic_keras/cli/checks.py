@@ -23,7 +23,7 @@ from subic_keras.search.addresses import check_database_exists
 from subic_keras.search.file_format import MAGIC, recorded_model
 from subic_keras.search.manifests import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
-from subic_keras.weights_digest import weights_digest
+from subic_keras.weights_digest import block_shape, weights_digest
 
 # The largest upload or decoding memory a server is told to allow, in MB.
 _MAX_MEGABYTES = 100_000.0
@@ -174,10 +174,18 @@ def _model_wrote(model: str, index: str) -> None:
         except (OSError, ValueError):
             return  # said when the manifest is opened
     record = recorded_model(shard) or {}
+    path = os.path.abspath(pretrained_path() if model == INSTANCE else model)
+    recorded = (record.get("num_blocks"), record.get("block_size"))
+    shape = block_shape(path)
+    if shape is not None and all(isinstance(v, int) for v in recorded):
+        if shape != recorded:
+            raise ValueError(
+                f"index {index} holds codes of {recorded[0]} blocks of "
+                f"{recorded[1]}, but the model makes {shape[0]} blocks of {shape[1]}"
+            )
     wrote = record.get("weights_file")
     if not isinstance(wrote, str):
         return
-    path = os.path.abspath(pretrained_path() if model == INSTANCE else model)
     weights = weights_digest(path)
     if weights is None or weights == wrote:
         return
