@@ -24,6 +24,7 @@ from subic_keras.instance import InstanceSubic
 from subic_keras.models import Subic
 from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
+from subic_keras.search.checks import model_writer
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.weights_digest import weights_digest
@@ -241,9 +242,7 @@ def check_model_fits(
         for key in ("num_blocks", "block_size", "input_shape", "query")
         if key in recorded and recorded[key] != current[key]
     ] or ["their weights differ"]
-    wrote = recorded.get("path") or recorded.get("file") or "another model"
-    if wrote == model:  # the same file, trained again since
-        wrote = f"an earlier training of {wrote}"
+    wrote = model_writer(recorded, model)
     raise ValueError(
         f"{where} was written by {wrote} (digest {recorded['digest'][:12]}), not "
         f"by {model} (digest {current['digest'][:12]}): {'; '.join(differs)}; "

@@ -20,6 +20,7 @@ from subic_keras.pretrained import INSTANCE
 from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
 from subic_keras.search.addresses import check_database_exists
+from subic_keras.search.checks import model_writer
 from subic_keras.search.file_format import MAGIC, recorded_model
 from subic_keras.search.manifests import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
@@ -189,11 +190,9 @@ def _model_wrote(model: str, index: str) -> None:
     weights = weights_digest(path)
     if weights is None or weights == wrote:
         return
-    writer = record.get("path") or record.get("file") or "another model"
-    if writer == path:  # the same file, trained again since
-        writer = f"an earlier training of {writer}"
     raise ValueError(
-        f"index {index} was written by {writer} (weights {wrote[:12]}), not by "
+        f"index {index} was written by {model_writer(record, path)} (weights "
+        f"{wrote[:12]}), not by "
         f"{path} (weights {weights[:12]}): their weights differ; build the "
         "index again with this model (`subic index build`)"
     )

@@ -197,3 +197,11 @@ def check_model_record(name: str, record) -> dict | None:
             f"received {str(record)[:200]}"
         )
     return dict(record)
+
+
+def model_writer(record: dict, model: str) -> str:
+    """How messages name the model an index's `record` says wrote it, beside
+    `model`, the one given now: its path (or file name), and "an earlier
+    training of" it where both are the same file."""
+    writer = record.get("path") or record.get("file") or "another model"
+    return f"an earlier training of {writer}" if writer == model else writer
