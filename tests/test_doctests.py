@@ -42,6 +42,7 @@ MODULES = (
     "subic_keras.search.image_index",
     "subic_keras.search.sharding",
     "subic_keras.search.manifests",
+    "subic_keras.search.native",
     "subic_keras.weights_digest",
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
