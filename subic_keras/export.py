@@ -419,25 +419,20 @@ def _encoder_model(subic: Subic | InstanceSubic, int8: bool = False) -> keras.Mo
     model = subic.train_model
     images = model.inputs[0]
     z = model.get_layer(FC0).output
+    query = z if isinstance(subic, Subic) else model.get_layer(BLOCK_PROBS).output
+    # An instance code's codes are its first largest probabilities, as in
+    # `InstanceSubic.encode`; at int8 the probabilities are steps of 1/256
+    # and tie often, so they come from the logits, whose order they keep.
+    ranked = z if int8 else query
     argmax = _ArgmaxOperator if int8 else BlockArgmax
-    outputs = {}
-    if not isinstance(subic, Subic):  # an instance code
-        probs = model.get_layer(BLOCK_PROBS).output
-        # As `InstanceSubic.encode`: the first largest probability. At int8
-        # the probabilities are steps of 1/256 and tie often, so the codes
-        # come from the logits, whose order they keep.
-        outputs["codes"] = argmax(subic.num_blocks, subic.block_size, name="codes")(
-            z if int8 else probs
-        )
-        outputs["query"] = keras.layers.Activation(
-            "linear", dtype="float32", name="query"
-        )(probs)
-    else:
-        outputs["codes"] = argmax(subic.num_blocks, subic.block_size, name="codes")(z)
+    outputs = {
+        "codes": argmax(subic.num_blocks, subic.block_size, name="codes")(ranked),
         # float32 even when the model computes in float16.
-        outputs["query"] = keras.layers.Activation(
-            "linear", dtype="float32", name="query"
-        )(z)
+        "query": keras.layers.Activation("linear", dtype="float32", name="query")(
+            query
+        ),
+    }
+    if isinstance(subic, Subic):
         outputs["class_query"] = keras.layers.Activation(
             "linear", dtype="float32", name="class_query"
         )(subic.class_query_encoder.outputs[0])
