@@ -145,7 +145,9 @@ def _check_same_folder(index: ImageIndex, subic: Encoder, root, model_path) -> N
     check_model_fits(index, subic, model_path=model_path)
 
 
-def model_record(subic: Encoder, path: str | os.PathLike | None = None) -> dict:
+def model_record(
+    subic: Encoder, path: str | os.PathLike | None = None, file_digest: bool = True
+) -> dict:
     """What an index records of the model that writes its codes.
 
     The digest is a SHA-256 of the model's configuration (`M`, `K`, input
@@ -157,6 +159,8 @@ def model_record(subic: Encoder, path: str | os.PathLike | None = None) -> dict:
         path: its file, named in messages (its base name and absolute path
             are recorded, and the digest of its weights as the file holds
             them, `weights_digest`).
+        file_digest: read that digest (False: `weights_file` is None, for a
+            check that compares `digest` alone and need not read the file).
     """
     digest = hashlib.sha256()
     config = {
@@ -177,7 +181,7 @@ def model_record(subic: Encoder, path: str | os.PathLike | None = None) -> dict:
     if path is not None:
         name = os.path.basename(os.fspath(path))
         where = os.path.abspath(os.fspath(path))
-        weights = weights_digest(path)
+        weights = weights_digest(path) if file_digest else None
     return {
         "digest": digest.hexdigest(),
         "file": name,
@@ -224,7 +228,7 @@ def check_model_fits(
                 "built again",
                 file=sys.stderr,
             )
-    current = model_record(subic, model_path)
+    current = model_record(subic, model_path, file_digest=False)
     recorded = index.model
     model = current["path"] or "the model"
     if recorded is None:
