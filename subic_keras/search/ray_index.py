@@ -165,15 +165,14 @@ def _digest(model: dict | None) -> str | None:
 def _one_model(shards: tuple[str, ...], models: list) -> dict | None:
     """The model record every shard holds, or the error naming the first
     shard whose codes another model (or no recorded model) wrote."""
-    digest = _digest
 
     def named(model) -> str:
         if model is None:
             return "no recorded model"
-        return f"{model.get('path') or model.get('file')} (digest {digest(model)})"
+        return f"{model.get('path') or model.get('file')} (digest {_digest(model)})"
 
     for path, model in zip(shards, models):
-        if digest(model) != digest(models[0]):
+        if _digest(model) != _digest(models[0]):
             raise ValueError(
                 f"shard {path!r} holds codes of {named(model)}, the first shard "
                 f"{shards[0]!r} codes of {named(models[0])}: a manifest lists "
