@@ -234,7 +234,12 @@ def _without_classes(excluded, num_classes: int, arrays, names):
     """The training and test arrays without the `excluded` classes, the
     others numbered `0, 1, ...` in order (the test split keeps the seen
     classes: what the summary's classification figures are measured on)."""
-    if max(excluded) >= num_classes or len(excluded) >= num_classes - 1:
+    if max(excluded) >= num_classes:
+        raise ValueError(
+            f"exclude_classes must be class ids below {num_classes} (the "
+            f"dataset's classes), received {list(excluded)}"
+        )
+    if len(excluded) >= num_classes - 1:
         raise ValueError(
             f"exclude_classes must leave at least 2 of the {num_classes} classes, "
             f"received {list(excluded)}"

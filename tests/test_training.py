@@ -167,3 +167,5 @@ def test_held_out_classes_never_reach_training():
     assert _data_source(config)["held_out_classes"] == "2,4,6"
     with pytest.raises(ValueError, match="must leave at least 2 of the 10 classes"):
         _data(TrainConfig(dataset="digits", exclude_classes=tuple(range(9))))
+    with pytest.raises(ValueError, match=r"class ids below 10 .*, received \[2, 12\]"):
+        _data(TrainConfig(dataset="digits", exclude_classes=(12, 2)))
