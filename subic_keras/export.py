@@ -57,6 +57,7 @@ from subic_keras._io import (
 )
 from subic_keras._validation import check_finite, check_int
 from subic_keras.layers import BlockArgmax, BlockSoftmax
+from subic_keras.litert import run_litert as run_litert
 from subic_keras.models import BLOCK_PROBS, FC0, FC1, Subic
 from subic_keras.pixels import PIXEL_LEVELS, scale_pixels
 
@@ -328,69 +329,6 @@ def export_litert(
         with open(tmp, "wb") as handle:
             handle.write(flatbuffer)
     return os.fspath(path)
-
-
-def run_litert(
-    path: str,
-    images: np.ndarray,
-    batch_size: int = 256,
-    num_threads: int | None = None,
-) -> dict[str, np.ndarray]:
-    """Encodes images with a LiteRT file written by `export_litert`.
-
-    Example:
-
-    >>> path = export_litert(build_subic(backbones.dsh_cnn(), 8, 64, 10),
-    ...                      "subic.tflite")
-    >>> outputs = run_litert(path, images)   # uint8 RGB `(64, 32, 32, 3)`
-    >>> outputs["codes"].shape, outputs["query"].shape
-    ((64, 8), (64, 512))
-
-    Args:
-        path: the `.tflite` file.
-        images: `(n, H, W, C)`, uint8 in `[0, 255]` or float in `[0, 1]`.
-        batch_size: images per interpreter call.
-        num_threads: the interpreter's CPU threads (its default when None).
-
-    Returns:
-        `{"codes": int32 (n, M), "query": float32 (n, M·K), "class_query":
-        float32 (n, M·K)}` (no `class_query` from files exported before it
-        existed).
-    """
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:  # pragma: no cover - ai-edge-litert is a dependency
-        Interpreter = tf.lite.Interpreter
-    images = np.asarray(images)
-    if images.dtype == np.uint8:
-        images = PIXEL_LEVELS[images]
-    elif images.dtype.kind != "f":
-        raise TypeError(f"images must be uint8 or float, received dtype {images.dtype}")
-    images = images.astype(np.float32, copy=False)
-    interpreter = Interpreter(model_path=os.fspath(path), num_threads=num_threads)
-    runner = interpreter.get_signature_runner("serving_default")
-    expected = tuple(int(d) for d in runner.get_input_details()["images"]["shape"][1:])
-    if images.shape[1:] != expected or images.ndim != 4:
-        raise ValueError(
-            f"images must have shape (n, {', '.join(map(str, expected))}) for "
-            f"{os.fspath(path)!r}, received {images.shape}"
-        )
-    check_finite("images", images)
-    if not len(images):
-        return {
-            name: np.zeros((0, *details["shape"][1:]), details["dtype"])
-            for name, details in runner.get_output_details().items()
-        }
-    outputs = [
-        runner(images=images[start : start + batch_size])
-        for start in range(0, len(images), batch_size)
-    ]
-    return {
-        name: np.concatenate([out[name] for out in outputs])
-        for name in ("codes", "query", "class_query")
-        if name in outputs[0]
-    }
 
 
 class _ArgmaxOperator(BlockArgmax):

@@ -13,23 +13,13 @@ import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int
+from subic_keras.litert import interpreter_class
 from subic_keras.paths import open_file
 
 # Bumped whenever the extractor's preprocessing changes, so that stale caches
 # computed the old way are never returned.
 _CACHE_VERSION = 1
 _RESIZE_METHOD = "bilinear"
-
-
-def _interpreter_class():
-    """LiteRT's interpreter, or TensorFlow's where `ai-edge-litert` is absent."""
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        import tensorflow as tf
-
-        Interpreter = tf.lite.Interpreter
-    return Interpreter
 
 
 def _quantization(details: dict) -> tuple[float, int]:
@@ -98,7 +88,7 @@ class LiteRTFeatureExtractor:
         with open_file(self.model_path) as handle:
             self._model_digest = hashlib.sha256(handle.read()).hexdigest()
         try:
-            self._interpreter = _interpreter_class()(
+            self._interpreter = interpreter_class()(
                 model_path=self.model_path, num_threads=num_threads
             )
             self._interpreter.allocate_tensors()

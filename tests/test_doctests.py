@@ -27,6 +27,7 @@ MODULES = (
     "subic_keras.recipe",
     "subic_keras.baselines.training",
     "subic_keras.export",
+    "subic_keras.litert",
     "subic_keras.losses",
     "subic_keras.models",
     "subic_keras.protocols",

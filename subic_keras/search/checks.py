@@ -205,3 +205,14 @@ def model_writer(record: dict, model: str) -> str:
     training of" it where both are the same file."""
     writer = record.get("path") or record.get("file") or "another model"
     return f"an earlier training of {writer}" if writer == model else writer
+
+
+def check_fingerprints(fingerprints, n: int) -> np.ndarray:
+    """The queries' pixel fingerprints as uint64 `(n,)`, one per query."""
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    if fingerprints.shape != (n,):
+        raise ValueError(
+            f"fingerprints must have shape ({n},), one per query, "
+            f"received {fingerprints.shape}"
+        )
+    return fingerprints

@@ -32,11 +32,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from subic_keras.search import file_format, filters
+from subic_keras.search.addresses import is_database
 from subic_keras.search.base import Searcher, answer_rows
-from subic_keras.search.checks import check_ids, preview
+from subic_keras.search.checks import check_fingerprints, check_ids, preview
 from subic_keras.search.items import ItemTable, check_attributes, check_paths
 from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.looks import fitting
+from subic_keras.search.manifests import is_manifest
 from subic_keras.search.subic_index import SubicIndex
 
 FORMAT = "subic.image-index"
@@ -493,11 +495,9 @@ class ImageIndex(Searcher):
                 that is not a SuBiC index, or codes without paths (an index
                 of a dataset split rather than of a folder).
         """
-        from subic_keras.search import uri
-
-        if uri.is_manifest(path) or uri.is_database(path):
+        if is_manifest(path) or is_database(path):
             raise ValueError(f"ImageIndex.load reads a .subic file, not {path!r}")
-        index = uri.open(path, scanner=scanner)
+        index = read_file(path, scanner=scanner)
         if not isinstance(index, ImageIndex):
             raise ValueError(
                 f"{os.fspath(path)!r} holds codes without image paths (an index "
@@ -510,7 +510,7 @@ class ImageIndex(Searcher):
     def from_parts(
         cls, path: str | os.PathLike, codes: SubicIndex, items: file_format.Items
     ) -> ImageIndex:
-        """The index of a file's codes and item table (`uri.open`), each
+        """The index of a file's codes and item table (`read_file`), each
         field checked (errors name the path)."""
 
         def fail(reason: str) -> ValueError:
@@ -553,6 +553,30 @@ class ImageIndex(Searcher):
         return index
 
 
+def read_file(
+    path: str | os.PathLike, *, scanner: str = "auto", folder: str | None = None
+) -> SubicIndex | ImageIndex:
+    """Opens one `.subic` file: an `ImageIndex` where it records its items'
+    paths (a folder's pictures), else a `SubicIndex`.
+
+    The one reader of index files, below everything that opens them
+    (`subic_keras.search.open`, `ImageIndex.load`, a Ray shard's actor).
+
+    Args:
+        path: the file.
+        scanner: what scans its codes (`SubicIndex`'s argument).
+        folder: a real folder the file must lie in, links leading out of
+            it refused (`file_format.read`).
+    """
+    header, packed, ids, items = file_format.read(path, folder=folder)
+    codes = SubicIndex.from_parts(
+        path, header, packed, ids, items=items, scanner=scanner
+    )
+    if items is None or items.paths is None:
+        return codes
+    return ImageIndex.from_parts(path, codes, items)
+
+
 def copies_first(
     scores: np.ndarray,
     ids: np.ndarray,
@@ -573,14 +597,3 @@ def copies_first(
     ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
     scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
     exact[row, : len(copies)] = True
-
-
-def check_fingerprints(fingerprints, n: int) -> np.ndarray:
-    """The queries' pixel fingerprints as uint64 `(n,)`, one per query."""
-    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
-    if fingerprints.shape != (n,):
-        raise ValueError(
-            f"fingerprints must have shape ({n},), one per query, "
-            f"received {fingerprints.shape}"
-        )
-    return fingerprints

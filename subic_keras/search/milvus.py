@@ -44,7 +44,6 @@ pymilvus is an optional dependency: `pip install "subic-keras[milvus]"`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -68,15 +67,18 @@ from subic_keras.search.checks import (
     check_num_blocks,
     preview,
 )
+from subic_keras.search.milvus_client import (
+    MilvusError as MilvusError,
+)
+from subic_keras.search.milvus_client import (
+    milvus_errors,
+    pymilvus_module,
+)
 
 FORMAT_VERSION = 1
 MAX_K = 16_384  # Milvus's topk limit
 _BATCH = 10_000  # rows per insert, delete or lookup request
 _PROPERTIES = ("subic.format", "subic.num_blocks", "subic.block_size")
-
-
-class MilvusError(OSError):
-    """A Milvus request that failed, named with its URI and collection."""
 
 
 # One lock per collection of this process: writers through any number of
@@ -89,17 +91,6 @@ def _write_lock(uri: str, collection: str) -> threading.Lock:
     key = (os.path.abspath(uri) if is_local(uri) else uri, collection)
     with _WRITE_LOCKS_GUARD:
         return _WRITE_LOCKS.setdefault(key, threading.Lock())
-
-
-def _pymilvus():
-    try:
-        import pymilvus
-    except ImportError as error:
-        raise ImportError(
-            "the Milvus backend needs pymilvus and Milvus Lite: "
-            'pip install "subic-keras[milvus]"'
-        ) from error
-    return pymilvus
 
 
 class MilvusIndex(Searcher):
@@ -158,7 +149,7 @@ class MilvusIndex(Searcher):
         replicas: int | None = None,
         model: dict | None = None,
     ):
-        pymilvus = _pymilvus()
+        pymilvus = pymilvus_module()
         model = check_model_record("model", model)
         uri = os.fspath(uri)
         if not isinstance(collection, str) or not collection:
@@ -217,7 +208,7 @@ class MilvusIndex(Searcher):
                 f"collection {collection!r} does not exist at {uri!r}; give "
                 "num_blocks and block_size to create it"
             )
-        with self._errors():
+        with milvus_errors(self._uri, self._name):
             if exists:
                 self._open(num_blocks, block_size)
             else:
@@ -347,7 +338,7 @@ class MilvusIndex(Searcher):
         return self._name
 
     def __len__(self) -> int:
-        with self._errors():
+        with milvus_errors(self._uri, self._name):
             rows = self._client.query(self._name, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
 
@@ -366,24 +357,6 @@ class MilvusIndex(Searcher):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    @contextlib.contextmanager
-    def _errors(self):
-        """Milvus's errors as `MilvusError`s that name the URI and collection."""
-        pymilvus = _pymilvus()
-        try:
-            yield
-        except pymilvus.exceptions.MilvusException as error:
-            message = " ".join(str(getattr(error, "message", None) or error).split())
-            if "not supported" in message and "index" in message:
-                # Milvus before 2.4 has no sparse vectors to index.
-                message += (
-                    " (this Milvus server cannot index sparse vectors, which "
-                    "SuBiC's collections are: Milvus 2.4 or later can)"
-                )
-            raise MilvusError(
-                f"Milvus at {self._uri!r}, collection {self._name!r}: {message}"
-            ) from error
 
     # Writing --------------------------------------------------------------
 
@@ -443,7 +416,7 @@ class MilvusIndex(Searcher):
                 (nothing is added).
         """
         codes, ids = self._checked_additions(codes, ids)
-        with self._write, self._errors():
+        with self._write, milvus_errors(self._uri, self._name):
             return self._add(codes, ids)
 
     def _add(self, codes: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
@@ -497,7 +470,7 @@ class MilvusIndex(Searcher):
             KeyError: if any id is not present (none is removed).
         """
         ids = np.unique(check_ids("ids", ids))
-        with self._write, self._errors():
+        with self._write, milvus_errors(self._uri, self._name):
             present = self._present(ids)
             missing = np.setdiff1d(ids, present)
             if len(missing):
@@ -515,7 +488,7 @@ class MilvusIndex(Searcher):
     def _rows(self, output_fields: list[str]) -> list[dict[str, Any]]:
         """Every row, in insertion order, read in ranges of the counter."""
         rows: list[dict[str, Any]] = []
-        with self._errors():
+        with milvus_errors(self._uri, self._name):
             for start in range(0, self._counters()[1], _BATCH):
                 rows += self._client.query(
                     self._name,
@@ -588,7 +561,7 @@ class MilvusIndex(Searcher):
         asked = [i for i, entries in enumerate(sparse) if entries]
         for start in range(0, len(asked), 256):
             rows = asked[start : start + 256]
-            with self._errors():
+            with milvus_errors(self._uri, self._name):
                 found = self._client.search(
                     self._name,
                     data=[sparse[i] for i in rows],

@@ -45,11 +45,17 @@ import numpy as np
 from subic_keras.search import filters
 from subic_keras.search import looks as _looks
 from subic_keras.search.base import Searcher, answer_rows
-from subic_keras.search.checks import check_ids, check_queries, duplicates, preview
+from subic_keras.search.checks import (
+    check_fingerprints,
+    check_ids,
+    check_queries,
+    duplicates,
+    preview,
+)
 from subic_keras.search.image_index import (
     ImageIndex,
-    check_fingerprints,
     copies_first,
+    read_file,
 )
 from subic_keras.search.looks import Candidates, check_query_looks, fitting, refine
 from subic_keras.search.manifests import (
@@ -71,13 +77,11 @@ class _Shard:
     kept up to date."""
 
     def __init__(self, path: str, scanner: str, manifest: Manifest):
-        from subic_keras.search.uri import open as open_index  # uri imports us
-
         self.path = path
         # A SubicIndex or an ImageIndex: the methods called are on both,
         # or called on pictures only. Read inside the manifest's folder
         # only, as `check_shard_files` checked it.
-        self.index: Any = open_index(path, scanner=scanner, folder=manifest.folder)
+        self.index: Any = read_file(path, scanner=scanner, folder=manifest.folder)
         self.pictures = isinstance(self.index, ImageIndex)
         # Run again on every restart: a file replaced since the index was
         # opened by codes of another model is refused, never served.

@@ -32,7 +32,8 @@ from subic_keras.search.base import Searcher
 from subic_keras.search.checks import duplicates, preview
 from subic_keras.search.items import IdColumns
 from subic_keras.search.scanner import best_first
-from subic_keras.search.subic_index import SubicIndex, View, top_k
+from subic_keras.search.subic_index import SubicIndex
+from subic_keras.search.views import View, top_k
 
 
 class ShardedSubicIndex(Searcher):

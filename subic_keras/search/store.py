@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from subic_keras.search import packing
+from subic_keras.search.checks import preview
 
 
 class CodeStore:
@@ -44,6 +45,20 @@ class CodeStore:
     def ids(self) -> np.ndarray:
         """The ids, in insertion order (a view: copy it to keep it)."""
         return self._ids[: self.size]
+
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of `ids` (checked, >= 0) in insertion order; KeyError
+        for ids not stored."""
+        existing = self.ids
+        # Sentinel -1 never matches: ids are validated >= 0.
+        existing_or_none = np.append(existing, -1)
+        order = np.argsort(existing, kind="stable")
+        rank = np.searchsorted(existing, ids, sorter=order)
+        positions = np.append(order, len(existing))[rank]
+        found = existing_or_none[positions] == ids
+        if not found.all():
+            raise KeyError(f"ids not in the index: {preview(ids[~found])}")
+        return positions
 
     def looks(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """Looks of `rows` (positions); a store with a `look_size` only."""

@@ -9,10 +9,8 @@ conventions of `base`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -30,36 +28,20 @@ from subic_keras.search.checks import (
 from subic_keras.search.items import IdColumns
 from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.looks import (
-    Candidates,
     check_look_size,
     check_looks,
     check_query_looks,
     fitting,
-    refine,
 )
+from subic_keras.search.shard_answers import ShardAnswers
 from subic_keras.search.store import CodeStore
+from subic_keras.search.views import View, every_score, refined_top_k, top_k
 
 _DEFAULT_ADD_CHUNK = 65_536
 _DEFAULT_SEARCH_CHUNK = 1_024
 
 
-@dataclasses.dataclass(frozen=True)
-class View:
-    """An index held still (`SubicIndex.view`): its ids and an exact search.
-
-    `search(queries, k, keep)` takes checked float32 queries, `k` at most
-    the number of items searched, and `keep` (one boolean per position, or
-    None for every item), and returns float64 (or float32) scores and
-    positions into `ids`, best first, equal scores by position.
-    """
-
-    ids: np.ndarray
-    search: Callable[
-        [np.ndarray, int, np.ndarray | None], tuple[np.ndarray, np.ndarray]
-    ]
-
-
-class SubicIndex(SearchBackend):
+class SubicIndex(ShardAnswers, SearchBackend):
     """Searchable database of SuBiC codes, scored by `score = sum_m z*[m*K + c_m]`.
 
     Codes are stored bit-packed (`M * log2 K` bits) with an int64 id each,
@@ -336,25 +318,12 @@ class SubicIndex(SearchBackend):
             if ids is None:
                 positions = np.arange(len(self))
             else:
-                positions = self._positions(ids)
+                positions = self._store.positions(ids)
             out = np.empty((len(positions), self._num_blocks), dtype=np.int64)
             for start in range(0, len(positions), self._add_chunk):
                 chunk = positions[start : start + self._add_chunk]
                 out[start : start + len(chunk)] = self._store.codes(chunk)
             return out
-
-    def _positions(self, ids: np.ndarray) -> np.ndarray:
-        """Positions of `ids` in insertion order; KeyError for unknown ids."""
-        existing = self._store.ids
-        # Sentinel -1 never matches: ids are validated >= 0.
-        existing_or_none = np.append(existing, -1)
-        order = np.argsort(existing, kind="stable")
-        rank = np.searchsorted(existing, ids, sorter=order)
-        positions = np.append(order, len(existing))[rank]
-        found = existing_or_none[positions] == ids
-        if not found.all():
-            raise KeyError(f"ids not in the index: {preview(ids[~found])}")
-        return positions
 
     def get_looks(self, ids=None) -> np.ndarray:
         """The looks `(n, LOOK_SIZE)` of `ids` (default: all, in insertion
@@ -364,7 +333,7 @@ class SubicIndex(SearchBackend):
         if ids is not None:
             ids = check_ids("ids", ids)
         with self._lock.read():
-            rows = slice(None) if ids is None else self._positions(ids)
+            rows = slice(None) if ids is None else self._store.positions(ids)
             return self._store.looks(rows).copy()
 
     def search(
@@ -408,71 +377,6 @@ class SubicIndex(SearchBackend):
         """
         return self._checked_search(queries, k, where, looks)
 
-    def search_shard(
-        self, queries, k: int, *, where=None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`search` with float64 scores: what a shard sends to
-        `sharding.merge_results`.
-
-        The scans sum in float64; `search` rounds the sums to float32, where
-        two different sums can become equal (1 + 2**-30 and 1) and a merge
-        could no longer tell which came first. Merged from these, shards
-        given in insertion order rank exactly as one index would.
-        """
-        return self._checked_search(queries, k, where, dtype=np.float64)
-
-    def shard_candidates(
-        self, queries, k: int, *, where=None, keep=None, with_looks: bool = False
-    ) -> dict:
-        """What this index sends as one shard of a sharded search
-        (`RayIndex`): its `k` best by the codes among the items `where` (or
-        `keep`, one boolean per position) keeps, with float64 scores.
-
-        Returns:
-            `{"scores", "positions", "ids", "packed", "looks", "kept",
-            "size"}`: `(nq, w)` float64 scores, insertion positions and
-            ids, `w = min(k, kept)`; with `with_looks` (an index with looks)
-            the candidates' packed codes `(nq, w, code_size)` and looks
-            `(nq, w, D)`, else None; the count of items searched and of all.
-        """
-        k = self._check_k(k)
-        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        where = filters.as_filter(where)
-        with self.view() as view:
-            if where is not None:
-                keep = self._mask(view, where)
-            kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
-            scores, positions = top_positions(
-                view, queries, k, self._query_chunk, keep, np.float64
-            )
-            with_looks = with_looks and self.has_looks
-            return {
-                "scores": scores,
-                "positions": positions,
-                "ids": view.ids[positions],
-                "packed": self._store.packed(positions) if with_looks else None,
-                "looks": self._store.looks(positions) if with_looks else None,
-                "kept": kept,
-                "size": len(view.ids),
-            }
-
-    def shard_matching(self, packed: np.ndarray, *, where=None, keep=None) -> dict:
-        """The items of this shard whose packed codes are rows of `packed`,
-        among those `where` (or `keep`) keeps: `{"positions", "ids",
-        "looks"}` (looks None without), positions increasing."""
-        where = filters.as_filter(where)
-        with self.view() as view:
-            if where is not None:
-                keep = self._mask(view, where)
-            positions = self._store.with_codes(np.asarray(packed, np.uint8))
-            if keep is not None:
-                positions = positions[keep[positions]]
-            return {
-                "positions": positions,
-                "ids": view.ids[positions],
-                "looks": self._store.looks(positions) if self.has_looks else None,
-            }
-
     def _checked_search(self, queries, k, where, looks=None, dtype=np.float32):
         """`_search` of arguments checked here (`Searcher.search`'s checks)."""
         k = self._check_k(k)
@@ -504,28 +408,9 @@ class SubicIndex(SearchBackend):
                 "with looks (SubicIndex(..., looks=True))"
             )
         looks = check_query_looks("looks", looks, len(queries), self.look_size)
-        kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
-        if not kept:  # nothing to refine: the empty answer
-            return top_k(view, queries, k, self._query_chunk, keep)
-        store = self._store
-
-        def same_codes(positions: np.ndarray) -> np.ndarray:
-            tied = store.same_codes(positions)
-            return tied if keep is None else tied[keep[tied]]
-
-        scores, positions = refine(
-            lambda queries, wide: view.search(queries, wide, keep),
-            Candidates(
-                kept,
-                lambda positions: (store.looks(), positions),
-                same_codes,
-                native.dots_for(self.scanner),
-            ),
-            queries,
-            looks,
-            min(k, kept),
+        return refined_top_k(
+            view, self._store, queries, looks, k, keep, native.dots_for(self.scanner)
         )
-        return scores, view.ids[positions]
 
     def search_kept(
         self, queries, k: int, keep: np.ndarray, looks=None
@@ -566,50 +451,7 @@ class SubicIndex(SearchBackend):
         """
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
         with self.view() as view:
-            ids = np.sort(view.ids)
-            scores = np.empty((len(queries), len(ids)), np.float32)
-            if not len(ids):
-                return scores, ids
-            for start in range(0, len(queries), chunk):
-                part, found = top_k(
-                    view, queries[start : start + chunk], len(ids), chunk
-                )
-                columns = np.searchsorted(ids, found)
-                np.put_along_axis(
-                    scores[start : start + len(part)], columns, part, axis=1
-                )
-        return scores, ids
-
-    # Sharding -----------------------------------------------------------
-
-    def shard(self, num_shards: int) -> list[SubicIndex]:
-        """Splits the items into `num_shards` indexes by insertion order.
-
-        Shard `s` holds a contiguous run of items (sizes differ by at most
-        one), with the same settings. Searching every shard and merging with
-        `merge_results` gives the same results as searching this index (up
-        to which of several items tied exactly at the k-th score are kept).
-
-        Args:
-            num_shards: >= 1.
-
-        Returns:
-            A list of new `SubicIndex` objects.
-        """
-        num_shards = check_int("num_shards", num_shards, minimum=1)
-        with self._lock.read():
-            bounds = np.linspace(0, len(self), num_shards + 1).astype(np.int64)
-            shards = []
-            for lo, hi in itertools.pairwise(bounds):
-                shard = self._empty_like()
-                for start in range(lo, hi, self._add_chunk):
-                    rows = slice(start, min(hi, start + self._add_chunk))
-                    looks = self._store.looks(rows) if self.has_looks else None
-                    shard._store.append(
-                        self._store.packed(rows), self._store.ids[rows], looks
-                    )
-                shards.append(shard)
-        return shards
+            return every_score(view, queries, chunk)
 
     def _empty_like(self) -> SubicIndex:
         return SubicIndex(
@@ -750,36 +592,3 @@ class SubicIndex(SearchBackend):
             groups = None if items is None else items.groups
             index._scanner.lay_out(index._store, groups)
         return index
-
-
-def top_k(
-    view: View,
-    queries: np.ndarray,
-    k: int,
-    chunk: int,
-    keep: np.ndarray | None = None,
-    dtype=np.float32,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-`min(k, n)` of a view (`n` items, those of `keep` if given),
-    positions mapped to its ids, scores of `dtype`."""
-    scores, positions = top_positions(view, queries, k, chunk, keep, dtype)
-    return scores, view.ids[positions]
-
-
-def top_positions(
-    view: View,
-    queries: np.ndarray,
-    k: int,
-    chunk: int,
-    keep: np.ndarray | None = None,
-    dtype=np.float32,
-) -> tuple[np.ndarray, np.ndarray]:
-    """`top_k` with insertion positions instead of ids, `chunk` queries a
-    scan."""
-    found = min(k, len(view.ids) if keep is None else int(np.count_nonzero(keep)))
-    scores = np.empty((len(queries), found), dtype=dtype)
-    positions = np.empty((len(queries), found), dtype=np.int64)
-    for start in range(0, len(queries) if found else 0, chunk):
-        rows = slice(start, start + chunk)
-        scores[rows], positions[rows] = view.search(queries[rows], found, keep)
-    return scores, positions

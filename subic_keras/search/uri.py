@@ -20,10 +20,9 @@ import os
 
 import numpy as np
 
-from subic_keras.search import file_format
 from subic_keras.search.addresses import is_database as is_database
 from subic_keras.search.base import Searcher
-from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.image_index import read_file
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.subic_index import SubicIndex
 
@@ -57,7 +56,7 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         scanner: what scans a `.subic` file's codes (`SubicIndex`'s
             argument; files only).
         folder: a real folder a `.subic` file must lie in, links leading
-            out of it refused (`file_format.read`; a manifest's shards).
+            out of it refused (`image_index.read_file`; a manifest's shards).
 
     Returns:
         A `Searcher`: a `SubicIndex` (codes and ids), an `ImageIndex` (a
@@ -77,13 +76,7 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         from subic_keras.search.ray_index import RayIndex
 
         return RayIndex(uri, scanner=scanner)
-    header, packed, ids, items = file_format.read(uri, folder=folder)
-    codes = SubicIndex.from_parts(
-        uri, header, packed, ids, items=items, scanner=scanner
-    )
-    if items is None or items.paths is None:
-        return codes
-    return ImageIndex.from_parts(uri, codes, items)
+    return read_file(uri, scanner=scanner, folder=folder)
 
 
 def add_codes(

@@ -1,0 +1,48 @@
+"""pymilvus, imported where a Milvus index is used, and its errors named.
+
+pymilvus and Milvus Lite are an extra (`pip install "subic-keras[milvus]"`):
+the package imports them only when a Milvus URI is opened, and a request
+that fails raises `MilvusError`, naming the URI and the collection, rather
+than pymilvus's own exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+
+class MilvusError(OSError):
+    """A Milvus request that failed, named with its URI and collection."""
+
+
+def pymilvus_module():
+    """The `pymilvus` module, or an ImportError that says how to install it."""
+    try:
+        import pymilvus
+    except ImportError as error:
+        raise ImportError(
+            "the Milvus backend needs pymilvus and Milvus Lite: "
+            'pip install "subic-keras[milvus]"'
+        ) from error
+    return pymilvus
+
+
+@contextlib.contextmanager
+def milvus_errors(uri: str, collection: str) -> Iterator[None]:
+    """Raises Milvus's errors inside as `MilvusError`s that name the URI and
+    the collection."""
+    pymilvus = pymilvus_module()
+    try:
+        yield
+    except pymilvus.exceptions.MilvusException as error:
+        message = " ".join(str(getattr(error, "message", None) or error).split())
+        if "not supported" in message and "index" in message:
+            # Milvus before 2.4 has no sparse vectors to index.
+            message += (
+                " (this Milvus server cannot index sparse vectors, which "
+                "SuBiC's collections are: Milvus 2.4 or later can)"
+            )
+        raise MilvusError(
+            f"Milvus at {uri!r}, collection {collection!r}: {message}"
+        ) from error

@@ -1,0 +1,112 @@
+"""An index held still, and the exact top `k` of what it holds.
+
+A `View` is what `SubicIndex.view()` yields under the index's read lock:
+its ids and the scan over their positions. `top_k` and `top_positions`
+search one in chunks of queries; `sharding` searches several at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from subic_keras.search.looks import Candidates, refine
+from subic_keras.search.store import CodeStore
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """An index held still (`SubicIndex.view`): its ids and an exact search.
+
+    `search(queries, k, keep)` takes checked float32 queries, `k` at most
+    the number of items searched, and `keep` (one boolean per position, or
+    None for every item), and returns float64 (or float32) scores and
+    positions into `ids`, best first, equal scores by position.
+    """
+
+    ids: np.ndarray
+    search: Callable[
+        [np.ndarray, int, np.ndarray | None], tuple[np.ndarray, np.ndarray]
+    ]
+
+
+def top_k(
+    view: View,
+    queries: np.ndarray,
+    k: int,
+    chunk: int,
+    keep: np.ndarray | None = None,
+    dtype=np.float32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-`min(k, n)` of a view (`n` items, those of `keep` if given),
+    positions mapped to its ids, scores of `dtype`."""
+    scores, positions = top_positions(view, queries, k, chunk, keep, dtype)
+    return scores, view.ids[positions]
+
+
+def top_positions(
+    view: View,
+    queries: np.ndarray,
+    k: int,
+    chunk: int,
+    keep: np.ndarray | None = None,
+    dtype=np.float32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k` with insertion positions instead of ids, `chunk` queries a
+    scan."""
+    found = min(k, len(view.ids) if keep is None else int(np.count_nonzero(keep)))
+    scores = np.empty((len(queries), found), dtype=dtype)
+    positions = np.empty((len(queries), found), dtype=np.int64)
+    for start in range(0, len(queries) if found else 0, chunk):
+        rows = slice(start, start + chunk)
+        scores[rows], positions[rows] = view.search(queries[rows], found, keep)
+    return scores, positions
+
+
+def every_score(
+    view: View, queries: np.ndarray, chunk: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of every query against every item of a view, `(nq, n)`
+    float32, and its ids in increasing order (the columns' order): the
+    scores of `top_k` with `k = n`, `chunk` queries a scan."""
+    ids = np.sort(view.ids)
+    scores = np.empty((len(queries), len(ids)), np.float32)
+    if not len(ids):
+        return scores, ids
+    for start in range(0, len(queries), chunk):
+        part, found = top_k(view, queries[start : start + chunk], len(ids), chunk)
+        columns = np.searchsorted(ids, found)
+        np.put_along_axis(scores[start : start + len(part)], columns, part, axis=1)
+    return scores, ids
+
+
+def refined_top_k(
+    view: View,
+    store: CodeStore,
+    queries: np.ndarray,
+    looks: np.ndarray,
+    k: int,
+    keep: np.ndarray | None,
+    dots,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k` of a view over `store`, its best by the codes ordered by the
+    queries' checked `looks` (`looks.refine`, `dots` the scanner's int8 dot
+    products): float32 scores and ids."""
+    kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
+    if not kept:  # nothing to refine: the empty answer
+        return top_k(view, queries, k, len(queries) or 1, keep)
+
+    def same_codes(positions: np.ndarray) -> np.ndarray:
+        tied = store.same_codes(positions)
+        return tied if keep is None else tied[keep[tied]]
+
+    scores, positions = refine(
+        lambda queries, wide: view.search(queries, wide, keep),
+        Candidates(kept, lambda at: (store.looks(), at), same_codes, dots),
+        queries,
+        looks,
+        min(k, kept),
+    )
+    return scores, view.ids[positions]
