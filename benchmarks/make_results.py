@@ -252,7 +252,7 @@ def near_duplicates_table(data: dict) -> list[str]:
         lines += [
             "",
             f"Copy marks (`subic_keras.copies`): a result is marked a copy from a "
-            f"relative score of {rules['copy_threshold']['value']}, chosen for "
+            f"copy margin of {rules['copy_margin']['value']}, chosen for "
             f"{rules['precision_target']:.0%} precision on copies of training "
             "pictures. On the whole-family queries' 10 best results, precision "
             + " and ".join(

@@ -11,6 +11,8 @@ then searches for the originals of 1,000 altered test pictures:
 - queries: copies altered by the whole family, by each of its families
   alone, and by the earlier benchmark's four alterations
   (`near_duplicates.alter`: crop, JPEG, brightness, flip);
+- the instance code's query, FC0's outputs (`InstanceSubic.query`), and
+  the earlier one, its block probabilities `z*`, ranked by the same scan;
 - peers, on the same queries and databases: the look (`search.looks`,
   108 bytes a picture, compared with 38 views of each query over the whole
   database) and ImageHash's `phash` and `dhash` (hash sizes 8 and 16,
@@ -176,8 +178,8 @@ def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
     probs = code.query(queries)
     for db_name, index in indexes.items():
         scores, ids = index.search(probs, 10)
-        marked = copies.relative_scores(probs, scores, code.block_size) >= (
-            code.copy_threshold - 1e-6
+        marked = copies.copy_margins(probs, scores, code.block_size) >= (
+            code.copy_margin - 1e-6
         )
         right = marked & (ids == chosen[:, None])
         found[db_name] = {
@@ -187,9 +189,9 @@ def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
     outside = alterations.alter_batch(x_train[: len(queries)], seed + 3)
     probs = code.query(outside)
     scores, _ = indexes["10k"].search(probs, 1)
-    relative = copies.relative_scores(probs, scores, code.block_size)[:, 0]
+    margins = copies.copy_margins(probs, scores, code.block_size)[:, 0]
     found["10k"]["queries_outside_marked"] = round(
-        float((relative >= code.copy_threshold - 1e-6).mean()), 4
+        float((margins >= code.copy_margin - 1e-6).mean()), 4
     )
     common.log(f"copy marks: {found}")
     return found
@@ -230,7 +232,7 @@ def main(argv=None) -> dict:
     )
     item_looks = looks.look(database)
     marks = None
-    if code.copy_threshold is not None:
+    if code.copy_margin is not None:
         marks = copy_marks(
             code, indexes, sets["whole family"], chosen, x_train, args.seed
         )
@@ -238,12 +240,16 @@ def main(argv=None) -> dict:
     for query_name, queries in sets.items():
         row: dict = {}
         probs = code.query(queries)
+        # The earlier query, the block probabilities, ranked by the same scan.
+        z_star = code.block_probabilities(queries)
         # The look over a whole database costs minutes: the two mixtures.
         query_looks = looks.query_look(queries) if query_name in LOOKED_AT else None
         query_hashes = {peer: hashes(queries, *_kind_size(peer)) for peer in peers}
         for db_name, size in DATABASES.items():
             _, ids = indexes[db_name].search(probs, 10)
             row[f"instance code {db_name}"] = near_duplicates.recall_at(ids, chosen)
+            _, ids = indexes[db_name].search(z_star, 10)
+            row[f"instance code z* {db_name}"] = near_duplicates.recall_at(ids, chosen)
             if query_looks is not None:
                 ranked = looks_ranked(query_looks, item_looks[:size], 10)
                 row[f"look {db_name}"] = near_duplicates.recall_at(ranked, chosen)

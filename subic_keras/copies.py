@@ -1,17 +1,19 @@
 """What counts as a copy of a picture, for an instance code.
 
 An instance code (`subic_keras.instance`) ranks a database by the
-asymmetric score of the paper (Eq. 10), `s(q, x) = sum_m z*_m[c_m(x)]`,
-`z*` the query's block probabilities and `c(x)` an item's code. Two rules
-built on it say which results are copies:
+asymmetric score of the paper (Eq. 10), `s(q, x) = sum_m l_m[c_m(x)]`,
+`l` the query's FC0 outputs (its blocks' log-probabilities up to a
+constant per block) and `c(x)` an item's code. Two rules built on it say
+which results are copies:
 
-- in a search, a result is a copy of the query when its **relative score**
-  `r(q, x) = s(q, x) / sum_m max_k z*_m[k]` (1: the item's code is the
-  query's own argmax in every block) is at least the model's
-  `copy_threshold` (`mark`);
+- in a search, a result is a copy of the query when its **copy margin**
+  `m(q, x) = s(q, x) - sum_m max_k l_m[k]`, the log-likelihood of the
+  item's code against the query's most likely code (`<= 0`; 0: the item's
+  code is the query's own argmax in every block), is at least the model's
+  `copy_margin` (`mark`);
 - among stored codes, two items are copies of each other when at least
-  `copy_blocks` of their `M` blocks are equal (`duplicate_groups`): what
-  is left of `r` when the query is a stored code, one-hot.
+  `copy_blocks` of their `M` blocks are equal (`duplicate_groups`): the
+  score of a stored code searched as a one-hot query.
 
 `calibrate` chooses both on validation pictures, for a precision: the
 share of marked results that are copies, over copies of database pictures
@@ -32,27 +34,35 @@ from subic_keras.search.subic_index import SubicIndex
 PRECISION = 0.99
 # Results per query whose marks `calibrate` counts.
 CALIBRATION_K = 10
+# The query kinds an index of an instance code records: FC0's outputs, and
+# the block probabilities of indexes written before them.
+INSTANCE_QUERIES = ("logits", "z_star")
 
 
-def relative_scores(queries: np.ndarray, scores: np.ndarray, block_size: int):
-    """`r = s / sum_m max_k z*_m[k]` of each query's scores `(nq, width)`."""
-    queries = np.asarray(queries, np.float32)
+def copy_margins(queries: np.ndarray, scores: np.ndarray, block_size: int):
+    """`m = s - sum_m max_k l_m[k]` of each query's scores `(nq, width)`.
+
+    Example:
+
+    >>> copy_margins(np.array([[2.0, 0.0, 1.0, 3.0]]), np.array([[5.0, 2.0]]), 2)
+    array([[ 0., -3.]])
+    """
+    queries = np.asarray(queries, np.float64)
     best = queries.reshape(len(queries), -1, block_size).max(-1).sum(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.asarray(scores, np.float64) / np.maximum(best, 1e-12)[:, None]
+    return np.asarray(scores, np.float64) - best[:, None]
 
 
 def mark(
     answers: list[list[dict]],
     queries: np.ndarray,
     block_size: int,
-    threshold: float | None,
+    margin: float | None,
 ) -> list[list[dict]]:
     """Adds `"copy"` and `"lifted"` to every row of `answers`
     (`Searcher.answer`'s), in place.
 
-    `copy`: an exact copy of the query, or a relative score of at least
-    `threshold` (`None`: exact copies only, as for a class code). `lifted`:
+    `copy`: an exact copy of the query, or a copy margin of at least
+    `margin` (`None`: exact copies only, as for a class code). `lifted`:
     a row listed above a better-scored one, not being an exact copy: an
     index that keeps looks lists the near copies of the query by look first
     (`search.looks`), and a row there says so.
@@ -72,11 +82,11 @@ def mark(
         if not row:
             continue
         scores = np.array([match["score"] for match in row])
-        relative = relative_scores(query[None], scores[None], block_size)[0]
+        margins = copy_margins(query[None], scores[None], block_size)[0]
         # The best score listed below each row.
         below = np.r_[np.maximum.accumulate(scores[::-1])[::-1][1:], -np.inf]
-        for match, value, best_below in zip(row, relative, below):
-            near = threshold is not None and value >= threshold - 1e-6
+        for match, value, best_below in zip(row, margins, below):
+            near = margin is not None and value >= margin - 1e-6
             match["copy"] = bool(match.get("exact") or near)
             match["lifted"] = bool(
                 not match.get("exact") and match["score"] < best_below
@@ -119,14 +129,14 @@ def calibrate(
     families: Sequence[str] | None = None,
     batch_size: int = 512,
 ) -> dict:
-    """Chooses `code`'s `copy_threshold` and `copy_blocks` on `pictures`.
+    """Chooses `code`'s `copy_margin` and `copy_blocks` on `pictures`.
 
     The database is every picture but the last `queries`; the queries are
     copies, altered by `families`, of the first `queries` pictures (whose
     originals the database holds) and of the last `queries` (whose it does
     not). Over each query's `CALIBRATION_K` best results, the least
     threshold whose marks are copies at a rate of `precision` is kept,
-    for the relative score and for equal blocks alike, and set on
+    for the copy margin and for equal blocks alike, and set on
     `code.model` (saved with it); where no threshold is that precise, the
     rule is `None` (only exact copies are marked, no duplicates listed).
 
@@ -141,7 +151,7 @@ def calibrate(
         batch_size: prediction batch size.
 
     Returns:
-        What was chosen and measured: `copy_threshold`, `copy_blocks`, and
+        What was chosen and measured: `copy_margin`, `copy_blocks`, and
         for each the precision and recall (share of copies' originals
         marked) on the validation queries, and under `"best"` the most
         precise threshold and its precision and recall, whatever the target.
@@ -166,10 +176,10 @@ def calibrate(
     truth = np.r_[np.arange(queries), np.full(queries, -1)][:, None]
     k = min(CALIBRATION_K, len(database))
 
-    z_star = code.query(copies, batch_size)
-    scores, ids = index.search(z_star, k)
-    relative = relative_scores(z_star, scores, code.block_size)
-    scored = relative.ravel(), (ids == truth).ravel()
+    queried = code.query(copies, batch_size)
+    scores, ids = index.search(queried, k)
+    margins = copy_margins(queried, scores, code.block_size)
+    scored = margins.ravel(), (ids == truth).ravel()
     by_score = least_precise(*scored, precision)
 
     one_hot = np.eye(code.block_size, dtype=np.float32)[code.encode(copies)]
@@ -180,7 +190,7 @@ def calibrate(
 
     result: dict = {"precision_target": precision, "queries": 2 * queries}
     for name, found, value, (values, correct) in (
-        ("copy_threshold", by_score, lambda t: round(t, 6), scored),
+        ("copy_margin", by_score, lambda t: round(t, 6), scored),
         ("copy_blocks", by_blocks, lambda t: round(t), blocks),
     ):
         if found is None:  # never precise enough: no rule, exact copies only
@@ -215,7 +225,7 @@ def recorded_copy_blocks(record: dict | None, copy_blocks: int | None) -> int:
     """
     if copy_blocks is None:
         copy_blocks = (record or {}).get("copy_blocks")
-    if copy_blocks is None and (record or {}).get("query") == "z_star":
+    if copy_blocks is None and (record or {}).get("query") in INSTANCE_QUERIES:
         raise ValueError(
             "copy_blocks must be given: the instance code that wrote this "
             "index chose no number of equal blocks precise enough on "

@@ -26,7 +26,7 @@
 
 An instance code (`subic_keras.instance`, the command line's `instance`) is
 exported the same way, with the outputs it has: `codes` and `query`, its
-block probabilities `z*` (Eq. 10), in `serving_default`, `encode_images`
+FC0 outputs (`InstanceSubic.query`, Eq. 10), in `serving_default`, `encode_images`
 and the LiteRT file; it has no classes, so no `class_query` and no
 `classify`.
 
@@ -182,7 +182,7 @@ def export_saved_model(
     lowest index), the query is `z`, the ReLU output of FC0, and the class
     query is `W₁ s`, exactly as `Subic.encoder`, `Subic.query_encoder` and
     `Subic.class_query_encoder` compute them. An instance code's signatures
-    answer `codes` and `query` (`z*`, `InstanceSubic.query`), and there is
+    answer `codes` and `query` (FC0's outputs, `InstanceSubic.query`), and there is
     no `classify`.
 
     Inputs are checked inside the graph, so on every serving host: a float
@@ -352,23 +352,23 @@ def _encoder_model(subic: Subic | InstanceSubic, int8: bool = False) -> keras.Mo
     """`images → {"codes": int32 (batch, M), "query", "class_query"}`.
 
     Both queries are float32 `(batch, M·K)`: `z` and `W₁ s`. An instance
-    code's are `codes` and `query`, its block probabilities `z*`.
+    code's are `codes` and `query`, FC0's outputs `l`.
     """
     model = subic.train_model
     images = model.inputs[0]
     z = model.get_layer(FC0).output
-    query = z if isinstance(subic, Subic) else model.get_layer(BLOCK_PROBS).output
-    # An instance code's codes are its first largest probabilities, as in
-    # `InstanceSubic.encode`; at int8 the probabilities are steps of 1/256
-    # and tie often, so they come from the logits, whose order they keep.
-    ranked = z if int8 else query
+    ranked = z
+    if not isinstance(subic, Subic) and not int8:
+        # An instance code's codes are its first largest probabilities, as
+        # in `InstanceSubic.encode`; at int8 the probabilities are steps of
+        # 1/256 and tie often, so they come from the logits, whose order
+        # they keep.
+        ranked = model.get_layer(BLOCK_PROBS).output
     argmax = _ArgmaxOperator if int8 else BlockArgmax
     outputs = {
         "codes": argmax(subic.num_blocks, subic.block_size, name="codes")(ranked),
         # float32 even when the model computes in float16.
-        "query": keras.layers.Activation("linear", dtype="float32", name="query")(
-            query
-        ),
+        "query": keras.layers.Activation("linear", dtype="float32", name="query")(z),
     }
     if isinstance(subic, Subic):
         outputs["class_query"] = keras.layers.Activation(

@@ -33,7 +33,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 
 import numpy as np
 
@@ -47,6 +46,7 @@ from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.search.manifests import (
     MANIFEST_SUFFIX,
     MAX_SHARDS,
+    is_new_build,
     new_build,
     shard_paths,
     write_manifest,
@@ -122,8 +122,7 @@ def _read_progress(path: str, model: str, root: str) -> tuple[str | None, dict]:
         or progress.get("format") != PROGRESS_FORMAT
         or progress.get("model") != model
         or progress.get("root") != root
-        or not isinstance(progress.get("build"), str)
-        or not re.fullmatch(r"[0-9a-f]{8}", progress["build"])
+        or not is_new_build(progress.get("build"))
         or not isinstance(progress.get("shards"), dict)
     ):
         return None, {}

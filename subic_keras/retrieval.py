@@ -170,7 +170,7 @@ def model_record(
         "query": subic.default_query,
     }
     if isinstance(subic, InstanceSubic) and subic.copy_blocks is not None:
-        config["copy_threshold"] = subic.copy_threshold
+        config["copy_margin"] = subic.copy_margin
         config["copy_blocks"] = subic.copy_blocks
     digest.update(json.dumps(config, sort_keys=True).encode())
     for weight in subic.train_model.weights:

@@ -203,8 +203,8 @@ class SearchService:
         self.decode_budget = image_files.DecodeBudget(decode_bytes)
         self.reload_seconds = float(reload_seconds)
         self.subic = load_encoder(model_path)
-        # Results at this relative score are copies (an instance code's).
-        self.copy_threshold = getattr(self.subic, "copy_threshold", None)
+        # Results at this copy margin are copies (an instance code's).
+        self.copy_margin = getattr(self.subic, "copy_margin", None)
         self.query_kind = query or self.subic.default_query
         self.class_names = getattr(self.subic.train_model, "class_names", None)
         self.image_shape = retrieval.input_shape(self.subic)
@@ -442,7 +442,7 @@ class SearchService:
             )
         except ValueError as error:  # a filter on a field this index lacks
             raise ApiError(422, str(error)) from None
-        copies.mark(rows, queries, index.block_size, self.copy_threshold)
+        copies.mark(rows, queries, index.block_size, self.copy_margin)
         return {
             "k": k,
             "where": None if where is None else str(where),

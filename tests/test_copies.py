@@ -44,9 +44,9 @@ def test_least_precise_takes_the_lowest_threshold_that_keeps_precision():
     assert copies.least_precise(values, ~correct, 0.9) is None
 
 
-def test_mark_flags_exact_copies_and_scores_over_the_threshold():
-    query = np.array([[0.5, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]], np.float32)
-    # The best possible score is 0.5 + 1.0 = 1.5.
+def test_mark_flags_exact_copies_and_margins_over_the_rule():
+    query = np.array([[0.5, 0.5, 0.0, 0.0, 1.0, -2.0, 0.0, 0.0]], np.float32)
+    # The best possible score is 0.5 + 1.0 = 1.5: margins 0, -0.5 and -1.5.
     rows = [
         [
             {"score": 1.5, "exact": False},
@@ -54,11 +54,11 @@ def test_mark_flags_exact_copies_and_scores_over_the_threshold():
             {"score": 0.0, "exact": True},
         ]
     ]
-    copies.mark(rows, query, 4, threshold=0.6)
+    copies.mark(rows, query, 4, margin=-0.6)
     assert [row["copy"] for row in rows[0]] == [True, True, True]
-    copies.mark(rows, query, 4, threshold=0.9)
+    copies.mark(rows, query, 4, margin=-0.1)
     assert [row["copy"] for row in rows[0]] == [True, False, True]
-    copies.mark(rows, query, 4, threshold=None)  # a class code: exact only
+    copies.mark(rows, query, 4, margin=None)  # a class code: exact only
     assert [row["copy"] for row in rows[0]] == [False, False, True]
 
 
@@ -106,15 +106,15 @@ def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path):
     instance.train_instance(code, pictures, epochs=3, batch_size=20, verbose=0)
     found = copies.calibrate(code, pictures, queries=20, precision=0.5)
     assert found["queries"] == 40
-    for name in ("copy_threshold", "copy_blocks"):
+    for name in ("copy_margin", "copy_blocks"):
         value = found[name]["value"]
         assert value == getattr(code, name)
         if value is not None:
             assert found[name]["precision"] >= 0.5
-    code.model.copy_threshold, code.model.copy_blocks = 0.75, 3
+    code.model.copy_margin, code.model.copy_blocks = -2.5, 3
     code.save(tmp_path / "code.keras", include_optimizer=False)
     loaded = instance.InstanceSubic.load(tmp_path / "code.keras")
-    assert (loaded.copy_threshold, loaded.copy_blocks) == (0.75, 3)
+    assert (loaded.copy_margin, loaded.copy_blocks) == (-2.5, 3)
     np.testing.assert_array_equal(loaded.encode(pictures), code.encode(pictures))
     with pytest.raises(ValueError, match="pictures must number more than"):
         copies.calibrate(code, pictures[:40], queries=20)
@@ -123,7 +123,7 @@ def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path):
 @pytest.fixture(scope="module")
 def instance_model(tmp_path_factory, pictures):
     code = _code(seed=1)
-    code.model.copy_threshold, code.model.copy_blocks = 0.999, 4
+    code.model.copy_margin, code.model.copy_blocks = -1e-3, 4
     path = tmp_path_factory.mktemp("instance") / "instance.keras"
     code.save(path, include_optimizer=False)
     return path
@@ -156,7 +156,7 @@ def test_a_folder_is_indexed_searched_and_grouped_by_an_instance_code(
     assert main([*argv, str(index_path)]) == 0
     index = ImageIndex.load(index_path)
     assert len(index) == 42 and not index.has_looks
-    assert index.model["copy_blocks"] == 4 and index.model["query"] == "z_star"
+    assert index.model["copy_blocks"] == 4 and index.model["query"] == "logits"
     capsys.readouterr()
 
     query = next(photos.glob("*/*00007.png"))
@@ -216,7 +216,7 @@ def test_an_instance_code_is_searched_from_the_library(instance_model, photos):
     pixels = np.stack([images.read_image(path, (16, 16, 3)) for path in files])
     queries = code.query(pixels)
     answers = copies.mark(
-        index.answer(queries, 3), queries, code.block_size, code.copy_threshold
+        index.answer(queries, 3), queries, code.block_size, code.copy_margin
     )
     assert all(rows[0]["copy"] for rows in answers)
 

@@ -50,10 +50,14 @@ def test_a_trained_instance_code_encodes_queries_and_round_trips(pictures, tmp_p
     codes, queries = code.encode(pictures), code.query(pictures)
     assert codes.shape == (40, 2) and codes.dtype == np.int32 and codes.max() < 16
     assert queries.shape == (40, 32)
-    np.testing.assert_allclose(queries.reshape(40, 2, 16).sum(-1), 1, rtol=1e-5)
-    np.testing.assert_array_equal(
-        codes, queries.reshape(40, 2, 16).argmax(-1)
-    )  # each block's largest
+    # The queries are FC0's outputs: their block softmax is `z*`, whose
+    # largest entry in each block is the code's.
+    blocks = queries.reshape(40, 2, 16)
+    z_star = np.exp(blocks - blocks.max(-1, keepdims=True))
+    z_star /= z_star.sum(-1, keepdims=True)
+    probs = code.block_probabilities(pictures)
+    np.testing.assert_allclose(z_star.reshape(40, 32), probs, atol=1e-5)
+    np.testing.assert_array_equal(codes, probs.reshape(40, 2, 16).argmax(-1))
     code.save(tmp_path / "instance.keras")
     loaded = instance.InstanceSubic.load(tmp_path / "instance.keras")
     np.testing.assert_array_equal(loaded.encode(pictures), codes)
@@ -83,3 +87,18 @@ def test_the_loss_prefers_copies_that_share_their_code():
     )
     with pytest.raises(ValueError, match="temperature must be > 0"):
         losses.InstanceContrastiveLoss(2, 4, temperature=0.0)
+
+
+def test_copy_margins_are_checked_and_the_earlier_ratio_rule_is_dropped():
+    code = instance.build_instance_subic(_tiny_backbone(), 2, 16)
+    config = code.model.get_config()
+    assert config["copy_margin"] is None
+    for bad in (0.5, float("-inf"), float("nan"), True, "-1"):
+        with pytest.raises(ValueError, match="copy_margin must be <= 0"):
+            instance.InstanceModel.from_config({**config, "copy_margin": bad})
+    # A model saved with the rule on z* (a ratio in [0, 1]) loads without it.
+    earlier = {k: v for k, v in config.items() if k != "copy_margin"}
+    loaded = instance.InstanceModel.from_config({**earlier, "copy_threshold": 0.9})
+    assert loaded.copy_margin is None
+    kept = instance.InstanceModel.from_config({**config, "copy_margin": -3})
+    assert kept.copy_margin == -3

@@ -155,8 +155,8 @@ def run_search(args) -> int:
     answers = index.answer(
         queries, args.k, where=condition, fingerprints=fingerprints, looks=looks
     )
-    threshold = getattr(subic, "copy_threshold", None)  # an instance code's
-    copies.mark(answers, queries, subic.block_size, threshold)
+    margin = getattr(subic, "copy_margin", None)  # an instance code's
+    copies.mark(answers, queries, subic.block_size, margin)
     for name, matches in zip(names, answers):
         _print_matches(name, [{"query": name, **match} for match in matches], args.json)
     if condition is not None and len(index) and not any(answers):
@@ -239,7 +239,7 @@ def run_train_instance(args) -> int:
     print(
         f"trained on {plural(done['pictures'], 'picture')} of "
         f"{printable(os.fspath(args.folder))} (loss {done['loss']:.4f}); copies "
-        f"from a relative score of {rules['copy_threshold']['value']}, duplicates "
+        f"from a copy margin of {rules['copy_margin']['value']}, duplicates "
         f"from {rules['copy_blocks']['value']} equal blocks of {code.num_blocks}; "
         f"wrote {printable(os.fspath(args.output))}"
     )

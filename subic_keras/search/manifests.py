@@ -53,6 +53,8 @@ MANIFEST_SUFFIX = ".shards.json"
 MAX_SHARDS = 4096
 _MAX_MANIFEST_BYTES = 1 << 20
 _BUILD = re.compile(r"[0-9a-f]{8,32}")
+# The tokens `new_build` makes: 4 random bytes in hexadecimal.
+_NEW_BUILD = r"[0-9a-f]{8}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +261,11 @@ def new_build(manifest: str | os.PathLike) -> str:
     return build
 
 
+def is_new_build(token: object) -> bool:
+    """Whether `token` is a build token as `new_build` makes them."""
+    return isinstance(token, str) and re.fullmatch(_NEW_BUILD, token) is not None
+
+
 def shard_paths(manifest: str | os.PathLike, num_shards: int, build: str) -> list[str]:
     """The files of build `build` of `num_shards` shards for `manifest`:
     `<stem>-<build>-<s>.subic`."""
@@ -332,7 +339,7 @@ def _stem(manifest: str | os.PathLike) -> str:
 
 def _build_of(manifest: str | os.PathLike):
     """A matcher of the shard file names of a build of `manifest`."""
-    pattern = re.compile(_stem(manifest) + r"-([0-9a-f]{8})-(0|[1-9][0-9]*)\.subic")
+    pattern = re.compile(_stem(manifest) + rf"-({_NEW_BUILD})-(0|[1-9][0-9]*)\.subic")
     return pattern.fullmatch
 
 
