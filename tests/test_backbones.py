@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras import applications, backbones, litert_features
+from subic_keras import applications, backbones, litert
 from subic_keras.backbones import (
     ApplicationPreprocessing,
     LiteRTFeatureExtractor,
@@ -634,4 +634,4 @@ def test_extractor_custom_normalization(mean_models):
 
 def test_interpreter_falls_back_to_tensorflow(monkeypatch):
     monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)
-    assert litert_features._interpreter_class() is tf.lite.Interpreter
+    assert litert.interpreter_class() is tf.lite.Interpreter
