@@ -314,7 +314,18 @@ def _summary_unseen_classes(data: dict) -> tuple[str, str]:
         f"{rows['one_hot_classifier']:.3f}, PQ {rows['pq']:.3f}, OPQ "
         f"{rows['opq']:.3f}; standard protocol: SuBiC "
         f"{paper.get('subic_z', float('nan')):.3f}, one-hot classifier "
-        f"{paper.get('one_hot_classifier', float('nan')):.3f}",
+        f"{paper.get('one_hot_classifier', float('nan')):.3f}"
+        + _expected_ties(data.get("mean_map_expected", {}).get(key)),
+    )
+
+
+def _expected_ties(rows: dict | None) -> str:
+    """The unseen-class figures with ties in expectation, where recorded."""
+    if not rows:
+        return ""
+    return (
+        f"; unseen, ties in expectation: SuBiC z {rows['subic_z']:.3f}, "
+        f"one-hot classifier {rows['one_hot_classifier']:.3f}"
     )
 
 

@@ -299,11 +299,23 @@ def render_unseen_classes(data: dict) -> list[str]:
         "one-hot classifier most: every item of a predicted class ties).",
         "",
     ]
-    lines += table(
-        ["method", *(f"{key.split()[0]}, {key.split()[1]} bits" for key in columns)],
-        [
-            [UNSEEN_ROWS.get(row, row), *(means[key].get(row) for key in columns)]
+    names = (f"{key.split()[0]}, {key.split()[1]} bits" for key in columns)
+    header = ["method", *names]
+
+    def rows(values: dict) -> list[list]:
+        return [
+            [UNSEEN_ROWS.get(row, row), *(values[key].get(row) for key in columns)]
             for row in UNSEEN_ROWS
-        ],
-    )
+        ]
+
+    lines += table(header, rows(means))
+    expected = data.get("mean_map_expected")
+    if expected:
+        lines += [
+            "",
+            "The same runs, mAP as the exact mean over the orders of tied items "
+            '(`evaluation`\'s `ties="expected"`):',
+            "",
+            *table(header, rows(expected)),
+        ]
     return lines

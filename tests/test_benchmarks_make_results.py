@@ -377,3 +377,33 @@ def test_near_duplicates_reads_as_one_row_and_a_table(make_results, tmp_path):
     full = make_results.make_results(str(tmp_path))
     assert "### Copies found first: an instance code" in full
     assert "| rotation | 0.250 | 0.125 | — | — |" in full
+
+
+def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
+    rows = {"subic_z": 0.4, "one_hot_classifier": 0.3}
+    data = {
+        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
+        "settings": {
+            "splits": [0],
+            "pretrain_epochs": 8,
+            "epochs": 3,
+            "budget": "reduced",
+        },
+        "runs": [],
+        "mean_map": {"unseen 48": rows, "paper 48": rows},
+        "mean_map_expected": {
+            "unseen 48": {"subic_z": 0.45, "one_hot_classifier": 0.5},
+            "paper 48": rows,
+        },
+    }
+    (tmp_path / "unseen_classes.json").write_text(json.dumps(data))
+    full = make_results.make_results(str(tmp_path))
+    pessimistic, expected = full.split("exact mean over the orders of tied items")
+    assert (
+        "| one-hot classifier (log2 of the classes: 3 or 4 bits) | 0.3000 | 0.3000 |"
+        in (pessimistic)
+    )
+    assert (
+        "| one-hot classifier (log2 of the classes: 3 or 4 bits) | 0.3000 | 0.5000 |"
+        in (expected)
+    )
