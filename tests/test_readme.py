@@ -14,7 +14,9 @@ are two of them. The substitutions, all for time:
   (`--pretrain-epochs 0 --epochs 1 --max-train-images 500`);
 - `subic serve` runs on a free port until `/health` answers;
 - the Keras snippets see 200 CIFAR-10 training images (`load_cifar10` is
-  patched), the folder snippet a folder of 600 small pictures;
+  patched) and `train_subic`'s default recipe pre-trains 10 epochs, not
+  50 (as `subic train` gets `--pretrain-epochs 0`); the folder snippet
+  sees a folder of 600 small pictures;
 - `best.keras` of the Milvus commands is the model of the CLI block.
 
 tutorials/README.md's commands are what `tests/test_tutorials.py` runs.
@@ -22,6 +24,7 @@ tutorials/README.md's commands are what `tests/test_tutorials.py` runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -114,6 +117,10 @@ def workdir(tmp_path_factory, shared_data_dir):
 
 @pytest.fixture
 def small_cifar10(shared_data_dir, monkeypatch):
+    defaults = sk.recipe.train_subic.__kwdefaults__
+    assert defaults["recipe"].pretrain_epochs == 50
+    shorter = dataclasses.replace(defaults["recipe"], pretrain_epochs=10)
+    monkeypatch.setitem(defaults, "recipe", shorter)
     full = sk.datasets.load_cifar10
 
     def small(data_dir, **kwargs):
@@ -218,7 +225,7 @@ def test_keras_snippets_run_as_written(tmp_path, small_cifar10, monkeypatch):
     namespace: dict = {}
     exec(keras_fit, namespace)
     summary, subic = namespace["summary"], namespace["subic"]
-    assert summary["pretrain"]["epochs"] == 50 and summary["recipe"]["epochs"] == 5
+    assert summary["pretrain"]["epochs"] == 10 and summary["recipe"]["epochs"] == 5
     assert namespace["codes"].shape == (100, 8)
     assert namespace["ids"].shape == (1000, 100)
     assert (tmp_path / "subic48.keras").is_file()
