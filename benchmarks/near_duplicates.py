@@ -175,10 +175,10 @@ def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
     pictures that the 10k database does not hold, the share of queries
     given a mark (all wrong)."""
     found = {}
-    probs = code.query(queries)
+    queried = code.query(queries)
     for db_name, index in indexes.items():
-        scores, ids = index.search(probs, 10)
-        marked = copies.copy_margins(probs, scores, code.block_size) >= (
+        scores, ids = index.search(queried, 10)
+        marked = copies.copy_margins(queried, scores, code.block_size) >= (
             code.copy_margin - 1e-6
         )
         right = marked & (ids == chosen[:, None])
@@ -187,9 +187,9 @@ def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
             "recall": round(float(right.any(1).mean()), 4),
         }
     outside = alterations.alter_batch(x_train[: len(queries)], seed + 3)
-    probs = code.query(outside)
-    scores, _ = indexes["10k"].search(probs, 1)
-    margins = copies.copy_margins(probs, scores, code.block_size)[:, 0]
+    queried = code.query(outside)
+    scores, _ = indexes["10k"].search(queried, 1)
+    margins = copies.copy_margins(queried, scores, code.block_size)[:, 0]
     found["10k"]["queries_outside_marked"] = round(
         float((margins >= code.copy_margin - 1e-6).mean()), 4
     )
@@ -239,14 +239,14 @@ def main(argv=None) -> dict:
     results: dict = {}
     for query_name, queries in sets.items():
         row: dict = {}
-        probs = code.query(queries)
+        queried = code.query(queries)
         # The earlier query, the block probabilities, ranked by the same scan.
         z_star = code.block_probabilities(queries)
         # The look over a whole database costs minutes: the two mixtures.
         query_looks = looks.query_look(queries) if query_name in LOOKED_AT else None
         query_hashes = {peer: hashes(queries, *_kind_size(peer)) for peer in peers}
         for db_name, size in DATABASES.items():
-            _, ids = indexes[db_name].search(probs, 10)
+            _, ids = indexes[db_name].search(queried, 10)
             row[f"instance code {db_name}"] = near_duplicates.recall_at(ids, chosen)
             _, ids = indexes[db_name].search(z_star, 10)
             row[f"instance code z* {db_name}"] = near_duplicates.recall_at(ids, chosen)
