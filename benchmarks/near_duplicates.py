@@ -79,15 +79,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float | None]:
-    """The instance code of these settings: from the cache, or trained now
-    (its training seconds)."""
+def trained(
+    args, pictures: np.ndarray, families: tuple[str, ...] = alterations.FAMILIES
+) -> tuple[instance.InstanceSubic, float | None]:
+    """The instance code of these settings, trained on copies altered by
+    `families`: from the cache, or trained now (its training seconds)."""
     settings = {
         "epochs": args.epochs,
         "train_pictures": len(pictures),
         "batch_size": args.batch_size,
         "seed": args.seed,
-        "families": alterations.FAMILIES,
+        "families": families,
         "num_blocks": args.num_blocks,
         "block_size": args.block_size,
         "schedule": "cosine",
@@ -114,6 +116,7 @@ def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float |
         epochs=args.epochs,
         batch_size=args.batch_size,
         seed=args.seed,
+        families=families,
         verbose=2,
     )
     seconds = time.time() - start

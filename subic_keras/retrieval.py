@@ -24,6 +24,7 @@ from subic_keras.instance import InstanceSubic
 from subic_keras.models import Subic
 from subic_keras.paths import find_files
 from subic_keras.search import SearchBackend, SubicIndex
+from subic_keras.search.base import PictureIndex, Searcher
 from subic_keras.search.checks import model_writer
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
@@ -194,7 +195,7 @@ def model_record(
 
 
 def check_model_fits(
-    index, subic: Encoder, where: str = "the index", model_path=None
+    index: Searcher, subic: Encoder, where: str = "the index", model_path=None
 ) -> None:
     """Refuses a model whose codes are not the index's: another block
     shape, another input size, or (where the index records the model that
@@ -219,7 +220,7 @@ def check_model_fits(
             f"{where} holds pictures decoded to {tuple(shape)}, but the model "
             f"takes {input_shape(subic)}"
         )
-    if getattr(index, "root", None) is not None and index.has_looks:
+    if isinstance(index, PictureIndex) and index.holds_pictures and index.has_looks:
         if index.look_size != LOOK_SIZE:  # earlier releases' 96-byte thumbnails
             print(
                 f"warning: {where} keeps looks of an earlier version "

@@ -69,7 +69,7 @@ from subic_keras import copies, retrieval
 from subic_keras import images as image_files
 from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
-from subic_keras.search.base import answer_rows
+from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import query_look
 from subic_keras.search.manifests import is_manifest
@@ -109,17 +109,13 @@ class ReloadBusyError(RuntimeError):
     """A reload asked for while another one is still running."""
 
 
-# What a server searches: one picture index, or its shards on Ray.
-Pictures = ImageIndex | RayIndex
-
-
 @dataclasses.dataclass(frozen=True)
 class _Loaded:
-    index: Pictures
+    index: PictureIndex
     loaded_at: float
 
 
-def open_pictures(path: str, scanner: str = "auto") -> Pictures:
+def open_pictures(path: str, scanner: str = "auto") -> PictureIndex:
     """The picture index at `path`: a file built from a folder
     (`ImageIndex`), or a shard manifest of such files (`RayIndex`).
 
@@ -129,7 +125,7 @@ def open_pictures(path: str, scanner: str = "auto") -> Pictures:
     if not is_manifest(path):
         return ImageIndex.load(path, scanner=scanner)
     index = RayIndex(path, scanner=scanner)
-    if index.root is None:
+    if not index.holds_pictures:
         raise ValueError(
             f"{path!r} lists shards of codes without image paths; build picture "
             "shards from a folder with `subic index build MODEL DIR --output "
@@ -226,7 +222,7 @@ class SearchService:
 
     # The index ------------------------------------------------------------
 
-    def _accept(self, index: Pictures) -> _Loaded:
+    def _accept(self, index: PictureIndex) -> _Loaded:
         """`index` checked against the model and the served folder."""
         retrieval.check_model_fits(
             index, self.subic, f"index {self.index_path}", self.model_path
@@ -240,7 +236,7 @@ class SearchService:
         return _Loaded(index, time.time())
 
     @property
-    def index(self) -> Pictures:
+    def index(self) -> PictureIndex:
         return self._state.index
 
     def _reload_now(self) -> dict:
@@ -318,7 +314,7 @@ class SearchService:
         except ShardUnavailableError:
             pass  # named under "shards" below
         answer = {"status": status, "items": items, "reload": reload}
-        unavailable = getattr(index, "unavailable", {})
+        unavailable = index.unavailable
         if unavailable:
             answer.update(status="degraded", shards=unavailable)
         return answer
@@ -434,7 +430,7 @@ class SearchService:
         return {"k": k, "results": answer_rows(index, scores, ids)[0]}
 
     def _search(
-        self, index: Pictures, queries, k: int, where, fingerprint: int, looks=None
+        self, index: PictureIndex, queries, k: int, where, fingerprint: int, looks=None
     ):
         try:
             rows = index.answer(

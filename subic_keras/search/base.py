@@ -1,4 +1,5 @@
-"""The search interfaces (`Searcher`, `SearchBackend`) and their conventions.
+"""The search interfaces (`Searcher`, `SearchBackend`, `PictureIndex`) and
+their conventions.
 
 Every backend searches a database of SuBiC codes, integer codes `c` of `M`
 blocks with values in `[0, K)`, with real queries `z*` of width `M * K`
@@ -229,6 +230,52 @@ class SearchBackend(Searcher):
     @abc.abstractmethod
     def load(cls, path: str | os.PathLike) -> SearchBackend:
         """Reads a database written by `save`, verifying it first."""
+
+
+class PictureIndex(Searcher):
+    """A searcher whose items are pictures of one folder: what `ImageIndex`
+    and `RayIndex` both are, and all the server and the command line ask of
+    an index beyond its codes.
+
+    A `RayIndex` over shards of codes alone is one too, with `root` None:
+    `holds_pictures` tells the two apart.
+    """
+
+    @property
+    @abc.abstractmethod
+    def root(self) -> str | None:
+        """The absolute path of the pictures' folder (None: codes alone)."""
+
+    @property
+    @abc.abstractmethod
+    def has_looks(self) -> bool:
+        """Whether each picture's look is kept (`subic_keras.search.looks`)."""
+
+    @property
+    @abc.abstractmethod
+    def look_size(self) -> int:
+        """Bytes of each picture's look (0: none kept)."""
+
+    @abc.abstractmethod
+    def paths(self, ids) -> list[str]:
+        """The relative paths of `ids`, in order (`KeyError` for an id not
+        held)."""
+
+    @abc.abstractmethod
+    def folders(self) -> list[str]:
+        """The folders that hold pictures (at any depth), sorted: what
+        `path under "FOLDER"` filters on."""
+
+    @property
+    def holds_pictures(self) -> bool:
+        """Whether the items are pictures with paths (a `root`)."""
+        return self.root is not None
+
+    @property
+    def unavailable(self) -> dict[str, str]:
+        """The parts that cannot answer now, each with why (shards on Ray);
+        empty when every part answers."""
+        return {}
 
 
 def answer_rows(

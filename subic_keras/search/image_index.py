@@ -1,6 +1,6 @@
 """`ImageIndex`: a folder's pictures, searched by picture, answered by path.
 
-An `ImageIndex` is a `Searcher` made of two parts kept in step: a
+An `ImageIndex` is a `PictureIndex` made of two parts kept in step: a
 `SubicIndex` holding each picture's code, id and look (`looks`), and an
 `ItemTable` (`items`) holding the rest: its path relative to the folder,
 its class (the top folder), a fingerprint of its decoded pixels, when it
@@ -33,7 +33,7 @@ import numpy as np
 
 from subic_keras.search import file_format, filters
 from subic_keras.search.addresses import is_database
-from subic_keras.search.base import Searcher, answer_rows
+from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import check_fingerprints, check_ids, preview
 from subic_keras.search.items import ItemTable, check_attributes, check_paths
 from subic_keras.search.locks import ReadWriteLock
@@ -46,7 +46,7 @@ FORMAT = "subic.image-index"
 MAX_ID = 2**63 - 1
 
 
-class ImageIndex(Searcher):
+class ImageIndex(PictureIndex):
     """The codes of a folder's pictures, with each picture's path.
 
     Example:

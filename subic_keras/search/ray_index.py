@@ -44,7 +44,7 @@ import numpy as np
 
 from subic_keras.search import filters
 from subic_keras.search import looks as _looks
-from subic_keras.search.base import Searcher, answer_rows
+from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import (
     check_fingerprints,
     check_ids,
@@ -202,7 +202,7 @@ def _failure(ray, shards: tuple[str, ...], refs: list) -> tuple[str, str] | None
     return None
 
 
-class RayIndex(Searcher):
+class RayIndex(PictureIndex):
     """The shards of a manifest, each in a Ray actor, searched as one index.
 
     Example:

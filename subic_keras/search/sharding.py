@@ -18,6 +18,9 @@ whole database:
 - in Ray actors (`ray_index.RayIndex`), `merge_candidates` merges the
   shards' candidates with their positions, and `SeenItems` keeps what a
   refinement by looks has met.
+
+All three order by `scanner.best_order` (score, then position across the
+shards), the order of one scan of the whole database.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from subic_keras._validation import check_int
 from subic_keras.search.base import Searcher
 from subic_keras.search.checks import duplicates, preview
 from subic_keras.search.items import IdColumns
-from subic_keras.search.scanner import best_first
+from subic_keras.search.scanner import best_first, best_order
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.views import View, top_k
 
@@ -226,10 +229,10 @@ def merge_results(
     ids = np.concatenate(id_lists, axis=1)
     # A missing slot is told by its id, never by its score: a real item may
     # score -inf (a query beyond float32's range), and it still ranks before
-    # every missing slot.
+    # every missing slot, which comes after every column.
     missing = ids < 0
-    key = np.where(missing, np.inf, -scores)
-    order = np.lexsort((key, missing), axis=1)[:, :k]
+    columns = np.arange(ids.shape[1]) + np.where(missing, ids.shape[1], 0)
+    order = best_order(np.where(missing, -np.inf, scores), columns, k)
     dtype = np.result_type(*[np.asarray(pair[0]).dtype for pair in results], np.float32)
     out_scores = np.take_along_axis(scores, order, axis=1).astype(dtype)
     merged = np.take_along_axis(ids, order, axis=1)
@@ -245,7 +248,7 @@ def merge_candidates(parts: list[dict], offsets: np.ndarray) -> dict:
         [part["positions"] + offset for part, offset in zip(parts, offsets)], axis=1
     )
     scores = np.concatenate([part["scores"] for part in parts], axis=1)
-    order = np.lexsort((positions, -scores), axis=-1)
+    order = best_order(scores, positions)
     merged: dict[str, np.ndarray | None] = {
         "scores": np.take_along_axis(scores, order, axis=1),
         "positions": np.take_along_axis(positions, order, axis=1),

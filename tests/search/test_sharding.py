@@ -96,6 +96,12 @@ def test_merge_results():
     np.testing.assert_array_equal(ids, [[10, 20, 21, 11, -1]])
     assert scores[0, 4] == -np.inf
     assert merge_results([first, second], 10**12)[0].shape == (1, 5)
+    # An item scoring -inf (a query beyond float32) still comes before
+    # every missing slot, wherever the slot stood.
+    lone = (np.array([[-np.inf, -np.inf]]), np.array([[-1, 30]]))
+    np.testing.assert_array_equal(
+        merge_results([lone, second], 4)[1], [[20, 21, 30, -1]]
+    )
     with pytest.raises(ValueError, match="at least one"):
         merge_results([], 3)
     with pytest.raises(ValueError, match="same 2-D shape"):

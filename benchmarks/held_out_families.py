@@ -1,0 +1,156 @@
+"""Leave one family out: does the instance code find copies altered otherwise
+than it was trained on?
+
+For each group of `subic_keras.alterations.HELD_OUT` (rotation; crop with
+aspect and border; noise with blur, rescale and JPEG; colour with
+greyscale; overlay), an instance code is trained on copies altered by every
+other family (`alterations.without`), and one more, the reference, on the
+whole family, all at the same budget. Each searches for the originals of
+1,000 CIFAR-10 test pictures altered by each held-out family alone and by
+the held-out group mixed (two to four of its families where it has that
+many), among CIFAR-10's 10,000 test pictures and among those with the
+50,000 training pictures added (60,000), by FC0's outputs
+(`InstanceSubic.query`) and the same scan as `benchmarks/near_duplicates.py`.
+
+Reported: recall@1 and recall@10 of the code that never saw the family
+beside the reference that did: their difference is what the family costs
+when it is new. The models are cached under `--cache-dir`, beside
+`near_duplicates`'s.
+
+Example:
+
+    python -m benchmarks.held_out_families --epochs 4
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.near_duplicates import DATABASES, trained
+from subic_keras import alterations, datasets, near_duplicates
+from subic_keras.search import SubicIndex
+
+REFERENCE = "none (reference)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    common.add_data_dir(parser, "CIFAR-10's cifar-10-batches-bin/")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--num-blocks", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--train-pictures", type=int, default=50_000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--held-out",
+        nargs="+",
+        default=list(alterations.HELD_OUT),
+        choices=list(alterations.HELD_OUT),
+        help="the groups held out in turn (default: all of them)",
+    )
+    parser.add_argument("--cache-dir", default="benchmarks/cache/near_duplicates")
+    parser.add_argument(
+        "--output",
+        default="benchmarks/results/held_out_families.json",
+        help="where the JSON goes (default: %(default)s)",
+    )
+    return parser.parse_args(argv)
+
+
+def query_sets(pictures: np.ndarray, group: str, seed: int) -> dict[str, np.ndarray]:
+    """Copies of `pictures` altered by each family of `group` alone, and by
+    the group mixed where it has more than one family."""
+    families = alterations.HELD_OUT[group]
+    sets = {
+        name: alterations.alter_batch(pictures, seed, families=[name], mixture=(1, 1))
+        for name in families
+    }
+    if len(families) > 1:
+        mixture = (2, min(len(families), alterations.MIXTURE[1]))
+        sets[f"{group} group mixed"] = alterations.alter_batch(
+            pictures, seed, families=families, mixture=mixture
+        )
+    return sets
+
+
+def recalls(code, database: np.ndarray, sets: dict, chosen: np.ndarray) -> dict:
+    """Recall@1 and @10 of `code` on each query set at each database size."""
+    codes = code.encode(database)
+    out: dict = {}
+    for name, queries in sets.items():
+        queried = code.query(queries)
+        for db_name, size in DATABASES.items():
+            index = SubicIndex(code.num_blocks, code.block_size)
+            index.add(codes[:size])
+            _, ids = index.search(queried, 10)
+            out.setdefault(name, {})[db_name] = near_duplicates.recall_at(ids, chosen)
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    (x_train, _), (x_test, _) = datasets.load_cifar10(args.data_dir)
+    pictures = x_train[: args.train_pictures]
+    database = np.concatenate([x_test, x_train])
+    rng = np.random.default_rng(args.seed)
+    chosen = np.sort(rng.choice(len(x_test), args.queries, replace=False))
+    sets = {
+        group: query_sets(x_test[chosen], group, args.seed + 1)
+        for group in args.held_out
+    }
+    every_set = {name: q for group in sets.values() for name, q in group.items()}
+    reference, reference_seconds = trained(args, pictures)
+    reference_recalls = recalls(reference, database, every_set, chosen)
+    results: dict = {}
+    seconds: dict = {REFERENCE: reference_seconds}
+    for group in args.held_out:
+        families = alterations.without(group)
+        common.log(f"held out: {group} (trained on {', '.join(families)})")
+        code, seconds[group] = trained(args, pictures, families)
+        found = recalls(code, database, sets[group], chosen)
+        for name in sets[group]:
+            row = {
+                f"{who} {db_name}": value
+                for db_name in DATABASES
+                for who, value in (
+                    ("held out", found[name][db_name]),
+                    ("reference", reference_recalls[name][db_name]),
+                )
+            }
+            results[name] = {"held out group": group, **row}
+            common.log(
+                f"{name}: "
+                + "; ".join(f"{k} {v['recall@1']:.3f}" for k, v in row.items())
+            )
+    output = {
+        **common.run_metadata("held_out_families", "tensorflow", "keras"),
+        "settings": {
+            "epochs": args.epochs,
+            "train_pictures": len(pictures),
+            "batch_size": args.batch_size,
+            "queries": args.queries,
+            "num_blocks": args.num_blocks,
+            "block_size": args.block_size,
+            "bits": reference.bits,
+            "schedule": "cosine",
+            "held_out": {g: list(alterations.HELD_OUT[g]) for g in args.held_out},
+        },
+        "train_seconds": {
+            k: None if v is None else round(v, 1) for k, v in seconds.items()
+        },
+        "results": results,
+    }
+    common.write_json(args.output, output)
+    common.log(f"wrote {args.output}")
+    return output
+
+
+if __name__ == "__main__":
+    main()
