@@ -232,7 +232,7 @@ def index_folder_on_ray(
         index = ImageIndex(
             subic.num_blocks, subic.block_size, root, shape, looks=keeps_looks(subic)
         )
-        index.model = record
+        index.model, index.shard_label = record, (build, int(number))
         passed = [] if column is None else _add_run(index, column)
         index.save(files[number])
         report.added += len(index)
@@ -277,7 +277,13 @@ def index_folder_on_ray(
                         {k: np.concatenate([p[k] for p in pieces]) for k in batch},
                     )
     write_manifest(
-        manifest, subic.num_blocks, subic.block_size, files, build, record["digest"]
+        manifest,
+        subic.num_blocks,
+        subic.block_size,
+        files,
+        build,
+        record["digest"],
+        labelled=True,
     )
     if os.path.exists(progress_file):
         os.remove(progress_file)

@@ -6,6 +6,8 @@ an index changes or a scan starts.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from subic_keras._validation import check_finite
@@ -197,6 +199,30 @@ def check_model_record(name: str, record) -> dict | None:
             f"received {str(record)[:200]}"
         )
     return dict(record)
+
+
+# A build's token (`manifests`): what a manifest and its shards' labels hold.
+BUILD = re.compile(r"[0-9a-f]{8,32}")
+
+
+def check_shard_label(name: str, label) -> tuple[str, int] | None:
+    """A shard's `(build, number)` (`SubicIndex.shard_label`), or None."""
+    if label is None:
+        return None
+    if (
+        not isinstance(label, (tuple, list))
+        or len(label) != 2
+        or not isinstance(label[0], str)
+        or not BUILD.fullmatch(label[0])
+        or isinstance(label[1], (bool, np.bool_))
+        or not isinstance(label[1], (int, np.integer))
+        or not 0 <= label[1] < 1 << 31
+    ):
+        raise ValueError(
+            f"{name} must be a (build, number) pair, a build token of 8 to 32 "
+            f"hexadecimal digits and a count, received {str(label)[:200]}"
+        )
+    return (label[0], int(label[1]))
 
 
 def model_writer(record: dict, model: str) -> str:

@@ -40,6 +40,7 @@ from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.looks import fitting
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.subic_index import SubicIndex
+from subic_keras.search.views import copies_first
 
 FORMAT = "subic.image-index"
 # Ids are int64 and never negative.
@@ -146,6 +147,15 @@ class ImageIndex(PictureIndex):
     @model.setter
     def model(self, record: dict | None) -> None:
         self._codes.model = record
+
+    @property
+    def shard_label(self) -> tuple[str, int] | None:
+        """Which shard of which build this file is (`SubicIndex.shard_label`)."""
+        return self._codes.shard_label
+
+    @shard_label.setter
+    def shard_label(self, label) -> None:
+        self._codes.shard_label = label
 
     def __len__(self) -> int:
         return len(self._items)
@@ -469,8 +479,7 @@ class ImageIndex(PictureIndex):
             metadata = {"format": FORMAT, "root": self._root, "next_id": self._next_id}
             if self._shape is not None:
                 metadata["image_shape"] = list(self._shape)
-            if self._codes.model is not None:
-                metadata["model"] = self._codes.model
+            metadata.update(self._codes.file_metadata())
             items = file_format.Items(
                 metadata,
                 list(self._items.paths),
@@ -575,25 +584,3 @@ def read_file(
     if items is None or items.paths is None:
         return codes
     return ImageIndex.from_parts(path, codes, items)
-
-
-def copies_first(
-    scores: np.ndarray,
-    ids: np.ndarray,
-    exact: np.ndarray,
-    row: int,
-    query: np.ndarray,
-    copies: np.ndarray,
-    codes: np.ndarray,
-) -> None:
-    """Puts the exact copies of query `row` (`copies`, ids in insertion
-    order, and their `codes`) first in its results, in place, with their
-    scores, marked in `exact`; the rest keep their order."""
-    width = ids.shape[1]
-    copies, codes = copies[:width], codes[:width]
-    block = np.arange(codes.shape[1]) * (len(query) // codes.shape[1])
-    copy_scores = query[codes + block].sum(axis=1)
-    rest = ~np.isin(ids[row], copies)
-    ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
-    scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
-    exact[row, : len(copies)] = True

@@ -4,13 +4,14 @@ A collection larger than one machine is split into shards (`save_shards`),
 each a `.subic` file that every node can read (a shared or replicated
 folder), listed in order by a *shard manifest*:
 
-    {"format": "subic.shards", "version": 2, "num_blocks": 8,
+    {"format": "subic.shards", "version": 3, "num_blocks": 8,
      "block_size": 64, "build": "3f9a0c1e", "model": "<digest>",
      "shards": ["part-3f9a0c1e-0.subic", "part-3f9a0c1e-1.subic"],
      "previous": ["part-77d2b410-0.subic", "part-77d2b410-1.subic"]}
 
 (names relative to the manifest; version 1 has no `build`, `model` or
-`previous`). `ray_index.RayIndex` searches one.
+`previous`; version 2 has no labelled shards, below). `ray_index.RayIndex`
+searches one.
 
 Builds and readers. Every build (`save_shards`, `index build --output
 X.shards.json`) writes its shards under names of its own, `<stem>-<build>-
@@ -29,6 +30,11 @@ one.
 `model` is the digest of the model that wrote the codes (null for codes
 without one): a shard's actor checks it on every start, so a file replaced
 by codes of another model is refused, naming it, even after a restart.
+From version 3 each shard file also records which shard of which build it
+is (`SubicIndex.shard_label`, kept through the actor's own writes), checked on
+every start as well (`check_label`): a copy of another shard, whose ids
+would be listed twice, or a file of another build put in a shard's place
+is refused, not served.
 """
 
 from __future__ import annotations
@@ -45,14 +51,14 @@ from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, load_json
 from subic_keras.paths import is_utf8, open_in_folder, read_bytes, relative_parts
 from subic_keras.search import file_format
+from subic_keras.search.checks import BUILD as _BUILD
 from subic_keras.search.subic_index import SubicIndex
 
 MANIFEST_FORMAT = "subic.shards"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 MANIFEST_SUFFIX = ".shards.json"
 MAX_SHARDS = 4096
 _MAX_MANIFEST_BYTES = 1 << 20
-_BUILD = re.compile(r"[0-9a-f]{8,32}")
 # The tokens `new_build` makes: 4 random bytes in hexadecimal.
 _NEW_BUILD = r"[0-9a-f]{8}"
 
@@ -72,6 +78,7 @@ class Manifest:
     model: str | None = None
     records_model: bool = False
     previous: tuple[str, ...] = ()
+    labelled: bool = False
 
 
 def is_manifest(uri) -> bool:
@@ -108,8 +115,8 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise fail(f'its "format" is not {MANIFEST_FORMAT!r}')
     version = manifest.get("version")
-    if version not in (1, 2) or isinstance(version, bool):
-        raise fail(f"version {version!r}, this code reads 1 and 2")
+    if version not in (1, 2, 3) or isinstance(version, bool):
+        raise fail(f"version {version!r}, this code reads 1 to 3")
     num_blocks, block_size = manifest.get("num_blocks"), manifest.get("block_size")
     if not all(isinstance(v, int) and v >= 1 for v in (num_blocks, block_size)):
         raise fail(
@@ -163,6 +170,27 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         model=model,
         records_model=True,
         previous=tuple(previous[:MAX_SHARDS]),
+        labelled=version >= 3,
+    )
+
+
+def check_label(manifest: Manifest, number: int, label) -> None:
+    """Refuses a file in the place of shard `number` of `manifest` that is
+    not that shard of its build (`SubicIndex.shard_label`): a copy of another
+    shard (its ids repeated), or of another build. Checked where the
+    manifest says its shards are labelled (version 3: the builds of
+    `save_shards` and `index build`); a shard's actor checks it on every
+    start."""
+    if not manifest.labelled or label == (manifest.build, number):
+        return
+    found = (
+        "records no shard"
+        if label is None
+        else f"is shard {label[1]} of build {label[0]}"
+    )
+    raise ValueError(
+        f"its file {found}, not shard {number} of its manifest's build "
+        f"{manifest.build}: the file was replaced; build the index again"
     )
 
 
@@ -244,11 +272,13 @@ def save_shards(
         raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
     build = new_build(path)
     files = shard_paths(path, num_shards, build)
-    for file, shard in zip(files, index.shard(num_shards)):
-        shard.model = index.model
+    for number, (file, shard) in enumerate(zip(files, index.shard(num_shards))):
+        shard.model, shard.shard_label = index.model, (build, number)
         shard.save(file)
     digest = None if index.model is None else index.model.get("digest")
-    write_manifest(path, index.num_blocks, index.block_size, files, build, digest)
+    write_manifest(
+        path, index.num_blocks, index.block_size, files, build, digest, labelled=True
+    )
     return files
 
 
@@ -280,13 +310,17 @@ def write_manifest(
     files: list[str],
     build: str,
     model: str | None,
+    labelled: bool = False,
 ) -> None:
     """Writes a shard manifest (atomically) listing `files`, in order, and
     the earlier manifest's shards as `previous`; then removes the shard
     files of other builds (module doc). Only files named as a build names
     them (or as versions before 2 did, `<stem>-<s>[.b].subic`) and listed
     by no manifest kept are removed: a manifest written by hand may list
-    files that are not ours."""
+    files that are not ours. `labelled`: each file is labelled as its
+    shard of `build` (`SubicIndex.shard_label`), and the manifest (version 3)
+    says so, so that a file put in a shard's place is refused
+    (`check_label`); else version 2."""
     folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     try:
         earlier: Manifest | None = read_manifest(path)
@@ -302,7 +336,7 @@ def write_manifest(
         ]
     manifest = {
         "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
+        "version": MANIFEST_VERSION if labelled else 2,
         "num_blocks": num_blocks,
         "block_size": block_size,
         "build": build,

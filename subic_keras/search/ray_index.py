@@ -52,19 +52,17 @@ from subic_keras.search.checks import (
     duplicates,
     preview,
 )
-from subic_keras.search.image_index import (
-    ImageIndex,
-    copies_first,
-    read_file,
-)
+from subic_keras.search.image_index import ImageIndex, read_file
 from subic_keras.search.looks import Candidates, check_query_looks, fitting, refine
 from subic_keras.search.manifests import (
     Manifest,
+    check_label,
     check_shard_files,
     read_manifest,
 )
 from subic_keras.search.ray_cluster import ray_module
 from subic_keras.search.sharding import SeenItems, merge_candidates
+from subic_keras.search.views import copies_first
 
 
 class ShardUnavailableError(OSError):
@@ -78,6 +76,7 @@ class _Shard:
 
     def __init__(self, path: str, scanner: str, manifest: Manifest):
         self.path = path
+        number = manifest.shards.index(path)
         # A SubicIndex or an ImageIndex: the methods called are on both,
         # or called on pictures only. Read inside the manifest's folder
         # only, as `check_shard_files` checked it.
@@ -96,6 +95,7 @@ class _Shard:
                 f"{manifest.build} of {named(manifest.model)}: the file was "
                 "replaced; build the index again"
             )
+        check_label(manifest, number, self.index.shard_label)
 
     def info(self) -> dict:
         index = self.index
@@ -270,11 +270,13 @@ class RayIndex(PictureIndex):
                 f"cluster has {ray.cluster_resources().get('CPU', 0):g})"
             ) from None
         except ray.exceptions.RayError:
-            self._stop()
+            # Asked before the actors stop: stopping cancels the loads
+            # still running, which would then fail too.
             path, reason = _failure(ray, self._manifest.shards, loaded) or (
                 "?",
                 "its actor failed while loading",
             )
+            self._stop()
             raise ValueError(f"shard {path!r} cannot be loaded: {reason}") from None
         for path, info in zip(self._manifest.shards, infos):
             if tuple(info["blocks"]) != (self.num_blocks, self.block_size):

@@ -20,7 +20,6 @@ from subic_keras.search.base import SearchBackend
 from subic_keras.search.checks import (
     check_block_size,
     check_ids,
-    check_model_record,
     check_num_blocks,
     check_queries,
     preview,
@@ -36,12 +35,13 @@ from subic_keras.search.looks import (
 from subic_keras.search.shard_answers import ShardAnswers
 from subic_keras.search.store import CodeStore
 from subic_keras.search.views import View, every_score, refined_top_k, top_k
+from subic_keras.search.writer_records import WriterRecords
 
 _DEFAULT_ADD_CHUNK = 65_536
 _DEFAULT_SEARCH_CHUNK = 1_024
 
 
-class SubicIndex(ShardAnswers, SearchBackend):
+class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
     """Searchable database of SuBiC codes, scored by `score = sum_m z*[m*K + c_m]`.
 
     Codes are stored bit-packed (`M * log2 K` bits) with an int64 id each,
@@ -123,7 +123,6 @@ class SubicIndex(ShardAnswers, SearchBackend):
         self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
         self._masks = filters.MaskCache()
-        self._model: dict | None = None
 
     # Properties ---------------------------------------------------------
 
@@ -153,17 +152,6 @@ class SubicIndex(ShardAnswers, SearchBackend):
     def look_size(self) -> int:
         """Bytes of each item's look (0: the index keeps none)."""
         return self._store.look_size
-
-    @property
-    def model(self) -> dict | None:
-        """The model that wrote the codes (`retrieval.model_record`), saved
-        with the index and checked against the model that searches it; None
-        when unknown (an index written by an earlier version)."""
-        return self._model
-
-    @model.setter
-    def model(self, record: dict | None) -> None:
-        self._model = check_model_record("model", record)
 
     @property
     def code_size(self) -> int:
@@ -478,8 +466,8 @@ class SubicIndex(ShardAnswers, SearchBackend):
         with self.contents() as (header, chunks, ids):
             items = None
             looks, groups = self.file_looks(), self.file_groups()
-            if self._model is not None or looks is not None or groups is not None:
-                metadata = {} if self._model is None else {"model": self._model}
+            metadata = self.file_metadata()
+            if metadata or looks is not None or groups is not None:
                 items = file_format.Items(metadata, looks=looks, groups=groups)
             file_format.write(path, header, chunks, ids, items)
 
@@ -581,7 +569,7 @@ class SubicIndex(ShardAnswers, SearchBackend):
         index._store.append(packed, ids, looks)
         if items is not None:
             try:
-                index.model = items.metadata.get("model")
+                index.read_records(items.metadata)
             except ValueError as error:
                 raise ValueError(
                     f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"

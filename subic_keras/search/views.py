@@ -110,3 +110,25 @@ def refined_top_k(
         min(k, kept),
     )
     return scores, view.ids[positions]
+
+
+def copies_first(
+    scores: np.ndarray,
+    ids: np.ndarray,
+    exact: np.ndarray,
+    row: int,
+    query: np.ndarray,
+    copies: np.ndarray,
+    codes: np.ndarray,
+) -> None:
+    """Puts the exact copies of query `row` (`copies`, ids in insertion
+    order, and their `codes`) first in its results, in place, with their
+    scores, marked in `exact`; the rest keep their order."""
+    width = ids.shape[1]
+    copies, codes = copies[:width], codes[:width]
+    block = np.arange(codes.shape[1]) * (len(query) // codes.shape[1])
+    copy_scores = query[codes + block].sum(axis=1)
+    rest = ~np.isin(ids[row], copies)
+    ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
+    scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
+    exact[row, : len(copies)] = True

@@ -3,6 +3,7 @@ results, actor kills, node loss, adds and removes across shards."""
 
 import json
 import os
+import shutil
 import threading
 import time
 
@@ -272,7 +273,7 @@ def test_a_rebuild_keeps_the_build_before_and_removes_older_ones(tmp_path, rng):
     assert all(os.path.basename(f).startswith("codes-") for f in first + second)
     manifest = json.loads(path.read_text())
     assert manifest["previous"] == [os.path.basename(f) for f in first]
-    assert manifest["version"] == 2 and manifest["model"] is None
+    assert manifest["version"] == 3 and manifest["model"] is None
     assert _files(tmp_path) == sorted(
         [*map(os.path.basename, first + second), "codes.shards.json", "mine.subic"]
     )
@@ -373,6 +374,47 @@ def test_a_restarted_shard_reopens_its_own_build_or_fails_naming_it(
     reopened = RayIndex(path)  # the newest build, whole
     want = second.search(queries, 10)
     assert all(np.array_equal(a, b) for a, b in zip(reopened.search(queries, 10), want))
+
+
+def test_a_shard_copied_over_another_is_refused_even_after_a_restart(
+    cluster, tmp_path, rng
+):
+    """Each file of a build records which shard it is: a copy of shard 0 in
+    shard 1's place (its ids listed twice) or a file of another build is
+    refused on opening and on an actor's restart, never served."""
+    path = tmp_path / "codes.shards.json"
+    index = SubicIndex(4, 16)
+    index.add(rng.integers(0, 16, (90, 4)))
+    files = save_shards(index, path, 3)
+    build = read_manifest(path).build
+    assert [SubicIndex.load(f).shard_label for f in files] == [
+        (build, n) for n in range(3)
+    ]
+    original = open(files[1], "rb").read()
+    shutil.copyfile(files[0], files[1])
+    with pytest.raises(ValueError) as error:
+        RayIndex(path)
+    assert (
+        f"its file is shard 0 of build {build}, not shard 1 of its manifest's "
+        f"build {build}: the file was replaced; build the index again"
+    ) in str(error.value)
+    open(files[1], "wb").write(original)
+    remote = RayIndex(path)
+    queries = relu_queries(rng, 3, 4, 16)
+    # Its own writes keep the label: an add to the last shard, a remove.
+    remote.add(rng.integers(0, 16, (5, 4)))
+    assert remote.remove(np.arange(5)) == 5
+    assert SubicIndex.load(files[2]).shard_label == (build, 2)
+    shutil.copyfile(files[0], files[1])
+    ray.kill(remote.actors[1], no_restart=False)
+    deadline = time.perf_counter() + 60  # (a kill takes effect in its time)
+    with pytest.raises(ShardUnavailableError) as error:
+        while time.perf_counter() < deadline:
+            got = remote.search(queries, 90)
+            ids = got[1].ravel()
+            assert len(np.unique(ids)) == len(ids)  # never an id twice
+            time.sleep(0.2)
+    assert "shard 0 of build" in str(error.value)
 
 
 class _Served:
@@ -507,7 +549,7 @@ def test_shards_of_two_models_are_refused_naming_the_shard(cluster, tmp_path, rn
     index.model = {"digest": "a" * 64, "file": "one.keras", "path": "/m/one.keras"}
     files = save_shards(index, tmp_path / "codes.shards.json", 3)
     path = tmp_path / "codes.shards.json"
-    versions = {2: json.loads(path.read_text())}
+    versions = {2: json.loads(path.read_text())}  # (version 3: also labelled)
     versions[1] = {**versions[2], "version": 1}
     for key in ("build", "model", "previous"):
         del versions[1][key]
