@@ -69,6 +69,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bits", default="24,48", help="code lengths (K = 64)")
     parser.add_argument("--pretrain-epochs", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument(
+        "--max-train-images",
+        type=int,
+        default=None,
+        help="train on at most this many pictures (a smoke run; default: all)",
+    )
     parser.add_argument("--cache-dir", default=CACHE)
     parser.add_argument("--output", default=RESULTS)
     args = parser.parse_args(argv)
@@ -84,6 +90,8 @@ def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
         budget["pretrain_epochs"] = args.pretrain_epochs
     if args.epochs is not None:
         budget["epochs"] = args.epochs
+    if args.max_train_images is not None:
+        budget["max_train_images"] = args.max_train_images
     name = f"b{bits}-" + ("all" if not excluded else "x" + "".join(map(str, excluded)))
     name += "".join(f"-{k[0]}{v}" for k, v in sorted(budget.items()))
     config = TrainConfig(
@@ -180,9 +188,12 @@ def main(argv=None) -> dict:
             "block_size": BLOCK_SIZE,
             "pretrain_epochs": args.pretrain_epochs,
             "epochs": args.epochs,
+            "max_train_images": args.max_train_images,
             "budget": "subic train's defaults"
-            if args.pretrain_epochs is None and args.epochs is None
-            else "reduced (see pretrain_epochs, epochs)",
+            if args.pretrain_epochs is None
+            and args.epochs is None
+            and args.max_train_images is None
+            else "reduced (see pretrain_epochs, epochs, max_train_images)",
         },
         "runs": runs,
         "mean_map": _means(runs, "map"),
