@@ -182,7 +182,10 @@ def calibrate(
     scored = margins.ravel(), (ids == truth).ravel()
     by_score = least_precise(*scored, precision)
 
-    one_hot = np.eye(code.block_size, dtype=np.float32)[code.encode(copies)]
+    # The copies' own codes, from the outputs already at hand: a block's
+    # argmax is its probabilities' (`InstanceSubic.encode`).
+    own = queried.reshape(len(copies), code.num_blocks, code.block_size).argmax(-1)
+    one_hot = np.eye(code.block_size, dtype=np.float32)[own]
     one_hot = one_hot.reshape(len(copies), -1)
     equal, ids = index.search(one_hot, k)
     blocks = equal.ravel(), (ids == truth).ravel()

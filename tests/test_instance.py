@@ -58,6 +58,7 @@ def test_a_trained_instance_code_encodes_queries_and_round_trips(pictures, tmp_p
     probs = code.block_probabilities(pictures)
     np.testing.assert_allclose(z_star.reshape(40, 32), probs, atol=1e-5)
     np.testing.assert_array_equal(codes, probs.reshape(40, 2, 16).argmax(-1))
+    np.testing.assert_array_equal(codes, blocks.argmax(-1))  # (`copies.calibrate`)
     code.save(tmp_path / "instance.keras")
     loaded = instance.InstanceSubic.load(tmp_path / "instance.keras")
     np.testing.assert_array_equal(loaded.encode(pictures), codes)
