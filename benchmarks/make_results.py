@@ -265,6 +265,27 @@ def near_duplicates_table(data: dict) -> list[str]:
     return lines
 
 
+def held_out_families_table(data: dict) -> list[str]:
+    """Recall@1 of the code that never saw a family beside the one that did."""
+    settings = data["settings"]
+    lines = [
+        f"Leave one family out: recall@1 over {settings['queries']:,} CIFAR-10 "
+        "test pictures altered by one family (or its group mixed), among 10,000 "
+        "and 60,000 pictures; each held-out code trained without its group, the "
+        f"reference on the whole family, both {settings['epochs']} epochs on "
+        f"{settings['train_pictures']:,} pictures ({settings['bits']} bits), "
+        f"on {_cpu(data)}:",
+        "",
+    ]
+    columns = [f"{who} {size}" for size in ("10k", "60k") for who in ("held out",
+               "reference")]  # fmt: skip
+    rows = [
+        [name, row["held out group"], *(f"{row[c]['recall@1']:.3f}" for c in columns)]
+        for name, row in data["results"].items()
+    ]
+    return lines + table(["copies", "group held out", *columns], rows)
+
+
 def _summary_cold_start(data: dict) -> tuple[str, str]:
     kernel, kinds = next(iter(data["kernels"].items()))
     if "grouping_in_file" not in kinds:  # written before version 5 files
@@ -565,6 +586,10 @@ KNOWN["filter_speed.json"] = (
 KNOWN["near_duplicates.json"] = (
     "Copies found first: an instance code",
     lambda data: [*near_duplicates_table(data), "", *render_generic(data)],
+)
+KNOWN["held_out_families.json"] = (
+    "Leave one family out: alterations never trained on",
+    lambda data: [*held_out_families_table(data), "", *render_generic(data)],
 )
 KNOWN["refine.json"] = (
     "Ties ordered by look",

@@ -379,6 +379,30 @@ def test_near_duplicates_reads_as_one_row_and_a_table(make_results, tmp_path):
     assert "| rotation | 0.250 | 0.125 | — | — |" in full
 
 
+def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tmp_path):
+    def recall(value):
+        return {"recall@1": value, "recall@10": value}
+
+    data = {
+        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
+        "settings": {"epochs": 4, "train_pictures": 500, "queries": 100, "bits": 64},
+        "results": {
+            "rotation": {
+                "held out group": "rotation",
+                "held out 10k": recall(0.25),
+                "reference 10k": recall(0.5),
+                "held out 60k": recall(0.125),
+                "reference 60k": recall(0.375),
+            }
+        },
+    }
+    (tmp_path / "held_out_families.json").write_text(json.dumps(data))
+    full = make_results.make_results(str(tmp_path))
+    assert "### Leave one family out" in full
+    assert "| rotation | rotation | 0.250 | 0.500 | 0.125 | 0.375 |" in full
+    assert "both 4 epochs on 500 pictures (64 bits)" in full
+
+
 def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
     rows = {"subic_z": 0.4, "one_hot_classifier": 0.3}
     data = {
