@@ -19,7 +19,7 @@ import json
 import os
 
 from benchmarks import common
-from benchmarks.markdown import header, render_generic, table
+from benchmarks.markdown import cpu_of, header, render_generic, table, target_parts
 from benchmarks.render_paper import (
     render_cifar10,
     render_cross_domain,
@@ -38,6 +38,7 @@ from benchmarks.render_systems import (
     render_train_overhead,
     render_train_recipe,
 )
+from benchmarks.summary import render_summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -79,77 +80,11 @@ KNOWN = {
 }
 
 
-def _cpu(data: dict) -> str:
-    """The CPU a result was measured on, with its SIMD level where recorded."""
-    machine = data.get("machine", {})
-    cpu = machine.get("cpu", "unrecorded CPU")
-    flags = set(machine.get("simd_flags") or data.get("cpu_flags") or [])
-    if "avx512vbmi" in flags:
-        return f"{cpu}, AVX-512 VBMI"
-    if "avx512f" in flags:
-        return f"{cpu}, AVX-512"
-    if "avx2" in flags:
-        return f"{cpu}, AVX2, no AVX-512"
-    if machine.get("faiss_simd_level"):
-        return f"{cpu} (faiss {machine['faiss_simd_level']})"
-    return cpu
-
-
-def _summary_cifar10(data: dict) -> tuple[str, str]:
-    entries = data["comparison"]["bits"]
-    ours = " / ".join(f"{e['subic']['map']:.3f}" for e in entries)
-    paper = " / ".join(f"{e['paper_subic']:.3f}" for e in entries)
-    bits = "/".join(str(e["bits"]) for e in entries)
-    return (
-        f"CIFAR-10 retrieval (Table 2), strict mAP at {bits} bits",
-        f"{ours} (paper {paper})",
-    )
-
-
-def _summary_train_recipe(data: dict) -> tuple[str, str]:
-    return (
-        f"`subic train` defaults, {data['bits']} bits, {len(data['runs'])} seeds",
-        f"mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f}, "
-        f"{data['max_train_wall_seconds'] / 60:.0f} min per training",
-    )
-
-
-def _target_parts(target: dict) -> list[str]:
-    """A search target's data, bits, block size and kernel, from its text
-    ("random, 64 bits, K=16, native-avx2: >= 1.5x hamming")."""
-    return [part.strip() for part in target["target"].split(":")[0].split(",")]
-
-
-def _summary_search_speed(data: dict) -> tuple[str, str]:
-    ratios = {}
-    for t in data.get("targets", []):
-        source, _, block, kernel = _target_parts(t)
-        if source == "random":
-            ratios.setdefault(kernel, []).append(f"{block} {t['ratio']:.2g}x")
-    figure = "; ".join(
-        f"{kernel.removeprefix('native-')}: {', '.join(parts)}"
-        for kernel, parts in ratios.items()
-    )
-    return "exact search against faiss Hamming at equal bits, 1M codes", figure
-
-
-def _summary_filter_speed(data: dict) -> tuple[str, str]:
-    best = [r for r in data["rows"] if r["scanner"] == data["rows"][0]["scanner"]]
-    figure = ", ".join(
-        f"{100 * r['share']:g} %: {r['time_vs_unfiltered']:.2f}x" for r in best
-    )
-    what = (
-        f"filtered search (`where=`), time against unfiltered, "
-        f"{best[0]['scanner']}, {data['settings']['num_items']:,} codes"
-    )
-    return what, figure
-
-
 def search_kernel_table(data: dict) -> list[str]:
     """Each native kernel against Hamming, batches of 1,000 queries."""
     rows = {}
     for t in data.get("targets", []):
-        source, bits, block, kernel = _target_parts(t)
+        source, bits, block, kernel = target_parts(t)
         label = "1M random codes" if source == "random" else "CIFAR-10 codes"
         column = f"{label}, {bits}, {block}"
         rows.setdefault(kernel, {})[column] = f"{t['ratio']:.2f}x"
@@ -173,60 +108,7 @@ def search_kernel_table(data: dict) -> list[str]:
     )
 
 
-def _summary_serve_load(data: dict) -> tuple[str, str]:
-    goals = data["goals"]
-    return (
-        f"`subic serve`, {data['items']:,} codes",
-        f"a query request {goals['query_p50_over_in_process_p50']}x in-process "
-        f"search; {goals['image_requests_per_second']} picture requests/s",
-    )
-
-
-def _summary_stream_training(data: dict) -> tuple[str, str]:
-    ratios = data["ratios"]
-    return (
-        "training from 50,000 PNG files",
-        f"peak memory {ratios['rss_50000_over_5000']}x that of 5,000; "
-        f"{ratios['speed_folder_over_arrays']}x the speed of arrays",
-    )
-
-
-def _summary_folder_training(data: dict) -> tuple[str, str]:
-    means = data["mean_test_map"]
-    return (
-        "`--images` folder against `--dataset cifar10`, same budget",
-        f"strict mAP {means['folder']:.4f} against {means['arrays']:.4f} "
-        f"(seeds range up to {data['largest_seed_range']:.4f})",
-    )
-
-
 # The README's headline results, in order: file, and what to say of it.
-def _summary_refine(data: dict) -> tuple[str, str]:
-    test, default = data["test"], data["look"]["default"]
-    near, categories = test["near_duplicates"], test["category_map"]
-    cost = data["cost"]["k=10"]
-    return (
-        "ties ordered by look: near-duplicate recall@1, strict mAP 48 bits, cost",
-        f"recall@1 {near['codes_only']['recall@1']:.3f} codes only, "
-        f"{near[default]['recall@1']:.3f} refined; mAP "
-        f"{categories['codes_only']:.4f} / {categories[default]:.4f}; "
-        f"{cost['batch_ratio']:.2f}x time on {data['cost']['items']:,} codes, "
-        f"+{data['look']['bytes']} bytes per item",
-    )
-
-
-def _summary_near_duplicates(data: dict) -> tuple[str, str]:
-    whole, settings = data["results"]["whole family"], data["settings"]
-    peers = [key[: -len(" 60k")] for key in whole if key.endswith(" 60k")]
-    return (
-        f"copies found first (recall@1), {settings['bits']}-bit instance code "
-        "against peers, 1,000 copies, 10,000 / 60,000 pictures",
-        "; ".join(
-            f"{peer} {whole[peer + ' 10k']['recall@1']:.3f} / "
-            f"{whole[peer + ' 60k']['recall@1']:.3f}"
-            for peer in peers
-        ),
-    )
 
 
 def near_duplicates_table(data: dict) -> list[str]:
@@ -239,7 +121,7 @@ def near_duplicates_table(data: dict) -> list[str]:
         f"instance code of {settings['bits']} bits (M = {settings['num_blocks']}, "
         f"K = {settings['block_size']}) trained {settings['epochs']} epochs on "
         f"{settings['train_pictures']:,} pictures without labels, on "
-        f"{_cpu(data)}:",
+        f"{cpu_of(data)}:",
         "",
     ]
     rows = [
@@ -274,7 +156,7 @@ def held_out_families_table(data: dict) -> list[str]:
         "and 60,000 pictures; each held-out code trained without its group, the "
         f"reference on the whole family, both {settings['epochs']} epochs on "
         f"{settings['train_pictures']:,} pictures ({settings['bits']} bits), "
-        f"on {_cpu(data)}:",
+        f"on {cpu_of(data)}:",
         "",
     ]
     columns = [f"{who} {size}" for size in ("10k", "60k") for who in ("held out",
@@ -284,132 +166,6 @@ def held_out_families_table(data: dict) -> list[str]:
         for name, row in data["results"].items()
     ]
     return lines + table(["copies", "group held out", *columns], rows)
-
-
-def _summary_cold_start(data: dict) -> tuple[str, str]:
-    kernel, kinds = next(iter(data["kernels"].items()))
-    if "grouping_in_file" not in kinds:  # written before version 5 files
-        kinds = {"grouped_on_first_search": kinds}
-    stored = kinds.get("grouping_in_file")
-    plain_kind = next(k for k in kinds if k != "grouping_in_file")
-    plain = kinds[plain_kind]["single"]
-    without = (
-        f"{plain['first_over_warm']:.1f}x ({plain['first_s'] * 1000:.2f} ms; load "
-        f"{plain['load_s']:.2f} s) from a file without it"
-        if plain_kind == "no_grouping_in_file"  # laid out at load
-        else f"{plain['first_s'] * 1000:.0f} ms from a file without its grouping "
-        f"({plain['first_over_warm']:.0f}x warm)"
-    )
-    saved = "with its grouping in the file"
-    if data.get("distinct_codes") == data["items"]:
-        saved = "as saved (no grouping: they hardly repeat)"
-    if stored is None:
-        figure = without
-    else:
-        figure = (
-            f"{stored['single']['first_over_warm']:.1f}x a warm one "
-            f"({stored['single']['first_s'] * 1000:.2f} ms; load "
-            f"{stored['single']['load_s']:.2f} s) {saved}, {without}"
-        )
-    codes = data.get("codes", "trained") + "-like" * (data.get("codes") != "random")
-    return (
-        f"first search after loading {data['items']:,} {codes} codes ({kernel})",
-        figure,
-    )
-
-
-def _summary_unseen_classes(data: dict) -> tuple[str, str]:
-    means, settings = data["mean_map"], data["settings"]
-    key = max((k for k in means if k.startswith("unseen")), key=lambda k: int(k[7:]))
-    rows, bits = means[key], key.split()[1]
-    paper = means.get(f"paper {bits}", {})
-    return (
-        f"mAP on CIFAR-10 classes held out of training (unseen), {bits} bits, "
-        + (
-            "`subic train` defaults"
-            if settings["pretrain_epochs"] is None and settings["epochs"] is None
-            else f"{settings['pretrain_epochs']} pre-training + {settings['epochs']} "
-            f"SuBiC epochs, splits {settings['splits']}"
-        ),
-        f"SuBiC z {rows['subic_z']:.3f}, one-hot classifier "
-        f"{rows['one_hot_classifier']:.3f}, PQ {rows['pq']:.3f}, OPQ "
-        f"{rows['opq']:.3f}; standard protocol: SuBiC "
-        f"{paper.get('subic_z', float('nan')):.3f}, one-hot classifier "
-        f"{paper.get('one_hot_classifier', float('nan')):.3f}"
-        + _expected_ties(data.get("mean_map_expected", {}).get(key)),
-    )
-
-
-def _expected_ties(rows: dict | None) -> str:
-    """The unseen-class figures with ties in expectation, where recorded."""
-    if not rows:
-        return ""
-    return (
-        f"; unseen, ties in expectation: SuBiC z {rows['subic_z']:.3f}, "
-        f"one-hot classifier {rows['one_hot_classifier']:.3f}"
-    )
-
-
-def _summary_ray_search(data: dict) -> tuple[str, str]:
-    results = data["results"]
-    four, recovery = results["ray_4_shards"], results["ray_4_shards"]["recovery"]
-    return (
-        f"Ray shards against one index, {data['items']:,} codes",
-        f"4 shards {four['throughput_ratio']:.2f}x throughput, "
-        f"+{four['added_single_ms']:.1f} ms a single query; actor killed: "
-        f"{recovery['failed_or_inexact']} failed, longest search "
-        f"{recovery['longest_search_s']:.1f} s",
-    )
-
-
-def _summary_ray_folders(data: dict) -> tuple[str, str]:
-    return (
-        f"a folder of {data['pictures']:,} pictures encoded on Ray Data",
-        f"{data['ray_pictures_per_s']:.0f} pictures/s against "
-        f"{data['index_folder_pictures_per_s']:.0f} in one process "
-        f"({data['ray_over_index_folder']:.2f}x, one machine); same codes: "
-        f"{'yes' if data['same_codes'] else 'no'}",
-    )
-
-
-_SUMMARIES = {
-    "cifar10_retrieval.json": _summary_cifar10,
-    "unseen_classes.json": _summary_unseen_classes,
-    "train_recipe.json": _summary_train_recipe,
-    "search_speed.json": _summary_search_speed,
-    "filter_speed.json": _summary_filter_speed,
-    "refine.json": _summary_refine,
-    "near_duplicates.json": _summary_near_duplicates,
-    "cold_start.json": _summary_cold_start,
-    "cold_start_random.json": _summary_cold_start,
-    "ray_search.json": _summary_ray_search,
-    "ray_folders.json": _summary_ray_folders,
-    "serve_load.json": _summary_serve_load,
-    "stream_training.json": _summary_stream_training,
-    "folder_training.json": _summary_folder_training,
-}
-
-
-def _summary_rows(results: dict) -> list[list]:
-    """One row per headline result: what, the figure, the CPU."""
-    return [
-        [*summary(results[name]), _cpu(results[name])]
-        for name, summary in _SUMMARIES.items()
-        if name in results
-    ]
-
-
-def render_summary(results: dict) -> str:
-    """The README's compact results table; RESULTS.md has every table."""
-    lines = [
-        "Every figure is read from `benchmarks/results/*.json` by `python -m "
-        "benchmarks.make_results --readme README.md`; "
-        "[benchmarks/results/RESULTS.md](benchmarks/results/RESULTS.md) has "
-        "every table, the command that produced it and its settings.",
-        "",
-    ]
-    lines += table(["result", "figure", "CPU (2 cores)"], _summary_rows(results))
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def filter_table(data: dict) -> list[str]:

@@ -187,3 +187,25 @@ def render_generic(data) -> list[str]:
         lines += ["**settings**", ""]
         lines += table(["key", "value"], list(map(list, _flatten(settings).items())))
     return lines or ["(no tabular content)", ""]
+
+
+def cpu_of(data: dict) -> str:
+    """The CPU a result was measured on, with its SIMD level where recorded."""
+    machine = data.get("machine", {})
+    cpu = machine.get("cpu", "unrecorded CPU")
+    flags = set(machine.get("simd_flags") or data.get("cpu_flags") or [])
+    if "avx512vbmi" in flags:
+        return f"{cpu}, AVX-512 VBMI"
+    if "avx512f" in flags:
+        return f"{cpu}, AVX-512"
+    if "avx2" in flags:
+        return f"{cpu}, AVX2, no AVX-512"
+    if machine.get("faiss_simd_level"):
+        return f"{cpu} (faiss {machine['faiss_simd_level']})"
+    return cpu
+
+
+def target_parts(target: dict) -> list[str]:
+    """A search target's data, bits, block size and kernel, from its text
+    ("random, 64 bits, K=16, native-avx2: >= 1.5x hamming")."""
+    return [part.strip() for part in target["target"].split(":")[0].split(",")]

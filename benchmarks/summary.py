@@ -1,0 +1,232 @@
+"""The README's results table: one row per headline result, from the
+benchmarks' JSON files (`python -m benchmarks.make_results --readme
+README.md`); `benchmarks/results/RESULTS.md` has every table."""
+
+from __future__ import annotations
+
+from benchmarks.markdown import cpu_of, table, target_parts
+
+
+def _summary_cifar10(data: dict) -> tuple[str, str]:
+    entries = data["comparison"]["bits"]
+    ours = " / ".join(f"{e['subic']['map']:.3f}" for e in entries)
+    paper = " / ".join(f"{e['paper_subic']:.3f}" for e in entries)
+    bits = "/".join(str(e["bits"]) for e in entries)
+    return (
+        f"CIFAR-10 retrieval (Table 2), strict mAP at {bits} bits",
+        f"{ours} (paper {paper})",
+    )
+
+
+def _summary_train_recipe(data: dict) -> tuple[str, str]:
+    return (
+        f"`subic train` defaults, {data['bits']} bits, {len(data['runs'])} seeds",
+        f"mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f}, "
+        f"{data['max_train_wall_seconds'] / 60:.0f} min per training",
+    )
+
+
+def _summary_search_speed(data: dict) -> tuple[str, str]:
+    ratios = {}
+    for t in data.get("targets", []):
+        source, _, block, kernel = target_parts(t)
+        if source == "random":
+            ratios.setdefault(kernel, []).append(f"{block} {t['ratio']:.2g}x")
+    figure = "; ".join(
+        f"{kernel.removeprefix('native-')}: {', '.join(parts)}"
+        for kernel, parts in ratios.items()
+    )
+    return "exact search against faiss Hamming at equal bits, 1M codes", figure
+
+
+def _summary_filter_speed(data: dict) -> tuple[str, str]:
+    best = [r for r in data["rows"] if r["scanner"] == data["rows"][0]["scanner"]]
+    figure = ", ".join(
+        f"{100 * r['share']:g} %: {r['time_vs_unfiltered']:.2f}x" for r in best
+    )
+    what = (
+        f"filtered search (`where=`), time against unfiltered, "
+        f"{best[0]['scanner']}, {data['settings']['num_items']:,} codes"
+    )
+    return what, figure
+
+
+def _summary_serve_load(data: dict) -> tuple[str, str]:
+    goals = data["goals"]
+    return (
+        f"`subic serve`, {data['items']:,} codes",
+        f"a query request {goals['query_p50_over_in_process_p50']}x in-process "
+        f"search; {goals['image_requests_per_second']} picture requests/s",
+    )
+
+
+def _summary_stream_training(data: dict) -> tuple[str, str]:
+    ratios = data["ratios"]
+    return (
+        "training from 50,000 PNG files",
+        f"peak memory {ratios['rss_50000_over_5000']}x that of 5,000; "
+        f"{ratios['speed_folder_over_arrays']}x the speed of arrays",
+    )
+
+
+def _summary_folder_training(data: dict) -> tuple[str, str]:
+    means = data["mean_test_map"]
+    return (
+        "`--images` folder against `--dataset cifar10`, same budget",
+        f"strict mAP {means['folder']:.4f} against {means['arrays']:.4f} "
+        f"(seeds range up to {data['largest_seed_range']:.4f})",
+    )
+
+
+def _summary_refine(data: dict) -> tuple[str, str]:
+    test, default = data["test"], data["look"]["default"]
+    near, categories = test["near_duplicates"], test["category_map"]
+    cost = data["cost"]["k=10"]
+    return (
+        "ties ordered by look: near-duplicate recall@1, strict mAP 48 bits, cost",
+        f"recall@1 {near['codes_only']['recall@1']:.3f} codes only, "
+        f"{near[default]['recall@1']:.3f} refined; mAP "
+        f"{categories['codes_only']:.4f} / {categories[default]:.4f}; "
+        f"{cost['batch_ratio']:.2f}x time on {data['cost']['items']:,} codes, "
+        f"+{data['look']['bytes']} bytes per item",
+    )
+
+
+def _summary_near_duplicates(data: dict) -> tuple[str, str]:
+    whole, settings = data["results"]["whole family"], data["settings"]
+    peers = [key[: -len(" 60k")] for key in whole if key.endswith(" 60k")]
+    return (
+        f"copies found first (recall@1), {settings['bits']}-bit instance code "
+        "against peers, 1,000 copies, 10,000 / 60,000 pictures",
+        "; ".join(
+            f"{peer} {whole[peer + ' 10k']['recall@1']:.3f} / "
+            f"{whole[peer + ' 60k']['recall@1']:.3f}"
+            for peer in peers
+        ),
+    )
+
+
+def _summary_cold_start(data: dict) -> tuple[str, str]:
+    kernel, kinds = next(iter(data["kernels"].items()))
+    if "grouping_in_file" not in kinds:  # written before version 5 files
+        kinds = {"grouped_on_first_search": kinds}
+    stored = kinds.get("grouping_in_file")
+    plain_kind = next(k for k in kinds if k != "grouping_in_file")
+    plain = kinds[plain_kind]["single"]
+    without = (
+        f"{plain['first_over_warm']:.1f}x ({plain['first_s'] * 1000:.2f} ms; load "
+        f"{plain['load_s']:.2f} s) from a file without it"
+        if plain_kind == "no_grouping_in_file"  # laid out at load
+        else f"{plain['first_s'] * 1000:.0f} ms from a file without its grouping "
+        f"({plain['first_over_warm']:.0f}x warm)"
+    )
+    saved = "with its grouping in the file"
+    if data.get("distinct_codes") == data["items"]:
+        saved = "as saved (no grouping: they hardly repeat)"
+    if stored is None:
+        figure = without
+    else:
+        figure = (
+            f"{stored['single']['first_over_warm']:.1f}x a warm one "
+            f"({stored['single']['first_s'] * 1000:.2f} ms; load "
+            f"{stored['single']['load_s']:.2f} s) {saved}, {without}"
+        )
+    codes = data.get("codes", "trained") + "-like" * (data.get("codes") != "random")
+    return (
+        f"first search after loading {data['items']:,} {codes} codes ({kernel})",
+        figure,
+    )
+
+
+def _summary_unseen_classes(data: dict) -> tuple[str, str]:
+    means, settings = data["mean_map"], data["settings"]
+    key = max((k for k in means if k.startswith("unseen")), key=lambda k: int(k[7:]))
+    rows, bits = means[key], key.split()[1]
+    paper = means.get(f"paper {bits}", {})
+    return (
+        f"mAP on CIFAR-10 classes held out of training (unseen), {bits} bits, "
+        + (
+            "`subic train` defaults"
+            if settings["pretrain_epochs"] is None and settings["epochs"] is None
+            else f"{settings['pretrain_epochs']} pre-training + {settings['epochs']} "
+            f"SuBiC epochs, splits {settings['splits']}"
+        ),
+        f"SuBiC z {rows['subic_z']:.3f}, one-hot classifier "
+        f"{rows['one_hot_classifier']:.3f}, PQ {rows['pq']:.3f}, OPQ "
+        f"{rows['opq']:.3f}; standard protocol: SuBiC "
+        f"{paper.get('subic_z', float('nan')):.3f}, one-hot classifier "
+        f"{paper.get('one_hot_classifier', float('nan')):.3f}"
+        + _expected_ties(data.get("mean_map_expected", {}).get(key)),
+    )
+
+
+def _expected_ties(rows: dict | None) -> str:
+    """The unseen-class figures with ties in expectation, where recorded."""
+    if not rows:
+        return ""
+    return (
+        f"; unseen, ties in expectation: SuBiC z {rows['subic_z']:.3f}, "
+        f"one-hot classifier {rows['one_hot_classifier']:.3f}"
+    )
+
+
+def _summary_ray_search(data: dict) -> tuple[str, str]:
+    results = data["results"]
+    four, recovery = results["ray_4_shards"], results["ray_4_shards"]["recovery"]
+    return (
+        f"Ray shards against one index, {data['items']:,} codes",
+        f"4 shards {four['throughput_ratio']:.2f}x throughput, "
+        f"+{four['added_single_ms']:.1f} ms a single query; actor killed: "
+        f"{recovery['failed_or_inexact']} failed, longest search "
+        f"{recovery['longest_search_s']:.1f} s",
+    )
+
+
+def _summary_ray_folders(data: dict) -> tuple[str, str]:
+    return (
+        f"a folder of {data['pictures']:,} pictures encoded on Ray Data",
+        f"{data['ray_pictures_per_s']:.0f} pictures/s against "
+        f"{data['index_folder_pictures_per_s']:.0f} in one process "
+        f"({data['ray_over_index_folder']:.2f}x, one machine); same codes: "
+        f"{'yes' if data['same_codes'] else 'no'}",
+    )
+
+
+_SUMMARIES = {
+    "cifar10_retrieval.json": _summary_cifar10,
+    "unseen_classes.json": _summary_unseen_classes,
+    "train_recipe.json": _summary_train_recipe,
+    "search_speed.json": _summary_search_speed,
+    "filter_speed.json": _summary_filter_speed,
+    "refine.json": _summary_refine,
+    "near_duplicates.json": _summary_near_duplicates,
+    "cold_start.json": _summary_cold_start,
+    "cold_start_random.json": _summary_cold_start,
+    "ray_search.json": _summary_ray_search,
+    "ray_folders.json": _summary_ray_folders,
+    "serve_load.json": _summary_serve_load,
+    "stream_training.json": _summary_stream_training,
+    "folder_training.json": _summary_folder_training,
+}
+
+
+def _summary_rows(results: dict) -> list[list]:
+    """One row per headline result: what, the figure, the CPU."""
+    return [
+        [*summary(results[name]), cpu_of(results[name])]
+        for name, summary in _SUMMARIES.items()
+        if name in results
+    ]
+
+
+def render_summary(results: dict) -> str:
+    """The README's compact results table; RESULTS.md has every table."""
+    lines = [
+        "Every figure is read from `benchmarks/results/*.json` by `python -m "
+        "benchmarks.make_results --readme README.md`; "
+        "[benchmarks/results/RESULTS.md](benchmarks/results/RESULTS.md) has "
+        "every table, the command that produced it and its settings.",
+        "",
+    ]
+    lines += table(["result", "figure", "CPU (2 cores)"], _summary_rows(results))
+    return "\n".join(lines).rstrip() + "\n"
