@@ -29,7 +29,7 @@ import argparse
 import numpy as np
 
 from benchmarks import common
-from benchmarks.near_duplicates import DATABASES, trained
+from benchmarks.near_duplicates import DATABASES, code_arguments, trained
 from subic_keras import alterations, datasets, near_duplicates
 from subic_keras.search import SubicIndex
 
@@ -37,17 +37,7 @@ REFERENCE = "none (reference)"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    common.add_data_dir(parser, "CIFAR-10's cifar-10-batches-bin/")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--num-blocks", type=int, default=16)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--train-pictures", type=int, default=50_000)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--queries", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = code_arguments(__doc__, epochs=4)
     parser.add_argument(
         "--held-out",
         nargs="+",
@@ -55,7 +45,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=list(alterations.HELD_OUT),
         help="the groups held out in turn (default: all of them)",
     )
-    parser.add_argument("--cache-dir", default="benchmarks/cache/near_duplicates")
     parser.add_argument(
         "--output",
         default="benchmarks/results/held_out_families.json",

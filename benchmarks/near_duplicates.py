@@ -52,12 +52,14 @@ CALIBRATION_PICTURES = 21_000
 LOOKED_AT = ("whole family", "earlier four")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def code_arguments(description: str, epochs: int) -> argparse.ArgumentParser:
+    """The arguments of an instance-code benchmark: the data, the code and
+    its training (`trained`), the queries, the cache."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     common.add_data_dir(parser, "CIFAR-10's cifar-10-batches-bin/")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--num-blocks", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--train-pictures", type=int, default=50_000)
@@ -65,6 +67,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default="benchmarks/cache/near_duplicates")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = code_arguments(__doc__, epochs=10)
     parser.add_argument(
         "--ship",
         action="store_true",
