@@ -41,6 +41,7 @@ from subic_keras._io import atomic_path, output_target
 from subic_keras._validation import check_int, load_json
 from subic_keras.paths import find_files, read_bytes
 from subic_keras.retrieval import FolderReport, input_shape, keeps_looks, model_record
+from subic_keras.search import file_format
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.search.manifests import (
@@ -221,7 +222,7 @@ def index_folder_on_ray(
     runs = {}  # the shards to encode now: their files' runs
     for number, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         done = finished.get(str(number))
-        reused = _finished_shard(done, paths[lo:hi], files[number])
+        reused = _finished_shard(done, paths[lo:hi], files[number], (build, number))
         if reused is None:
             runs[number] = paths[lo:hi]
         else:
@@ -293,15 +294,16 @@ def index_folder_on_ray(
     return files, report
 
 
-def _finished_shard(done, run: list[str], file: str):
+def _finished_shard(done, run: list[str], file: str, label: tuple[str, int]):
     """`(added, skipped files)` of a shard a progress file records as
-    finished for the same run of files, whose file is there; else None."""
+    finished for the same run of files, whose file is there and is that
+    shard (`label`, as `SubicIndex.shard_label`); else None."""
     if (
         not isinstance(done, dict)
         or done.get("paths") != _paths_digest(run)
         or not isinstance(done.get("added"), int)
         or not isinstance(done.get("skipped"), list)
-        or not os.path.isfile(file)
+        or (file_format.recorded_metadata(file) or {}).get("shard") != list(label)
     ):
         return None
     skipped = []

@@ -17,7 +17,12 @@ from swapping import outside_folder
 from subic_keras import retrieval
 from subic_keras.cli import main
 from subic_keras.export import load_subic
-from subic_keras.ray_folders import _read_progress, index_folder_on_ray
+from subic_keras.ray_folders import (
+    _finished_shard,
+    _paths_digest,
+    _read_progress,
+    index_folder_on_ray,
+)
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as open_index
 from subic_keras.search.image_index import ImageIndex
@@ -104,6 +109,17 @@ def test_shards_hold_the_single_process_codes(built):
     sharded = open_index(manifest)
     assert len(sharded) == 30 and sharded.model["digest"] == single.model["digest"]
     assert len(set(sharded.get_ids().tolist())) == 30
+
+
+def test_a_finished_shard_is_reused_only_where_its_file_is_that_shard(built):
+    files = _shard_files(built["manifest"])
+    build = json.loads(built["manifest"].read_text())["build"]
+    run = ["a/one.png"]
+    done = {"paths": _paths_digest(run), "added": 1, "skipped": []}
+    assert _finished_shard(done, run, files[1], (build, 1)) == (1, [])
+    # Another shard's file in its place (or an unlabelled one): encoded again.
+    assert _finished_shard(done, run, files[0], (build, 1)) is None
+    assert _finished_shard(done, run, files[1], ("0123abcd", 1)) is None
 
 
 def test_an_interrupted_build_resumes_from_the_command_line(built, tmp_path, capsys):

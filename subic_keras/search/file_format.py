@@ -252,11 +252,11 @@ def _checksum(f, raw_header: bytes, expected: int) -> bytes:
     return digest.digest()
 
 
-def recorded_model(path: str | os.PathLike) -> dict | None:
-    """The model record in an index file's metadata (version 3 on), read
-    without reading the codes or verifying the file: for a check before
-    anything loads (`read` verifies the file when it is opened). None when
-    there is none, or the file is not one to read so."""
+def recorded_metadata(path: str | os.PathLike) -> dict | None:
+    """An index file's metadata (version 3 on), read without reading the
+    codes or verifying the file: for a check before anything loads (`read`
+    verifies the file when it is opened). None when there is none, or the
+    file is not one to read so."""
     try:
         with open(open_regular(path), "rb") as f:
             magic, version, _, _, _, n, code_size, _ = _HEADER.unpack(
@@ -271,7 +271,12 @@ def recorded_model(path: str | os.PathLike) -> dict | None:
             metadata = load_json(f.read(length))
     except (OSError, ValueError, struct.error, OverflowError):
         return None
-    model = metadata.get("model") if isinstance(metadata, dict) else None
+    return metadata if isinstance(metadata, dict) else None
+
+
+def recorded_model(path: str | os.PathLike) -> dict | None:
+    """The model record of an index file (`recorded_metadata`), or None."""
+    model = (recorded_metadata(path) or {}).get("model")
     return model if isinstance(model, dict) else None
 
 
