@@ -68,7 +68,8 @@ class Manifest:
     """A shard manifest: the block shape, the manifest's real folder and
     the shards' paths in it; from version 2, the build's token, the digest
     of the model that wrote the codes (`records_model`) and the names of
-    the previous build's shards."""
+    the previous build's shards; from version 3, that every shard file is
+    labelled as its shard of the build (`labelled`, `check_label`)."""
 
     num_blocks: int
     block_size: int
