@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
@@ -85,6 +86,7 @@ def recalls(code, database: np.ndarray, sets: dict, chosen: np.ndarray) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    start = time.perf_counter()
     (x_train, _), (x_test, _) = datasets.load_cifar10(args.data_dir)
     pictures = x_train[: args.train_pictures]
     database = np.concatenate([x_test, x_train])
@@ -135,6 +137,7 @@ def main(argv=None) -> dict:
             k: None if v is None else round(v, 1) for k, v in seconds.items()
         },
         "results": results,
+        "elapsed_seconds": round(time.perf_counter() - start, 1),
     }
     common.write_json(args.output, output)
     common.log(f"wrote {args.output}")

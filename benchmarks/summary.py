@@ -106,6 +106,20 @@ def _summary_near_duplicates(data: dict) -> tuple[str, str]:
     )
 
 
+def _summary_held_out_families(data: dict) -> tuple[str, str]:
+    results, settings = data["results"], data["settings"]
+    named = [name for name in settings["held_out"] if name in results]
+    return (
+        "copies altered by a family the instance code never saw (recall@1 at "
+        f"60,000 pictures; trained on it: in brackets), {settings['epochs']} epochs",
+        "; ".join(
+            f"{name} {results[name]['held out 60k']['recall@1']:.3f} "
+            f"({results[name]['reference 60k']['recall@1']:.3f})"
+            for name in named
+        ),
+    )
+
+
 def _summary_cold_start(data: dict) -> tuple[str, str]:
     kernel, kinds = next(iter(data["kernels"].items()))
     if "grouping_in_file" not in kinds:  # written before version 5 files
@@ -200,6 +214,7 @@ _SUMMARIES = {
     "filter_speed.json": _summary_filter_speed,
     "refine.json": _summary_refine,
     "near_duplicates.json": _summary_near_duplicates,
+    "held_out_families.json": _summary_held_out_families,
     "cold_start.json": _summary_cold_start,
     "cold_start_random.json": _summary_cold_start,
     "ray_search.json": _summary_ray_search,

@@ -385,7 +385,13 @@ def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tm
 
     data = {
         "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
-        "settings": {"epochs": 4, "train_pictures": 500, "queries": 100, "bits": 64},
+        "settings": {
+            "epochs": 4,
+            "train_pictures": 500,
+            "queries": 100,
+            "bits": 64,
+            "held_out": {"rotation": ["rotation"]},
+        },
         "results": {
             "rotation": {
                 "held out group": "rotation",
@@ -401,6 +407,8 @@ def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tm
     assert "### Leave one family out" in full
     assert "| rotation | rotation | 0.250 | 0.500 | 0.125 | 0.375 |" in full
     assert "both 4 epochs on 500 pictures (64 bits)" in full
+    summary = make_results.render_summary(make_results._read_results(str(tmp_path))[0])
+    assert "| rotation 0.125 (0.375) |" in summary
 
 
 def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
