@@ -52,6 +52,10 @@ KNOWN = {
         "Codes that transfer: classes held out of training",
         render_unseen_classes,
     ),
+    "unseen_classes_splits.json": (
+        "Codes that transfer: three splits of held-out classes, 48 bits",
+        render_unseen_classes,
+    ),
     "search_speed.json": ("Search speed", render_search_speed),
     "filter_speed.json": ("Filtered search", render_filter_speed),
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),

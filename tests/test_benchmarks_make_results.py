@@ -411,6 +411,27 @@ def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tm
     assert "| rotation 0.125 (0.375) |" in summary
 
 
+def test_the_unseen_row_reads_three_splits_where_they_were_run(make_results, tmp_path):
+    def unseen(splits, value):
+        rows = {"subic_z": value, "one_hot_classifier": 0.3, "pq": 0.2, "opq": 0.2}
+        return {
+            "settings": {"splits": splits, "pretrain_epochs": 8, "epochs": 3},
+            "mean_map": {"unseen 48": rows, "paper 48": rows},
+        }
+
+    (tmp_path / "unseen_classes.json").write_text(json.dumps(unseen([0], 0.25)))
+    summary = make_results.render_summary(make_results._read_results(str(tmp_path))[0])
+    assert "splits [0] | SuBiC z 0.250" in summary
+    splits = unseen([0, 1, 2], 0.375)
+    (tmp_path / "unseen_classes_splits.json").write_text(json.dumps(splits))
+    results = make_results._read_results(str(tmp_path))[0]
+    summary = make_results.render_summary(results)
+    assert "splits [0, 1, 2] | SuBiC z 0.375" in summary and "0.250" not in summary
+    assert "### Codes that transfer: three splits" in make_results.make_results(
+        str(tmp_path)
+    )
+
+
 def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
     rows = {"subic_z": 0.4, "one_hot_classifier": 0.3}
     data = {
