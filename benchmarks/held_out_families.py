@@ -30,9 +30,13 @@ import time
 import numpy as np
 
 from benchmarks import common
-from benchmarks.near_duplicates import DATABASES, code_arguments, trained
+from benchmarks.near_duplicates import (
+    DATABASES,
+    code_arguments,
+    database_indexes,
+    trained,
+)
 from subic_keras import alterations, datasets, near_duplicates
-from subic_keras.search import SubicIndex
 
 REFERENCE = "none (reference)"
 
@@ -72,13 +76,11 @@ def query_sets(pictures: np.ndarray, group: str, seed: int) -> dict[str, np.ndar
 
 def recalls(code, database: np.ndarray, sets: dict, chosen: np.ndarray) -> dict:
     """Recall@1 and @10 of `code` on each query set at each database size."""
-    codes = code.encode(database)
+    indexes = database_indexes(code, code.encode(database))
     out: dict = {}
     for name, queries in sets.items():
         queried = code.query(queries)
-        for db_name, size in DATABASES.items():
-            index = SubicIndex(code.num_blocks, code.block_size)
-            index.add(codes[:size])
+        for db_name, index in indexes.items():
             _, ids = index.search(queried, 10)
             out.setdefault(name, {})[db_name] = near_duplicates.recall_at(ids, chosen)
     return out

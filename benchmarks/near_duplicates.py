@@ -133,6 +133,15 @@ def trained(
     return code, seconds
 
 
+def database_indexes(code, codes: np.ndarray) -> dict[str, SubicIndex]:
+    """An index of the first `size` of `codes` for each of `DATABASES`."""
+    indexes = {}
+    for name, size in DATABASES.items():
+        indexes[name] = SubicIndex(code.num_blocks, code.block_size)
+        indexes[name].add(codes[:size])
+    return indexes
+
+
 def query_sets(pictures: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """The altered copies of `pictures`, by how they were altered."""
     sets = {
@@ -227,10 +236,7 @@ def main(argv=None) -> dict:
     sets = query_sets(x_test[chosen], args.seed + 1)
     common.log("encoding the databases")
     codes = code.encode(database)
-    indexes = {}
-    for name, size in DATABASES.items():
-        indexes[name] = SubicIndex(code.num_blocks, code.block_size)
-        indexes[name].add(codes[:size])
+    indexes = database_indexes(code, codes)
     peers = (
         {
             f"{kind} {size}": hashes(database, kind, size)

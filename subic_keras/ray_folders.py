@@ -233,7 +233,7 @@ def index_folder_on_ray(
         index = ImageIndex(
             subic.num_blocks, subic.block_size, root, shape, looks=keeps_looks(subic)
         )
-        index.model, index.shard_label = record, (build, int(number))
+        index.model, index.shard_label = record, (build, number)
         passed = [] if column is None else _add_run(index, column)
         index.save(files[number])
         report.added += len(index)
