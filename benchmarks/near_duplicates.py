@@ -64,6 +64,12 @@ def code_arguments(description: str, epochs: int) -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--train-pictures", type=int, default=50_000)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=1,
+        help="the DSH CNN's channel multiplier (backbones.dsh_cnn; default 1)",
+    )
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default="benchmarks/cache/near_duplicates")
@@ -101,6 +107,8 @@ def trained(
         "block_size": args.block_size,
         "schedule": "cosine",
     }
+    if args.width != 1:  # (absent from the keys of the width-1 codes)
+        settings["width"] = args.width
     path = os.path.join(
         args.cache_dir, common.settings_key("instance", settings) + ".keras"
     )
@@ -111,7 +119,7 @@ def trained(
             seconds = common.read_json(record)["train_seconds"]
         return instance.InstanceSubic.load(path), seconds
     code = instance.build_instance_subic(
-        backbones.dsh_cnn(),
+        backbones.dsh_cnn(width=args.width),
         args.num_blocks,
         args.block_size,
         preprocessing=standardization(pictures),

@@ -280,6 +280,7 @@ UNSEEN_ROWS = {
     "subic_z": "SuBiC, query z (Eq. 10)",
     "subic_class_posterior": "SuBiC, class-posterior query",
     "one_hot_classifier": "one-hot classifier (log2 of the classes: 3 or 4 bits)",
+    "dsh": "DSH (same budget and pre-trained backbone, Hamming ranking)",
     "pq": "PQ of the backbone's features",
     "opq": "OPQ of the backbone's features",
 }
@@ -292,7 +293,8 @@ def render_unseen_classes(data: dict) -> list[str]:
     columns = sorted(means, key=lambda key: (int(key.split()[1]), key))
     lines = [
         f"Budget: {settings['budget']} (pre-training epochs "
-        f"{settings['pretrain_epochs']}, SuBiC epochs {settings['epochs']}); "
+        f"{settings['pretrain_epochs']}, SuBiC epochs {settings['epochs']}, "
+        f"blocks of K = {settings.get('block_size', 64)}); "
         f"unseen: classes held out of training, splits {settings['splits']} "
         "averaged (`protocols.held_out_classes`); paper: a model of every class "
         "with the same budget. mAP, pessimistic ties (they count against the "

@@ -166,7 +166,9 @@ def _summary_unseen_classes(data: dict) -> tuple[str, str]:
             f"SuBiC epochs, splits {settings['splits']}"
         ),
         f"SuBiC z {rows['subic_z']:.3f}, one-hot classifier "
-        f"{rows['one_hot_classifier']:.3f}, PQ {rows['pq']:.3f}, OPQ "
+        f"{rows['one_hot_classifier']:.3f}, "
+        + (f"DSH {rows['dsh']:.3f}, " if "dsh" in rows else "")
+        + f"PQ {rows['pq']:.3f}, OPQ "
         f"{rows['opq']:.3f}; standard protocol: SuBiC "
         f"{paper.get('subic_z', float('nan')):.3f}, one-hot classifier "
         f"{paper.get('one_hot_classifier', float('nan')):.3f}"

@@ -15,6 +15,9 @@ Rows, at each code length:
 - `subic_class_posterior`: the same codes, the class-posterior query;
 - `one_hot_classifier`: the model's class prediction as a one-block code,
   its posterior as query (`baselines.OneHotClassifier`, 3 bits);
+- `dsh`: DSH (Liu et al., CVPR 2016) trained by `training.train_baseline`
+  on the same classes, data, pre-trained backbone and budget as SuBiC, at
+  its code length, searched by Hamming distance;
 - `pq`, `opq`: product quantizers (4 sub-spaces of `bits / 4` bits) of the
   same model's backbone features (`Subic.features`), fitted on its training
   pictures, searched asymmetrically.
@@ -41,23 +44,24 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import keras
 import numpy as np
 
 from benchmarks import common
 from subic_keras import datasets, protocols, scoring
 from subic_keras.baselines import (
+    DSH,
     OneHotClassifier,
     OptimizedProductQuantizer,
     ProductQuantizer,
 )
 from subic_keras.config import TrainConfig
 from subic_keras.export import load_subic
-from subic_keras.training import train
+from subic_keras.training import train, train_baseline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "unseen_classes.json")
 CACHE = os.path.join(HERE, "cache", "unseen_classes")
-BLOCK_SIZE = 64
 # Training pictures the quantizers are fitted on (their k-means).
 QUANTIZER_FIT = 20_000
 
@@ -66,7 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_data_dir(parser, "CIFAR-10's binary batches")
     parser.add_argument("--splits", default="0,1,2", help="unseen-class splits")
-    parser.add_argument("--bits", default="24,48", help="code lengths (K = 64)")
+    parser.add_argument("--bits", default="24,48", help="code lengths")
+    parser.add_argument(
+        "--block-size", type=int, default=64, help="SuBiC's K (default: %(default)s)"
+    )
     parser.add_argument("--pretrain-epochs", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument(
@@ -93,12 +100,14 @@ def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
     if args.max_train_images is not None:
         budget["max_train_images"] = args.max_train_images
     name = f"b{bits}-" + ("all" if not excluded else "x" + "".join(map(str, excluded)))
+    if args.block_size != 64:  # (absent from the names of the K = 64 runs)
+        name += f"-k{args.block_size}"
     name += "".join(f"-{k[0]}{v}" for k, v in sorted(budget.items()))
     config = TrainConfig(
         dataset="cifar10",
         data_dir=args.data_dir,
-        num_blocks=bits // 6,
-        block_size=BLOCK_SIZE,
+        num_blocks=bits // int(np.log2(args.block_size)),
+        block_size=args.block_size,
         exclude_classes=excluded,
         output_dir=os.path.join(args.cache_dir, name),
         cache_dir=os.path.join(args.cache_dir, "pretrained"),
@@ -115,8 +124,25 @@ def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
     return os.path.join(config.output_dir, "best.keras"), summary
 
 
-def scored(model_path: str, bits: int, data, protocol: str, held) -> dict:
-    """mAP of every row for one model on one protocol."""
+def trained_dsh(summary: dict) -> tuple[str, dict]:
+    """DSH trained as the SuBiC model `trained` summarised (cached)."""
+    config = TrainConfig(**summary["config"])
+    path = os.path.join(config.output_dir, "dsh.keras")
+    record_path = os.path.join(config.output_dir, "dsh.json")
+    if os.path.isfile(path) and os.path.isfile(record_path):
+        with open(record_path) as handle:
+            return path, json.load(handle)
+    common.log(f"training DSH beside {os.path.basename(config.output_dir)}")
+    network, record = train_baseline(config, "dsh", verbose=2)
+    network.train_model.save(path)
+    common.write_json(record_path, record)
+    return path, record
+
+
+def scored(
+    model_path: str, dsh_path: str, bits: int, data, protocol: str, held
+) -> dict:
+    """mAP of every row for one model (and its DSH) on one protocol."""
     (x_train, y_train), (x_test, y_test) = data
     subic = load_subic(model_path)
     options = {"classes": list(held)} if held else {}
@@ -133,6 +159,8 @@ def scored(model_path: str, bits: int, data, protocol: str, held) -> dict:
     rows["one_hot_classifier"] = scoring.evaluate(
         OneHotClassifier(predict), x_test, y_test, protocol, **options
     )
+    dsh = DSH.from_train_model(keras.saving.load_model(dsh_path))
+    rows["dsh"] = scoring.evaluate(dsh, x_test, y_test, protocol, **options)
     seen = ~np.isin(y_train, held) if held else np.ones(len(y_train), bool)
     fit = subic.features(x_train[seen][:QUANTIZER_FIT])
     features = subic.features(x_test)
@@ -154,6 +182,7 @@ def main(argv=None) -> dict:
     runs = []
     for bits in args.bits:
         path, summary = trained(args, bits, ())
+        dsh_path, dsh = trained_dsh(summary)
         runs.append(
             {
                 "protocol": "paper",
@@ -162,12 +191,14 @@ def main(argv=None) -> dict:
                 "held_out": [],
                 "model": os.path.relpath(path, HERE),
                 "validation_map": summary.get("validation_map"),
-                "rows": scored(path, bits, data, "paper", ()),
+                "dsh_validation_map": dsh["best_validation_map"],
+                "rows": scored(path, dsh_path, bits, data, "paper", ()),
             }
         )
         for split in args.splits:
             held = protocols.held_out_classes(10, split)
             path, summary = trained(args, bits, held)
+            dsh_path, dsh = trained_dsh(summary)
             runs.append(
                 {
                     "protocol": "unseen",
@@ -176,7 +207,8 @@ def main(argv=None) -> dict:
                     "held_out": list(held),
                     "model": os.path.relpath(path, HERE),
                     "validation_map": summary.get("validation_map"),
-                    "rows": scored(path, bits, data, "unseen", held),
+                    "dsh_validation_map": dsh["best_validation_map"],
+                    "rows": scored(path, dsh_path, bits, data, "unseen", held),
                 }
             )
             common.log(f"{bits} bits, split {split}: {runs[-1]['rows']}")
@@ -185,7 +217,7 @@ def main(argv=None) -> dict:
         "settings": {
             "splits": args.splits,
             "bits": args.bits,
-            "block_size": BLOCK_SIZE,
+            "block_size": args.block_size,
             "pretrain_epochs": args.pretrain_epochs,
             "epochs": args.epochs,
             "max_train_images": args.max_train_images,

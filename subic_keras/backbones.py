@@ -151,13 +151,16 @@ def _caffe_pool(x, kind: str, name: str):
 
 
 def dsh_cnn(
-    input_shape: tuple[int, int, int] = (32, 32, 3), name: str = "dsh_cnn"
+    input_shape: tuple[int, int, int] = (32, 32, 3),
+    name: str = "dsh_cnn",
+    width: int = 1,
 ) -> keras.Model:
     """The CIFAR-10 base CNN of DSH (Liu et al., CVPR 2016), used by SuBiC.
 
     conv 32 5x5 pad 2 -> max-pool 3/2 -> ReLU -> LRN -> conv 32 5x5 pad 2 ->
     avg-pool 3/2 -> ReLU -> LRN -> conv 64 5x5 pad 2 -> ReLU -> avg-pool 3/2
-    -> flatten -> FC 500 + ReLU.
+    -> flatten -> FC 500 + ReLU; `width` multiplies the convolutions'
+    channels (1: DSH's network).
 
     The pools reproduce Caffe's ceil-mode pooling (32 -> 16 -> 8 -> 4; 28 ->
     14 -> 7 -> 3), see `_caffe_pool`. LRN is
@@ -173,27 +176,29 @@ def dsh_cnn(
     Args:
         input_shape: `(height, width, channels)` of the (channels-last) images.
         name: the model's name.
+        width: the channels' multiplier, >= 1.
 
     Returns:
         A `keras.Model` mapping images to 500-d non-negative features; the
         feature layer is named `"fc"`.
     """
     input_shape = check_image_shape("input_shape", input_shape)
+    width = check_int("width", width, minimum=1)
     if min(input_shape[:2]) < 8:
         # Smaller images leave the third pool an empty input, as in Caffe.
         raise ValueError(
             f"input_shape height and width must be >= 8, received {input_shape}"
         )
     inputs = keras.Input(shape=input_shape, name="images")
-    x = layers.Conv2D(32, 5, padding="same", name="conv1")(inputs)
+    x = layers.Conv2D(32 * width, 5, padding="same", name="conv1")(inputs)
     x = _caffe_pool(x, "max", name="pool1")
     x = layers.ReLU(name="relu1")(x)
     x = LocalResponseNormalization(name="norm1")(x)
-    x = layers.Conv2D(32, 5, padding="same", name="conv2")(x)
+    x = layers.Conv2D(32 * width, 5, padding="same", name="conv2")(x)
     x = _caffe_pool(x, "avg", name="pool2")
     x = layers.ReLU(name="relu2")(x)
     x = LocalResponseNormalization(name="norm2")(x)
-    x = layers.Conv2D(64, 5, padding="same", name="conv3")(x)
+    x = layers.Conv2D(64 * width, 5, padding="same", name="conv3")(x)
     x = layers.ReLU(name="relu3")(x)
     x = _caffe_pool(x, "avg", name="pool3")
     x = layers.Flatten(name="flatten")(x)

@@ -1,7 +1,10 @@
 """End-to-end training of a SuBiC model on an image dataset (`subic train`).
 
 `train` loads a dataset, holds out a validation split and runs the recipe
-of `subic_keras.recipe` with the settings of a `TrainConfig`.
+of `subic_keras.recipe` with the settings of a `TrainConfig`;
+`train_baseline` trains a supervised hashing baseline (DSH, DLBHC) on the
+same data with the same budget, for comparisons that differ only in the
+method.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ import tensorflow as tf
 from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path, make_folders, output_target
 from subic_keras.backbones import mlp_backbone
+from subic_keras.baselines.dlbhc import build_dlbhc
+from subic_keras.baselines.dsh import build_dsh
+from subic_keras.baselines.hashing import HashingNetwork
+from subic_keras.baselines.training import train_hashing
 from subic_keras.building import build_subic
 from subic_keras.callbacks import EpochTensorBoard
 from subic_keras.config import APPLICATIONS, CLASS_NAMES, TRAIN_OUTPUTS
@@ -31,7 +38,7 @@ from subic_keras.datasets import load_images
 from subic_keras.folders import FolderChangedError, folder_failure
 from subic_keras.images import labelled_files as read_labelled_files
 from subic_keras.models import Subic, float32_copy
-from subic_keras.recipe import MIN_VALIDATION, train_subic
+from subic_keras.recipe import MIN_VALIDATION, pretrain_backbone, train_subic
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:
@@ -182,6 +189,106 @@ def train(
         with open(tmp, "w") as handle:
             json.dump(summary, handle, indent=2)
     return summary
+
+
+BASELINES = ("dsh", "dlbhc")
+
+
+def train_baseline(
+    config: TrainConfig, method: str = "dsh", verbose: int | str = 0
+) -> tuple[HashingNetwork, dict]:
+    """A supervised hashing baseline trained as `train` trains SuBiC.
+
+    The same data and splits as `train(config)` (without the classes of
+    `config.exclude_classes`), the same stage 1 (the backbone pre-trained
+    as a classifier, cached in `config.cache_dir` under the same key, so a
+    SuBiC run of this configuration and the baseline share it), then the
+    method's own loss for `config.epochs` epochs with the recipe's schedule
+    and validation-mAP selection (`baselines.train_hashing`), at SuBiC's
+    code length, `num_blocks · log2(block_size)` bits:
+
+    - `"dsh"`: DSH's pairwise loss, its paper's margin `2B` and `α = 0.01`,
+      codes `sign(u)`;
+    - `"dlbhc"`: DLBHC's sigmoid latent layer before the classifier, codes
+      `> 0.5`.
+
+    Nothing is written outside the cache: save or score the network
+    returned.
+
+    Example:
+
+    >>> config = TrainConfig(
+    ...     dataset="digits", pretrain_epochs=1, epochs=1, cache_dir="cache")
+    >>> dsh, summary = train_baseline(config, "dsh")
+    >>> summary["bits"], summary["method"]
+    (48, 'dsh')
+
+    Args:
+        config: the settings of the SuBiC run to compare with.
+        method: one of `BASELINES`.
+        verbose: `fit`'s verbosity.
+
+    Returns:
+        `(network, summary)`: the trained `HashingNetwork` and a JSON-ready
+        summary (`method`, `bits`, `pretraining`, `train_hashing`'s record,
+        `num_train`, `num_validation`, `wall_seconds`).
+
+    Raises:
+        ValueError: for an unknown `method`, or for a configuration or data
+            `train` refuses.
+    """
+    if method not in BASELINES:
+        raise ValueError(f"method must be one of {BASELINES}, received {method!r}")
+    start = time.time()
+    data = _data(config)
+    x_fit, y_fit, x_val, y_val, _, _ = data.splits
+    validation = x_val if y_val is None else (x_val, y_val)
+    recipe = config.recipe(augment=min(data.shape[:2]) >= 16)
+    bits = config.num_blocks * int(np.log2(config.block_size))
+    keras.utils.set_random_seed(config.seed)
+    backbone = _backbone(config, data.shape)
+    preprocessing = _preprocessing(config, x_fit)
+    pretraining = None
+    if recipe.pretrain_epochs:
+        pretraining = pretrain_backbone(
+            backbone,
+            x_fit,
+            y_fit,
+            validation,
+            num_classes=data.num_classes,
+            recipe=recipe,
+            seed=config.seed,
+            preprocessing=preprocessing,
+            cache_dir=config.cache_dir or default_cache_dir(),
+            verbose=verbose,
+        )
+    # Re-seeded so that the head starts alike whether stage 1 ran or was
+    # read from the cache.
+    keras.utils.set_random_seed(config.seed)
+    head = {"input_shape": data.shape, "preprocessing": preprocessing}
+    if method == "dsh":
+        network = build_dsh(backbone, bits, None, 0.01, optimizer=None, **head)
+    else:
+        network = build_dlbhc(backbone, bits, data.num_classes, optimizer=None, **head)
+    stage = train_hashing(
+        network,
+        x_fit,
+        y_fit,
+        validation,
+        recipe=recipe,
+        seed=config.seed,
+        verbose=verbose,
+    )
+    summary = {
+        "method": method,
+        "bits": bits,
+        "pretraining": pretraining,
+        **stage,
+        "num_train": data.num_train,
+        "num_validation": data.num_validation,
+        "wall_seconds": round(time.time() - start, 1),
+    }
+    return network, summary
 
 
 @dataclasses.dataclass

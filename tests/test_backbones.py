@@ -240,6 +240,16 @@ def test_dsh_cnn_layer_order_and_parameter_count():
             assert (layer.size, layer.alpha, layer.beta) == (3, 5e-5, 0.75)
 
 
+def test_dsh_cnn_width_multiplies_the_channels():
+    model = dsh_cnn(width=2)
+    channels = [layer.filters for layer in model.layers if hasattr(layer, "filters")]
+    assert channels == [64, 64, 128] and model.output_shape == (None, 500)
+    conv = [5 * 5 * 3 * 64 + 64, 5 * 5 * 64 * 64 + 64, 5 * 5 * 64 * 128 + 128]
+    assert model.count_params() == sum(conv) + 4 * 4 * 128 * 500 + 500
+    with pytest.raises(ValueError, match="width must be >= 1, received 0"):
+        dsh_cnn(width=0)
+
+
 @pytest.mark.parametrize("mode", ["max", "avg"])
 @pytest.mark.parametrize("height, width", [(8, 8), (7, 7), (8, 7), (7, 8), (2, 9)])
 def test_caffe_pool_matches_caffe_ceil_mode(mode, height, width):

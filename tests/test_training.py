@@ -169,3 +169,32 @@ def test_held_out_classes_never_reach_training():
         _data(TrainConfig(dataset="digits", exclude_classes=tuple(range(9))))
     with pytest.raises(ValueError, match=r"class ids below 10 .*, received \[2, 12\]"):
         _data(TrainConfig(dataset="digits", exclude_classes=(12, 2)))
+
+
+def test_a_baseline_shares_subics_data_and_pretraining(tmp_path):
+    """`train_baseline`: the SuBiC run's splits and its cached stage 1, then
+    the baseline's own loss at SuBiC's code length."""
+    from subic_keras.baselines import DSH
+    from subic_keras.training import train, train_baseline
+
+    config = TrainConfig(
+        dataset="digits",
+        exclude_classes=(2, 4, 6),
+        num_blocks=4,
+        block_size=8,
+        pretrain_epochs=1,
+        epochs=1,
+        output_dir=str(tmp_path / "subic"),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    subic_summary = train(config, verbose=0)
+    dsh, summary = train_baseline(config, "dsh")
+    assert isinstance(dsh, DSH)
+    assert summary["bits"] == 12 and summary["method"] == "dsh"
+    assert summary["pretraining"]["cached"]
+    assert summary["pretraining"]["key"] == subic_summary["pretrain"]["key"]
+    assert summary["num_train"] == subic_summary["num_train"]
+    assert summary["epochs_run"] == 1 and summary["best_epoch"] == 1
+    assert dsh.encode(np.zeros((3, 8, 8, 1), np.uint8)).shape == (3, 12)
+    with pytest.raises(ValueError, match=r"method must be one of .*received 'pq'"):
+        train_baseline(config, "pq")

@@ -8,6 +8,7 @@ downloaded): the test is skipped where either is missing, unless
 import os
 import shutil
 import time
+import urllib.parse
 
 import pytest
 from served import ServeProcess, save_model
@@ -17,6 +18,7 @@ from subic_keras.config import CLASS_NAMES
 from subic_keras.datasets import load_cifar10
 from subic_keras.export import load_encoder, load_subic
 from subic_keras.images import write_image_folder
+from subic_keras.search import filters
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
 pytestmark = pytest.mark.slow
@@ -174,6 +176,22 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
                 f"where=path%20under%20%22{folder}%22" in url for url in requests
             )
             page.select_option("#under", "")
+            # A folder whose name holds a newline, a tab, a quote and a
+            # backslash is asked for as itself (the filter language's
+            # string, not JSON's), and a filter that keeps nothing says so.
+            odd = 'no\nsuch\t"folder\\'
+            page.evaluate("(name) => $('under').append(new Option(name, name))", odd)
+            page.select_option("#under", odd)
+            page.wait_for_function(
+                "document.getElementById('summary').textContent.startsWith("
+                "'no match: no picture in ')"
+            )
+            assert page.locator("#grid .card").count() == 0
+            asked = [url for url in requests if "where=" in url][-1]
+            where = urllib.parse.parse_qs(urllib.parse.urlsplit(asked).query)
+            assert filters.parse(where["where"][0]).folder == odd
+            page.select_option("#under", "")
+            _only_the_latest_answer_is_shown(page, base, paths)
             # A file that is not a picture: the page says so.
             (base / "notes.txt").write_text("not a picture")
             page.set_input_files("#file", str(base / "notes.txt"))
@@ -191,6 +209,40 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             ), requests
         finally:
             browser.close()
+
+
+def _only_the_latest_answer_is_shown(page, base, paths):
+    """Two pictures chosen 30 ms apart, the first one's answer arriving last:
+    the page shows the second's matches, never the first's beside the
+    second picture."""
+    page.evaluate(
+        """() => {
+          const fetched = window.fetch;
+          let searches = 0;
+          window.fetch = async (...args) => {
+            const answer = await fetched(...args);
+            if (String(args[0]).startsWith("/search") && searches++ === 0) {
+              await new Promise((done) => setTimeout(done, 1500));
+              window.lateAnswerBack = true;
+            }
+            return answer;
+          };
+          window.unwrapped = fetched;
+        }"""
+    )
+    first, second = paths[60], paths[61]
+    page.set_input_files("#file", str(base / "photos" / first))
+    time.sleep(0.03)
+    page.set_input_files("#file", str(base / "photos" / second))
+    page.wait_for_function(
+        f"document.querySelector('#grid .card')?.dataset.path === {second!r}"
+        " && !document.getElementById('grid').classList.contains('stale')"
+    )
+    page.wait_for_function("window.lateAnswerBack === true")
+    time.sleep(0.1)  # (the late answer's JSON is read, then dropped)
+    assert page.locator("#grid .card").nth(0).get_attribute("data-path") == second
+    assert page.inner_text("#summary").startswith("12 matches")
+    page.evaluate("() => { window.fetch = window.unwrapped; }")
 
 
 def test_the_page_of_an_instance_code_names_copies_not_classes(
