@@ -17,6 +17,11 @@ beside the reference that did: their difference is what the family costs
 when it is new. The models are cached under `--cache-dir`, beside
 `near_duplicates`'s.
 
+The reference alone, also on copies altered by the whole family, here of
+a CNN twice as wide (`backbones.dsh_cnn(width=2)`):
+
+    python -m benchmarks.held_out_families --epochs 4 --held-out --width 2
+
 Example:
 
     python -m benchmarks.held_out_families --epochs 4
@@ -39,16 +44,20 @@ from benchmarks.near_duplicates import (
 from subic_keras import alterations, datasets, near_duplicates
 
 REFERENCE = "none (reference)"
+# Copies altered by two to four families of the whole family, as in
+# `benchmarks/near_duplicates.py` (the reference is scored on them too).
+WHOLE = "whole family"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = code_arguments(__doc__, epochs=4)
     parser.add_argument(
         "--held-out",
-        nargs="+",
+        nargs="*",
         default=list(alterations.HELD_OUT),
         choices=list(alterations.HELD_OUT),
-        help="the groups held out in turn (default: all of them)",
+        help="the groups held out in turn (default: all of them; none: the "
+        "reference only)",
     )
     parser.add_argument(
         "--output",
@@ -96,9 +105,10 @@ def main(argv=None) -> dict:
     chosen = np.sort(rng.choice(len(x_test), args.queries, replace=False))
     sets = {
         group: query_sets(x_test[chosen], group, args.seed + 1)
-        for group in args.held_out
+        for group in alterations.HELD_OUT
     }
     every_set = {name: q for group in sets.values() for name, q in group.items()}
+    every_set[WHOLE] = alterations.alter_batch(x_test[chosen], args.seed + 1)
     reference, reference_seconds = trained(args, pictures)
     reference_recalls = recalls(reference, database, every_set, chosen)
     results: dict = {}
@@ -133,8 +143,10 @@ def main(argv=None) -> dict:
             "block_size": args.block_size,
             "bits": reference.bits,
             "schedule": "cosine",
+            "width": args.width,
             "held_out": {g: list(alterations.HELD_OUT[g]) for g in args.held_out},
         },
+        "reference": reference_recalls,
         "train_seconds": {
             k: None if v is None else round(v, 1) for k, v in seconds.items()
         },

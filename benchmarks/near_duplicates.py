@@ -298,6 +298,7 @@ def main(argv=None) -> dict:
             "block_size": code.block_size,
             "bits": code.bits,
             "schedule": "cosine",
+            "width": args.width,
         },
         "calibration": calibration,
         "copy_marks": marks,

@@ -411,6 +411,32 @@ def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tm
     assert "| rotation 0.125 (0.375) |" in summary
 
 
+def test_a_reference_alone_reads_as_recalls_by_family(make_results, tmp_path):
+    data = {
+        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
+        "settings": {
+            "epochs": 4,
+            "train_pictures": 500,
+            "queries": 100,
+            "bits": 64,
+            "width": 2,
+            "held_out": {},
+        },
+        "results": {},
+        "reference": {
+            "whole family": {
+                "10k": {"recall@1": 0.5, "recall@10": 0.75},
+                "60k": {"recall@1": 0.25, "recall@10": 0.625},
+            }
+        },
+    }
+    (tmp_path / "held_out_reference_width2.json").write_text(json.dumps(data))
+    full = make_results.make_results(str(tmp_path))
+    assert "### Copies by family, 4 epochs: a CNN twice as wide" in full
+    assert "| whole family | 0.500 | 0.750 | 0.250 | 0.625 |" in full
+    assert "on the DSH CNN 2 times as wide, on Some CPU" in full
+
+
 def test_the_unseen_row_reads_three_splits_where_they_were_run(make_results, tmp_path):
     def unseen(splits, value):
         rows = {"subic_z": value, "one_hot_classifier": 0.3, "pq": 0.2, "opq": 0.2}
