@@ -99,10 +99,7 @@ def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
         budget["epochs"] = args.epochs
     if args.max_train_images is not None:
         budget["max_train_images"] = args.max_train_images
-    name = f"b{bits}-" + ("all" if not excluded else "x" + "".join(map(str, excluded)))
-    if args.block_size != 64:  # (absent from the names of the K = 64 runs)
-        name += f"-k{args.block_size}"
-    name += "".join(f"-{k[0]}{v}" for k, v in sorted(budget.items()))
+    name = _name(bits, excluded, budget, args.block_size)
     config = TrainConfig(
         dataset="cifar10",
         data_dir=args.data_dir,
@@ -124,16 +121,37 @@ def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
     return os.path.join(config.output_dir, "best.keras"), summary
 
 
-def trained_dsh(summary: dict) -> tuple[str, dict]:
-    """DSH trained as the SuBiC model `trained` summarised (cached)."""
+def _name(bits: int, excluded, budget: dict, block_size: int) -> str:
+    """A cached run's folder name (K absent where it is 64, as in the first
+    runs)."""
+    name = f"b{bits}-" + ("all" if not excluded else "x" + "".join(map(str, excluded)))
+    if block_size != 64:
+        name += f"-k{block_size}"
+    return name + "".join(f"-{k[0]}{v}" for k, v in sorted(budget.items()))
+
+
+def trained_dsh(args, summary: dict) -> tuple[str, dict]:
+    """DSH trained as the SuBiC model `trained` summarised (cached): its
+    code length, classes, data and budget, in the folder of the K = 64
+    model of those (DSH has no K)."""
     config = TrainConfig(**summary["config"])
-    path = os.path.join(config.output_dir, "dsh.keras")
-    record_path = os.path.join(config.output_dir, "dsh.json")
+    budget = {
+        key: getattr(config, key)
+        for key in ("epochs", "max_train_images", "pretrain_epochs")
+        if getattr(args, key) is not None
+    }
+    bits = config.num_blocks * int(np.log2(config.block_size))
+    folder = os.path.join(
+        args.cache_dir, _name(bits, config.exclude_classes, budget, 64)
+    )
+    path = os.path.join(folder, "dsh.keras")
+    record_path = os.path.join(folder, "dsh.json")
     if os.path.isfile(path) and os.path.isfile(record_path):
         with open(record_path) as handle:
             return path, json.load(handle)
-    common.log(f"training DSH beside {os.path.basename(config.output_dir)}")
+    common.log(f"training DSH in {os.path.basename(folder)}")
     network, record = train_baseline(config, "dsh", verbose=2)
+    os.makedirs(folder, exist_ok=True)
     network.train_model.save(path)
     common.write_json(record_path, record)
     return path, record
@@ -182,7 +200,7 @@ def main(argv=None) -> dict:
     runs = []
     for bits in args.bits:
         path, summary = trained(args, bits, ())
-        dsh_path, dsh = trained_dsh(summary)
+        dsh_path, dsh = trained_dsh(args, summary)
         runs.append(
             {
                 "protocol": "paper",
@@ -198,7 +216,7 @@ def main(argv=None) -> dict:
         for split in args.splits:
             held = protocols.held_out_classes(10, split)
             path, summary = trained(args, bits, held)
-            dsh_path, dsh = trained_dsh(summary)
+            dsh_path, dsh = trained_dsh(args, summary)
             runs.append(
                 {
                     "protocol": "unseen",
