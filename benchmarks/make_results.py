@@ -53,7 +53,7 @@ KNOWN = {
         render_unseen_classes,
     ),
     "unseen_classes_splits.json": (
-        "Codes that transfer: three splits of held-out classes, 48 bits",
+        "Codes that transfer: three splits of held-out classes",
         render_unseen_classes,
     ),
     "search_speed.json": ("Search speed", render_search_speed),
