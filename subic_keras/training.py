@@ -266,6 +266,7 @@ def train_baseline(
     # read from the cache.
     keras.utils.set_random_seed(config.seed)
     head = {"input_shape": data.shape, "preprocessing": preprocessing}
+    network: HashingNetwork
     if method == "dsh":
         network = build_dsh(backbone, bits, None, 0.01, optimizer=None, **head)
     else:
