@@ -56,6 +56,10 @@ KNOWN = {
         "Codes that transfer: three splits of held-out classes",
         render_unseen_classes,
     ),
+    "unseen_classes_k16.json": (
+        "Codes that transfer: blocks of 16",
+        render_unseen_classes,
+    ),
     "search_speed.json": ("Search speed", render_search_speed),
     "filter_speed.json": ("Filtered search", render_filter_speed),
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),
