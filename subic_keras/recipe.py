@@ -43,12 +43,12 @@ With these defaults and `subic train`'s code (`TrainConfig`: 8 blocks of
 pessimistic ties) is 0.7353 ± 0.0040 at 48 bits over 3 seeds: above the
 paper's 0.686 (Table 2), short of 0.75. Blocks of `K = 16` (12 at 48 bits)
 reached 0.7502 on one seed, and were ahead of `K = 64` at 12, 24 and 36 bits
-too (0.6240 / 0.7150 / 0.7345). They are not the default yet: one seed, and
-unmeasured on classes held out of training (Sablayrolles et al., ICASSP
-2017). On those, at a reduced budget (8 + 3 epochs, three splits), `K = 64`
-codes reach 0.411 at 48 bits: ahead of DSH (0.386) and of a classifier's
-one-hot prediction (0.297), and behind PQ and OPQ of the same backbone's
-features (0.420, 0.421).
+too (0.6240 / 0.7150 / 0.7345). On classes held out of training
+(Sablayrolles et al., ICASSP 2017), at a reduced budget (8 + 3 epochs,
+three splits, 48 bits), `K = 64` codes reach 0.411: ahead of DSH (0.386)
+and of a classifier's one-hot prediction (0.297), behind PQ and OPQ of the
+same backbone's features (0.420, 0.421); `K = 16` codes reach 0.424. They
+are not the default yet: the full-budget figure is one seed.
 """
 
 from __future__ import annotations
