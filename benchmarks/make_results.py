@@ -127,13 +127,8 @@ def near_duplicates_table(data: dict) -> list[str]:
         f"Copies found first: recall@1 over {settings['queries']:,} altered "
         f"CIFAR-10 test pictures, databases of 10,000 and 60,000 pictures; an "
         f"instance code of {settings['bits']} bits (M = {settings['num_blocks']}, "
-        f"K = {settings['block_size']}) on the DSH CNN"
-        + (
-            f" {settings['width']} times as wide"
-            if settings.get("width", 1) > 1
-            else ""
-        )
-        + f", trained {settings['epochs']} epochs on "
+        f"K = {settings['block_size']}) on {_cnn(settings)}, trained "
+        f"{settings['epochs']} epochs on "
         f"{settings['train_pictures']:,} pictures without labels, on "
         f"{cpu_of(data)}:",
         "",
@@ -159,6 +154,13 @@ def near_duplicates_table(data: dict) -> list[str]:
             f"{marks['10k']['queries_outside_marked']:.3f} of them.",
         ]
     return lines
+
+
+def _cnn(settings: dict) -> str:
+    """The instance code's backbone, by its width (a run that recorded no
+    width had DSH's)."""
+    width = settings.get("width", 1)
+    return "the DSH CNN" + (f" {width} times as wide" if width > 1 else "")
 
 
 def held_out_families_table(data: dict) -> list[str]:
@@ -187,15 +189,13 @@ def held_out_families_table(data: dict) -> list[str]:
 def _reference_table(data: dict) -> list[str]:
     """A leave-one-out run without held-out codes: the reference alone."""
     settings = data["settings"]
-    width = settings.get("width", 1)
     lines = [
         f"Recall@1 and @10 over {settings['queries']:,} CIFAR-10 test pictures "
         "altered by each family alone, by each group mixed and by the whole "
         "family, among 10,000 and 60,000 pictures; a code trained on the whole "
         f"family, {settings['epochs']} epochs on {settings['train_pictures']:,} "
-        f"pictures ({settings['bits']} bits), on the DSH CNN"
-        + (f" {width} times as wide" if width > 1 else "")
-        + f", on {cpu_of(data)}:",
+        f"pictures ({settings['bits']} bits), on {_cnn(settings)}, on "
+        f"{cpu_of(data)}:",
         "",
     ]
     columns = [(k, size) for size in ("10k", "60k") for k in ("recall@1", "recall@10")]

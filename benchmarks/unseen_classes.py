@@ -92,13 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
     """The model `training.train` makes without `excluded` (cached)."""
-    budget = {}
-    if args.pretrain_epochs is not None:
-        budget["pretrain_epochs"] = args.pretrain_epochs
-    if args.epochs is not None:
-        budget["epochs"] = args.epochs
-    if args.max_train_images is not None:
-        budget["max_train_images"] = args.max_train_images
+    budget = _budget(args)
     name = _name(bits, excluded, budget, args.block_size)
     config = TrainConfig(
         dataset="cifar10",
@@ -121,6 +115,12 @@ def trained(args, bits: int, excluded: tuple[int, ...]) -> tuple[str, dict]:
     return os.path.join(config.output_dir, "best.keras"), summary
 
 
+def _budget(args) -> dict:
+    """The training budget the arguments set (the defaults where unset)."""
+    keys = ("pretrain_epochs", "epochs", "max_train_images")
+    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+
+
 def _name(bits: int, excluded, budget: dict, block_size: int) -> str:
     """A cached run's folder name (K absent where it is 64, as in the first
     runs)."""
@@ -135,14 +135,9 @@ def trained_dsh(args, summary: dict) -> tuple[str, dict]:
     code length, classes, data and budget, in the folder of the K = 64
     model of those (DSH has no K)."""
     config = TrainConfig(**summary["config"])
-    budget = {
-        key: getattr(config, key)
-        for key in ("epochs", "max_train_images", "pretrain_epochs")
-        if getattr(args, key) is not None
-    }
     bits = config.num_blocks * int(np.log2(config.block_size))
     folder = os.path.join(
-        args.cache_dir, _name(bits, config.exclude_classes, budget, 64)
+        args.cache_dir, _name(bits, config.exclude_classes, _budget(args), 64)
     )
     path = os.path.join(folder, "dsh.keras")
     record_path = os.path.join(folder, "dsh.json")

@@ -38,7 +38,7 @@ from subic_keras.datasets import load_images
 from subic_keras.folders import FolderChangedError, folder_failure
 from subic_keras.images import labelled_files as read_labelled_files
 from subic_keras.models import Subic, float32_copy
-from subic_keras.recipe import MIN_VALIDATION, pretrain_backbone, train_subic
+from subic_keras.recipe import MIN_VALIDATION, Recipe, pretrain_backbone, train_subic
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:
@@ -126,7 +126,7 @@ def train(
         on_skipped(list(data.skipped))
     x_test, y_test = data.splits[4:]
     shape = data.shape
-    recipe = config.recipe(augment=min(shape[:2]) >= 16)
+    recipe = _recipe(config, shape)
     cache_dir = config.cache_dir or default_cache_dir()
     created = not os.path.exists(config.output_dir)
     _make_outputs(config.output_dir, overwrite)
@@ -241,9 +241,8 @@ def train_baseline(
         raise ValueError(f"method must be one of {BASELINES}, received {method!r}")
     start = time.time()
     data = _data(config)
-    x_fit, y_fit, x_val, y_val, _, _ = data.splits
-    validation = x_val if y_val is None else (x_val, y_val)
-    recipe = config.recipe(augment=min(data.shape[:2]) >= 16)
+    x_fit, y_fit, validation = _fit_and_validation(data)
+    recipe = _recipe(config, data.shape)
     bits = config.num_blocks * int(np.log2(config.block_size))
     keras.utils.set_random_seed(config.seed)
     backbone = _backbone(config, data.shape)
@@ -424,8 +423,21 @@ def evaluate_classification(subic: Subic, data, labels: np.ndarray) -> dict:
     }
 
 
-def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
+def _recipe(config: TrainConfig, shape) -> Recipe:
+    """The configuration's recipe; augmentation only where pictures are big
+    enough for shifts and flips to keep them natural."""
+    return config.recipe(augment=min(shape[:2]) >= 16)
+
+
+def _fit_and_validation(data: _TrainingData) -> tuple:
+    """`(x_fit, y_fit, validation)`: validation as `(x, y)` arrays, or a
+    stream for a folder."""
     x_fit, y_fit, x_val, y_val, _, _ = data.splits
+    return x_fit, y_fit, x_val if y_val is None else (x_val, y_val)
+
+
+def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
+    x_fit, y_fit, validation = _fit_and_validation(data)
     logs = os.path.join(config.output_dir, "logs")
     return train_subic(
         _backbone(config, shape),
@@ -433,7 +445,7 @@ def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
         config.block_size,
         x_fit,
         y_fit,
-        x_val if y_val is None else (x_val, y_val),
+        validation,
         num_classes=data.num_classes,
         recipe=recipe,
         seed=config.seed,

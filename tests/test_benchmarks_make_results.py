@@ -379,19 +379,26 @@ def test_near_duplicates_reads_as_one_row_and_a_table(make_results, tmp_path):
     assert "| rotation | 0.250 | 0.125 | — | — |" in full
 
 
-def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tmp_path):
-    def recall(value):
-        return {"recall@1": value, "recall@10": value}
-
-    data = {
+def _instance_run(**settings) -> dict:
+    """The machine and settings of a 4-epoch instance-code run."""
+    return {
         "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
         "settings": {
             "epochs": 4,
             "train_pictures": 500,
             "queries": 100,
             "bits": 64,
-            "held_out": {"rotation": ["rotation"]},
+            **settings,
         },
+    }
+
+
+def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tmp_path):
+    def recall(value):
+        return {"recall@1": value, "recall@10": value}
+
+    data = {
+        **_instance_run(held_out={"rotation": ["rotation"]}),
         "results": {
             "rotation": {
                 "held out group": "rotation",
@@ -413,15 +420,7 @@ def test_held_out_families_read_as_a_table_beside_the_reference(make_results, tm
 
 def test_a_reference_alone_reads_as_recalls_by_family(make_results, tmp_path):
     data = {
-        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
-        "settings": {
-            "epochs": 4,
-            "train_pictures": 500,
-            "queries": 100,
-            "bits": 64,
-            "width": 2,
-            "held_out": {},
-        },
+        **_instance_run(width=2, held_out={}),
         "results": {},
         "reference": {
             "whole family": {
