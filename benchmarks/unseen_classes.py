@@ -85,6 +85,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=CACHE)
     parser.add_argument("--output", default=RESULTS)
     args = parser.parse_args(argv)
+    if args.block_size < 2 or args.block_size & (args.block_size - 1):
+        parser.error(
+            f"--block-size must be a power of 2, >= 2, received {args.block_size}"
+        )
     args.splits = [int(s) for s in args.splits.split(",")]
     args.bits = [int(b) for b in args.bits.split(",")]
     return args
