@@ -60,7 +60,8 @@ def evaluate_paper(run_dir: str, data_dir: str, output: str, env: dict, *extra):
 
 
 def run_seed(seed: int, args) -> dict:
-    run_dir = os.path.join(args.runs_dir, f"cifar10-{args.bits}b-s{seed}")
+    blocks = f"-k{args.block_size}" if args.block_size else ""
+    run_dir = os.path.join(args.runs_dir, f"cifar10-{args.bits}b{blocks}-s{seed}")
     summary_path = os.path.join(run_dir, "summary.json")
     env = dict(os.environ, SUBIC_CACHE_DIR=os.path.join(run_dir, "cache"))
     record = {"seed": seed, "run_dir": run_dir}
@@ -79,6 +80,7 @@ def run_seed(seed: int, args) -> dict:
             str(seed),
             "--output-dir",
             run_dir,
+            *(["--block-size", str(args.block_size)] if args.block_size else []),
             env=env,
         )
         record["train_wall_seconds"] = round(time.time() - start, 1)
@@ -123,6 +125,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
     parser.add_argument("--bits", type=int, default=48)
     parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="`subic train --block-size` (default: subic train's own)",
+    )
+    parser.add_argument(
         "--runs-dir", default=os.path.join(HERE, "cache", "train_recipe")
     )
     parser.add_argument("--output", default=RESULTS)
@@ -133,6 +141,7 @@ def main(argv=None) -> dict:
     result = {
         "command": command("train_recipe"),
         "bits": args.bits,
+        "block_size": args.block_size,
         "runs": runs,
         "mean_test_map": float(np.mean(maps)),
         "std_test_map": float(np.std(maps)),

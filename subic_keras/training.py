@@ -37,7 +37,7 @@ from subic_keras.config import default_cache_dir as default_cache_dir
 from subic_keras.datasets import load_images
 from subic_keras.folders import FolderChangedError, folder_failure
 from subic_keras.images import labelled_files as read_labelled_files
-from subic_keras.models import Subic, float32_copy
+from subic_keras.models import CLASS_PROBS, Subic, float32_copy
 from subic_keras.recipe import MIN_VALIDATION, Recipe, pretrain_backbone, train_subic
 
 
@@ -414,9 +414,13 @@ def _folder_validation_size(config: TrainConfig) -> float | int:
 
 def evaluate_classification(subic: Subic, data, labels: np.ndarray) -> dict:
     """Top-1 accuracy from soft codes `b̃` and from binary codes `b`."""
-    images = data.map(lambda x, y: x)
-    soft = subic.train_model.predict(images, verbose=0)["class_probs"]
-    binary = subic.classifier.predict(images, verbose=0)
+    # Both from one pass through the backbone: the classifier's binary path
+    # branches off the train model's graph at FC0.
+    both = keras.Model(
+        subic.train_model.inputs,
+        [subic.train_model.get_layer(CLASS_PROBS).output, subic.classifier.output],
+    )
+    soft, binary = both.predict(data.map(lambda x, y: x), verbose=0)
     return {
         "accuracy_soft": float(np.mean(soft.argmax(-1) == labels)),
         "accuracy_binary": float(np.mean(binary.argmax(-1) == labels)),
