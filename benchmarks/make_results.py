@@ -71,6 +71,10 @@ KNOWN = {
     ),
     "train_overhead.json": ("Training overhead", render_train_overhead),
     "train_recipe.json": ("`subic train` defaults", render_train_recipe),
+    "train_recipe_k16.json": (
+        "`subic train --block-size 16`",
+        render_train_recipe,
+    ),
     "serve_load.json": ("Serving under load", render_serve_load),
     "stream_training.json": ("Training from a folder", render_stream_training),
     "folder_training.json": (
@@ -372,6 +376,11 @@ def ray_table(data: dict) -> list[str]:
 KNOWN["search_speed.json"] = (
     "Search speed",
     lambda data: [*render_search_speed(data), "", *search_kernel_table(data)],
+)
+# The instance code's shape (M = 16, K = 16, 64 bits) on an AVX2-only CPU.
+KNOWN["search_speed_avx2_k16.json"] = (
+    "Search speed at 16 blocks of 16, AVX2 only",
+    KNOWN["search_speed.json"][1],
 )
 KNOWN["filter_speed.json"] = (
     "Filtered search",
