@@ -200,9 +200,16 @@ def render_train_overhead(data: dict) -> list[str]:
     return lines
 
 
+def _block_size(data: dict) -> str:
+    """The `--block-size` a recipe run was given, if any."""
+    size = data.get("block_size")
+    return f" and `--block-size {size}`" if size else ""
+
+
 def render_train_recipe(data: dict) -> list[str]:
     lines = [
-        f"`subic train` with its defaults at {fmt(data.get('bits'))} bits, then "
+        f"`subic train` with its defaults{_block_size(data)} at "
+        f"{fmt(data.get('bits'))} bits, then "
         f"`subic evaluate --protocol paper`; {data.get('map_definition', '')}; "
         f"measured on {data.get('machine', {}).get('cpu', 'an unrecorded CPU')}.",
         "",

@@ -485,3 +485,10 @@ def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
         "| one-hot classifier (log2 of the classes: 3 or 4 bits) | 0.3000 | 0.5000 |"
         in (expected)
     )
+
+
+def test_a_recipe_run_with_a_block_size_names_it(load_benchmark):
+    render = load_benchmark("render_systems").render_train_recipe
+    assert "with its defaults at 48 bits" in render(RECIPE)[0]
+    line = render({**RECIPE, "block_size": 16})[0]
+    assert "with its defaults and `--block-size 16` at 48 bits" in line
