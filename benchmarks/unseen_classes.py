@@ -49,6 +49,7 @@ import numpy as np
 
 from benchmarks import common
 from subic_keras import datasets, protocols, scoring
+from subic_keras._validation import check_power_of_two
 from subic_keras.baselines import (
     DSH,
     OneHotClassifier,
@@ -85,10 +86,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=CACHE)
     parser.add_argument("--output", default=RESULTS)
     args = parser.parse_args(argv)
-    if args.block_size < 2 or args.block_size & (args.block_size - 1):
-        parser.error(
-            f"--block-size must be a power of 2, >= 2, received {args.block_size}"
-        )
+    try:
+        check_power_of_two("--block-size", args.block_size)
+    except ValueError as error:
+        parser.error(str(error))
     args.splits = [int(s) for s in args.splits.split(",")]
     args.bits = [int(b) for b in args.bits.split(",")]
     return args
@@ -139,9 +140,8 @@ def trained_dsh(args, summary: dict) -> tuple[str, dict]:
     code length, classes, data and budget, in the folder of the K = 64
     model of those (DSH has no K)."""
     config = TrainConfig(**summary["config"])
-    bits = config.num_blocks * int(np.log2(config.block_size))
     folder = os.path.join(
-        args.cache_dir, _name(bits, config.exclude_classes, _budget(args), 64)
+        args.cache_dir, _name(config.bits, config.exclude_classes, _budget(args), 64)
     )
     path = os.path.join(folder, "dsh.keras")
     record_path = os.path.join(folder, "dsh.json")

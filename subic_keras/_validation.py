@@ -43,6 +43,15 @@ def check_int(name: str, value, minimum: int | None = None) -> int:
     return value
 
 
+def check_power_of_two(name: str, value) -> int:
+    """Returns `value`, an integer >= 2 and a power of two, or raises naming
+    `name`: a block size whose codes are whole bits."""
+    value = check_int(name, value, minimum=2)
+    if value & (value - 1):
+        raise ValueError(f"{name} must be a power of two, received {value}")
+    return value
+
+
 def check_non_negative(name: str, value) -> float:
     """Returns `value` as a float >= 0 (finite), or raises naming `name`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -9,6 +9,7 @@ options and defaults, and check them, without loading TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from subic_keras._validation import check_block_shape, check_int, check_non_negative
@@ -249,6 +250,11 @@ class TrainConfig:
             )
         self.exclude_classes = tuple(sorted(excluded))
         self.recipe()  # validates the budgets and weights
+
+    @property
+    def bits(self) -> int:
+        """The code's length, `M·log2 K` bits."""
+        return self.num_blocks * int(math.log2(self.block_size))
 
     def recipe(self, augment: bool = True) -> Recipe:
         """The `Recipe` of this configuration (`augment` when `self.augment`

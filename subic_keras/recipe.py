@@ -40,7 +40,8 @@ training set (never the test set), with the DSH CNN on CIFAR-10:
 
 With these defaults and `subic train`'s code (`TrainConfig`: 8 blocks of
 `K = 64`, 48 bits), CIFAR-10's strict mAP (paper protocol, Sec. 4.1, with
-pessimistic ties) is 0.7353 ± 0.0040 at 48 bits over 3 seeds: above the
+pessimistic ties) is 0.7340 ± 0.0008 at 48 bits over 3 seeds of `subic
+train` (0.7353 ± 0.0040 over the Table 2 benchmark's 3 seeds): above the
 paper's 0.686 (Table 2), short of 0.75. Blocks of `K = 16` (12 at 48 bits)
 reached 0.7502 on one seed, and were ahead of `K = 64` at 12, 24 and 36 bits
 too (0.6240 / 0.7150 / 0.7345). On classes held out of training

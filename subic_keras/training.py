@@ -243,7 +243,7 @@ def train_baseline(
     data = _data(config)
     x_fit, y_fit, validation = _fit_and_validation(data)
     recipe = _recipe(config, data.shape)
-    bits = config.num_blocks * int(np.log2(config.block_size))
+    bits = config.bits
     keras.utils.set_random_seed(config.seed)
     backbone = _backbone(config, data.shape)
     preprocessing = _preprocessing(config, x_fit)

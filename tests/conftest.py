@@ -16,8 +16,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # As many pytest-xdist workers as cores: one TensorFlow and OpenMP thread per
 # process (subprocesses and notebook kernels inherit it), so that the workers
-# do not oversubscribe the cores: the heaviest tests ran 13 % faster so on
-# 2 cores. Tests that need threads (the native scan's) set their own counts.
+# do not oversubscribe the cores. Tests that need threads (the native
+# scan's, faiss's `in_threads`) set their own counts.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= (os.cpu_count() or 1):
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

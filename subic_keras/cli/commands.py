@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -81,10 +80,9 @@ def _report_training(summary: dict) -> None:
 def _announce(config) -> None:
     """States the plan, warm-up included, before the first epoch."""
     recipe = config.recipe()
-    bits = config.num_blocks * int(math.log2(config.block_size))
     print(
         f"Training SuBiC ({config.num_blocks} blocks of {config.block_size}: "
-        f"{bits} bits) on {_training_source(config)}: "
+        f"{config.bits} bits) on {_training_source(config)}: "
         f"{plural(config.pretrain_epochs, 'epoch')} of pre-training, then "
         f"{plural(config.epochs, 'SuBiC epoch')} with gamma = "
         f"{config.gamma:g} and mu = {config.mu:g} ramped in from 0 over the first "

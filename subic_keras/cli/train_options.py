@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 
-from subic_keras._validation import check_int
+from subic_keras._validation import check_int, check_power_of_two
 from subic_keras.config import BACKBONES, DATASETS, TrainConfig
 
 # `subic quickstart`: 16-bit codes on the bundled 8×8 digits, in seconds.
@@ -25,9 +25,7 @@ QUICKSTART = TrainConfig(
 
 def _blocks_from_args(args) -> tuple[int, int]:
     """`(M, K)` from `--bits`/`--block-size` or `--num-blocks`/`--block-size`."""
-    block_size = check_int("--block-size", args.block_size, minimum=2)
-    if block_size & (block_size - 1):
-        raise ValueError(f"--block-size must be a power of two, received {block_size}")
+    block_size = check_power_of_two("--block-size", args.block_size)
     if args.bits is None:
         return check_int("--num-blocks", args.num_blocks, minimum=1), block_size
     bits = check_int("--bits", args.bits, minimum=1)
