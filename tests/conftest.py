@@ -22,6 +22,14 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= (os.cpu_count() or 1
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# pymilvus configures logging when imported (`logging.config.dictConfig`),
+# which closes every handler then open. absl's handler (TensorFlow loads it)
+# closes its stream when that is no longer `sys.stderr`: under pytest, the
+# capture buffer of an earlier phase, and pytest's capture then fails on a
+# closed file. Imported first, pymilvus finds no handler to close.
+if importlib.util.find_spec("pymilvus") is not None:
+    import pymilvus  # noqa: F401
+
 
 @pytest.fixture(scope="session", autouse=True)
 def pretraining_cache(tmp_path_factory) -> Path:
