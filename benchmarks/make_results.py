@@ -382,6 +382,11 @@ KNOWN["search_speed_avx2_k16.json"] = (
     "Search speed at 16 blocks of 16, AVX2 only",
     KNOWN["search_speed.json"][1],
 )
+# The instance code's shape at 128 bits (M = 32, K = 16) on the same CPU.
+KNOWN["search_speed_avx2_128.json"] = (
+    "Search speed at 32 blocks of 16 (128 bits), AVX2 only",
+    KNOWN["search_speed.json"][1],
+)
 KNOWN["filter_speed.json"] = (
     "Filtered search",
     lambda data: [*render_filter_speed(data), "", *filter_table(data)],
@@ -406,9 +411,14 @@ KNOWN["held_out_families.json"] = (
     "Leave one family out: alterations never trained on",
     _held_out_section,
 )
-# The reference alone, at the same budget, of DSH's CNN and of one twice as wide.
+# The reference alone, at the same budget, of DSH's CNN, of the same at 128
+# bits, and of one twice as wide.
 KNOWN["held_out_reference.json"] = (
     "Copies by family, 4 epochs: the DSH CNN",
+    _held_out_section,
+)
+KNOWN["held_out_reference_m32.json"] = (
+    "Copies by family, 4 epochs: 32 blocks of 16 (128 bits)",
     _held_out_section,
 )
 KNOWN["held_out_reference_width2.json"] = (

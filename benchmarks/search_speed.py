@@ -151,6 +151,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the random-code configurations to run, by K (default: %(default)s)",
     )
     parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="M of the random codes (default: each configuration's, 16 at K = 16 "
+        "and 8 at K = 64 and 256); faiss's Hamming scan gets as many bits",
+    )
+    parser.add_argument(
         "--repetitions",
         type=int,
         default=3,
@@ -176,6 +183,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.num_blocks is not None:
+        for block_size in (int(k) for k in args.block_sizes.split(",") if k):
+            bits = args.num_blocks * (block_size.bit_length() - 1)
+            if args.num_blocks < 1 or bits % 8:
+                parser.error(
+                    f"--num-blocks must give whole bytes at K = {block_size} "
+                    f"(faiss's Hamming scan), received {args.num_blocks}"
+                )
     return args
 
 
@@ -482,6 +497,9 @@ def main(argv=None) -> dict:
     rows = []
     wanted = {int(k) for k in args.block_sizes.split(",") if k}
     for bits, num_blocks, block_size in CONFIGS:
+        if args.num_blocks is not None:
+            num_blocks = args.num_blocks
+            bits = num_blocks * (block_size.bit_length() - 1)
         if block_size in wanted:
             rows += run_config(bits, num_blocks, block_size, args, rng)
     for path in args.model:
@@ -500,7 +518,7 @@ def main(argv=None) -> dict:
                     else []
                 ),
                 "python -m benchmarks.search_speed",
-                *sys.argv[1:],
+                *(sys.argv[1:] if argv is None else map(str, argv)),
             ]
         ),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -64,6 +64,26 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
     assert "omp_wait_policy" in machine
 
 
+def test_num_blocks_sets_the_shape_and_the_hamming_bits(tmp_path, capsys):
+    """`--num-blocks 32 --block-sizes 16`: the 128-bit shape, against faiss's
+    Hamming scan at 128 bits; M that leaves a part of a byte is refused."""
+    from benchmarks import search_speed
+
+    output = tmp_path / "speed.json"
+    report = search_speed.main(
+        ["--quick", "--num-items", "1200", "--threads", "1", "--block-sizes", "16",
+         "--num-blocks", "32", "--output", str(output)]
+    )  # fmt: skip
+    assert {(row["num_blocks"], row["bits"]) for row in report["results"]} == {
+        (32, 128)
+    }
+    assert "--num-blocks 32" in json.loads(output.read_text())["command"]
+    with pytest.raises(SystemExit):
+        search_speed.main(["--quick", "--block-sizes", "16", "--num-blocks", "3"])
+    assert "--num-blocks must give whole bytes at K = 16 (faiss's Hamming scan), " \
+        "received 3" in capsys.readouterr().err  # fmt: skip
+
+
 def test_milvus_benchmark_quick_runs_and_writes_json(tmp_path):
     import pytest
 
