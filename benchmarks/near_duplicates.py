@@ -1,10 +1,10 @@
 """Find the picture itself: an instance code against the look and perceptual hashes.
 
-Trains an instance code (`subic_keras.instance`, 64 bits as the paper's
-instance codes, Sec. 4: by default M = 16, K = 16) on CIFAR-10's training
-pictures without
-labels, each against its own copies altered by `subic_keras.alterations`,
-then searches for the originals of 1,000 altered test pictures:
+Trains an instance code (`subic_keras.instance`; by default 128 bits,
+M = 32, K = 16, as the one that ships; the paper's instance codes have 64,
+Sec. 4) on CIFAR-10's training pictures without labels, each against its
+own copies altered by `subic_keras.alterations`, then searches for the
+originals of 1,000 altered test pictures:
 
 - databases: CIFAR-10's 10,000 test pictures, and the same with its 50,000
   training pictures added (60,000);
@@ -52,7 +52,9 @@ CALIBRATION_PICTURES = 21_000
 LOOKED_AT = ("whole family", "earlier four")
 
 
-def code_arguments(description: str, epochs: int) -> argparse.ArgumentParser:
+def code_arguments(
+    description: str, epochs: int, num_blocks: int
+) -> argparse.ArgumentParser:
     """The arguments of an instance-code benchmark: the data, the code and
     its training (`trained`), the queries, the cache."""
     parser = argparse.ArgumentParser(
@@ -60,7 +62,7 @@ def code_arguments(description: str, epochs: int) -> argparse.ArgumentParser:
     )
     common.add_data_dir(parser, "CIFAR-10's cifar-10-batches-bin/")
     parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--num-blocks", type=int, default=16)
+    parser.add_argument("--num-blocks", type=int, default=num_blocks)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--train-pictures", type=int, default=50_000)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -77,7 +79,7 @@ def code_arguments(description: str, epochs: int) -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = code_arguments(__doc__, epochs=10)
+    parser = code_arguments(__doc__, epochs=10, num_blocks=32)
     parser.add_argument(
         "--ship",
         action="store_true",

@@ -232,7 +232,7 @@ def recorded_copy_blocks(record: dict | None, copy_blocks: int | None) -> int:
         raise ValueError(
             "copy_blocks must be given: the instance code that wrote this "
             "index chose no number of equal blocks precise enough on "
-            "validation (15 of 16 lists mild copies with few false pairs)"
+            "validation (try 2 or 3 blocks fewer than the code has)"
         )
     if copy_blocks is None:
         raise ValueError(

@@ -184,6 +184,16 @@ def test_a_folder_is_indexed_searched_and_grouped_by_an_instance_code(
     assert index.duplicates() == [g for g in groups]
 
 
+def test_the_count_of_equal_blocks_comes_from_the_index_or_the_user():
+    record = {"query": "logits", "copy_blocks": 30}
+    assert copies.recorded_copy_blocks(record, None) == 30
+    assert copies.recorded_copy_blocks(record, 28) == 28
+    with pytest.raises(ValueError, match="chose no number of equal blocks"):
+        copies.recorded_copy_blocks({"query": "logits"}, None)
+    with pytest.raises(ValueError, match="an index of a class code"):
+        copies.recorded_copy_blocks({"query": "fc0"}, None)
+
+
 def test_duplicates_mistakes_are_one_line(photos, tmp_path, capsys):
     def error(*argv):
         with pytest.raises(SystemExit) as stop:
@@ -280,8 +290,9 @@ def test_the_shipped_code_lists_the_planted_copies_of_a_folder(
 ):
     """200 CIFAR-10 test pictures and 20 planted copies (JPEG at 75 after a
     doubling, a 2-pixel crop, or a brightness change): `subic duplicates
-    --copy-blocks 15` with the shipped code lists half of them, and nothing
-    else."""
+    --copy-blocks 30` with the shipped code lists 8 of them, and nothing
+    else; its own rule (all 32 blocks equal) lists none of them, and
+    nothing else."""
     from PIL import Image, ImageEnhance
 
     (_, _), (x_test, y_test) = sk_datasets.load_cifar10(shared_data_dir)
@@ -307,21 +318,20 @@ def test_the_shipped_code_lists_the_planted_copies_of_a_folder(
     argv = ["index", "build", "instance", str(root), "--output", str(index_path)]
     assert main(argv) == 0
     capsys.readouterr()
-    # The shipped code chose no rule: the count is asked for, saying why.
-    with pytest.raises(SystemExit):
-        main(["duplicates", str(index_path)])
-    assert "chose no number of equal blocks" in capsys.readouterr().err
-    argv = ["duplicates", str(index_path), "--json", "--copy-blocks", "15"]
-    assert main(argv) == 0
-    groups = [
-        json.loads(line)["paths"] for line in capsys.readouterr().out.splitlines()
-    ]
-    pairs = {
-        frozenset({a, b}) for group in groups for a in group for b in group if a < b
-    }
-    found = pairs & planted
-    precision, recall = len(found) / max(1, len(pairs)), len(found) / len(planted)
-    # Measured: precision 1.0, recall 0.55 (11 of the 20); at 13 blocks 0.86
-    # and 0.90. The shipped code chose no rule of its own: none was 99 %
-    # precise on copies of 20,000 training pictures (docs/instance.md).
-    assert precision >= 0.95 and recall >= 0.5, (precision, recall, groups)
+
+    def listed(*options) -> tuple[float, float, list]:
+        assert main(["duplicates", str(index_path), "--json", *options]) == 0
+        out = capsys.readouterr().out
+        groups = [json.loads(line)["paths"] for line in out.splitlines()]
+        pairs = {frozenset({a, b}) for g in groups for a in g for b in g if a < b}
+        found = pairs & planted
+        return len(found) / max(1, len(pairs)), len(found) / len(planted), groups
+
+    # The shipped rule, chosen 99 % precise on copies of 20,000 training
+    # pictures (docs/instance.md), asks for every block: these copies, each
+    # recompressed, keep few codes whole.
+    assert listed()[2] == []
+    precision, recall, groups = listed("--copy-blocks", "30")
+    # Measured: precision 1.0, recall 0.4 (8 of the 20); at 28 blocks 0.92
+    # and 0.6, at 26 0.85 and 0.85.
+    assert precision >= 0.95 and recall >= 0.35, (precision, recall, groups)
