@@ -185,13 +185,17 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.num_blocks is not None:
         for block_size in (int(k) for k in args.block_sizes.split(",") if k):
-            bits = args.num_blocks * (block_size.bit_length() - 1)
-            if args.num_blocks < 1 or bits % 8:
+            if args.num_blocks < 1 or code_bits(args.num_blocks, block_size) % 8:
                 parser.error(
                     f"--num-blocks must give whole bytes at K = {block_size} "
                     f"(faiss's Hamming scan), received {args.num_blocks}"
                 )
     return args
+
+
+def code_bits(num_blocks: int, block_size: int) -> int:
+    """`M·log2 K`, the bits of a code of `num_blocks` blocks of `block_size`."""
+    return num_blocks * (block_size.bit_length() - 1)
 
 
 def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, dict]:
@@ -499,13 +503,13 @@ def main(argv=None) -> dict:
     for bits, num_blocks, block_size in CONFIGS:
         if args.num_blocks is not None:
             num_blocks = args.num_blocks
-            bits = num_blocks * (block_size.bit_length() - 1)
+            bits = code_bits(num_blocks, block_size)
         if block_size in wanted:
             rows += run_config(bits, num_blocks, block_size, args, rng)
     for path in args.model:
         codes, queries = model_data(path, args)
         num_blocks = codes.shape[1]
-        bits = num_blocks * ((queries.shape[1] // num_blocks).bit_length() - 1)
+        bits = code_bits(num_blocks, queries.shape[1] // num_blocks)
         # A model's run directory names it (`cifar10-48b-s0/best.keras`).
         label = os.path.basename(os.path.dirname(os.path.abspath(path)))
         rows += measure(bits, codes, queries, args, rng, label)
