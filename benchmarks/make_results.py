@@ -387,6 +387,14 @@ KNOWN["search_speed_avx2_128.json"] = (
     "Search speed at 32 blocks of 16 (128 bits), AVX2 only",
     KNOWN["search_speed.json"][1],
 )
+KNOWN["search_speed_avx512_128.json"] = (
+    "Search speed at 32 blocks of 16 (128 bits), AVX-512",
+    KNOWN["search_speed.json"][1],
+)
+KNOWN["two_codes.json"] = (
+    "Both codes in one index: the whole answer against the instance scan",
+    render_generic,
+)
 KNOWN["filter_speed.json"] = (
     "Filtered search",
     lambda data: [*render_filter_speed(data), "", *filter_table(data)],

@@ -57,13 +57,16 @@ def mark(
     queries: np.ndarray,
     block_size: int,
     margin: float | None,
+    marked: bool = False,
 ) -> list[list[dict]]:
     """Adds `"copy"` and `"lifted"` to every row of `answers`
     (`Searcher.answer`'s), in place.
 
     `copy`: an exact copy of the query, or a copy margin of at least
-    `margin` (`None`: exact copies only, as for a class code). `lifted`:
-    a row listed above a better-scored one, not being an exact copy: an
+    `margin` (`None`: exact copies only, as for a class code); with
+    `marked`, the rows' own (an index that keeps instance codes beside
+    class codes marks its answers' copies, `search.instance_codes`).
+    `lifted`: a row listed above a better-scored one, not being a copy: an
     index that keeps looks lists the near copies of the query by look first
     (`search.looks`), and a row there says so.
 
@@ -87,10 +90,9 @@ def mark(
         below = np.r_[np.maximum.accumulate(scores[::-1])[::-1][1:], -np.inf]
         for match, value, best_below in zip(row, margins, below):
             near = margin is not None and value >= margin - 1e-6
-            match["copy"] = bool(match.get("exact") or near)
-            match["lifted"] = bool(
-                not match.get("exact") and match["score"] < best_below
-            )
+            if not marked:
+                match["copy"] = bool(match.get("exact") or near)
+            match["lifted"] = bool(not match["copy"] and match["score"] < best_below)
     return answers
 
 

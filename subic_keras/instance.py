@@ -178,6 +178,27 @@ class InstanceSubic:
         _check_kind(kind)
         return self._predict(self.query_model(), pictures, batch_size, "queries")
 
+    def own_pictures(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 pictures `(n, H, W, C)` decoded for another model (a class
+        code's, in an index that keeps both), resized (bilinear, antialiased)
+        to this code's input and given its channels: what it encodes and
+        queries of them, alike at indexing and at search."""
+        shape = tuple(self.train_model.input_shape[1:])
+        pixels = np.asarray(pixels)
+        if pixels.dtype != np.uint8:  # model inputs in [0, 1]
+            pixels = np.clip(np.round(pixels * 255.0), 0, 255).astype(np.uint8)
+        if pixels.shape[1:] == shape:
+            return pixels
+        images = tf.convert_to_tensor(pixels, tf.float32)
+        if images.shape[-1] != shape[-1]:
+            images = (
+                tf.image.grayscale_to_rgb(images)
+                if shape[-1] == 3
+                else tf.image.rgb_to_grayscale(images)
+            )
+        images = tf.image.resize(images, shape[:2], antialias=True)
+        return np.clip(np.round(images.numpy()), 0, 255).astype(np.uint8)
+
     def block_probabilities(self, pictures, batch_size: int = 512) -> np.ndarray:
         """`z*`: the block probabilities of `pictures`, float32 `(n, M·K)`."""
         return self._predict(self.model, pictures, batch_size, "codes")

@@ -23,10 +23,13 @@ from subic_keras.datasets import as_model_inputs as as_model_inputs
 from subic_keras.instance import InstanceSubic
 from subic_keras.models import Subic
 from subic_keras.paths import find_files
+from subic_keras.pretrained import INSTANCE
+from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import SearchBackend, SubicIndex
 from subic_keras.search.base import PictureIndex, Searcher
 from subic_keras.search.checks import model_writer
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.search.instance_codes import InstanceCodes
 from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.weights_digest import weights_digest
 
@@ -72,6 +75,8 @@ def index_folder(
     batch_size: int = 256,
     progress: bool = False,
     model_path: str | os.PathLike | None = None,
+    instance: InstanceSubic | None = None,
+    instance_path: str | os.PathLike | None = None,
 ) -> tuple[ImageIndex, FolderReport]:
     """Encodes every picture under `root` (recursively) into an `ImageIndex`.
 
@@ -89,6 +94,13 @@ def index_folder(
         progress: show a progress bar on standard error (on a terminal).
         model_path: the model's file, recorded by a new index and named in
             messages (`model_record`).
+        instance: an instance code (`instance.pretrained()`, say) to keep
+            of every picture beside a class code's (`search.instance_codes`:
+            copies first); a new index then keeps no looks. An `index` that
+            keeps instance codes needs the instance code that wrote them.
+        instance_path: its file (or `"instance"`), recorded with its codes
+            so that a search can load it (`instance_encoder`; default: none
+            recorded, and the command line cannot search with it).
 
     Returns:
         `(index, report)`: the index, and the counts of added, already
@@ -100,13 +112,20 @@ def index_folder(
     """
     shape = input_shape(subic)
     paths, skipped = find_files(root)
+    if isinstance(subic, InstanceSubic):
+        instance = None  # the code is an instance code already
     if index is None:
+        both = None if instance is None else (instance.num_blocks, instance.block_size)
         index = ImageIndex(
-            subic.num_blocks, subic.block_size, root, shape, looks=keeps_looks(subic)
-        )
+            subic.num_blocks, subic.block_size, root, shape,
+            looks=keeps_looks(subic) and instance is None, instance=both,
+        )  # fmt: skip
         index.model = model_record(subic, model_path)
+        if index.instance is not None and instance is not None:
+            index.instance.model = model_record(instance, instance_path)
     else:
         _check_same_folder(index, subic, root, model_path)
+        instance = _check_instance_fits(index, instance, instance_path)
     new = [path for path in paths if path not in index]
     report = FolderReport(already_indexed=len(paths) - len(new), skipped=skipped)
     from tqdm.auto import tqdm
@@ -121,7 +140,11 @@ def index_folder(
             if batch.paths:
                 codes = subic.encode(batch.pixels, batch_size=batch_size)
                 looks = look(batch.pixels) if index.has_looks else None
-                index.add(codes, batch.paths, batch.fingerprints, looks=looks)
+                more = {}
+                if instance is not None:
+                    pixels = instance.own_pictures(batch.pixels)
+                    more["instance_codes"] = instance.encode(pixels, batch_size)
+                index.add(codes, batch.paths, batch.fingerprints, looks=looks, **more)
             report.added += len(batch.paths)
             report.skipped += batch.skipped
             bar.update(len(batch.paths) + len(batch.skipped))
@@ -129,6 +152,49 @@ def index_folder(
         subic.show_progress = show
         bar.close()
     return index, report
+
+
+def _check_instance_fits(index: ImageIndex, instance, path) -> InstanceSubic | None:
+    """The instance code to add to `index` with: None for an index that keeps
+    no instance codes, else `instance`, which must be the one that wrote
+    them (`check_model_fits`)."""
+    if index.instance is None:
+        return None
+    if instance is None:
+        raise ValueError(
+            "the index keeps an instance code of every picture: give the instance "
+            "code that wrote them (`instance=`)"
+        )
+    check_model_fits(index.instance, instance, "the index's instance codes", path)
+    return instance
+
+
+def instance_encoder(index: Searcher) -> InstanceSubic | None:
+    """The instance code that wrote the instance codes an index keeps beside
+    its class codes (None where it keeps none), loaded from the file its
+    record names (`"instance"`: the one that ships) and checked to be it.
+
+    Raises:
+        ValueError: the file is gone, or holds another model.
+    """
+    from subic_keras.export import load_encoder
+
+    if not isinstance(index, ImageIndex) or index.instance is None:
+        return None  # (shards and Milvus collections keep none)
+    record = index.instance.model or {}
+    name = INSTANCE if record.get("file") == INSTANCE else record.get("path")
+    if not isinstance(name, str):
+        raise ValueError("the index's instance codes record no model file to load")
+    if name != INSTANCE and not os.path.isfile(name):
+        raise ValueError(
+            f"the instance code that wrote the index's instance codes, {name}, "
+            "is gone; build the index again (`subic index build`)"
+        )
+    encoder = load_encoder(name)
+    if not isinstance(encoder, InstanceSubic):
+        raise ValueError(f"{name} is a class model, not an instance code")
+    check_model_fits(index.instance, encoder, "the index's instance codes", name)
+    return encoder
 
 
 def keeps_looks(subic) -> bool:
@@ -179,7 +245,10 @@ def model_record(
         digest.update(f"{value.dtype}{value.shape}".encode())
         digest.update(value.tobytes())
     name = where = weights = None
-    if path is not None:
+    if path is not None and os.fspath(path) == INSTANCE:  # the one that ships
+        name = INSTANCE
+        weights = weights_digest(pretrained_path()) if file_digest else None
+    elif path is not None:
         name = os.path.basename(os.fspath(path))
         where = os.path.abspath(os.fspath(path))
         weights = weights_digest(path) if file_digest else None
@@ -195,7 +264,10 @@ def model_record(
 
 
 def check_model_fits(
-    index: Searcher, subic: Encoder, where: str = "the index", model_path=None
+    index: Searcher | InstanceCodes,
+    subic: Encoder,
+    where: str = "the index",
+    model_path=None,
 ) -> None:
     """Refuses a model whose codes are not the index's: another block
     shape, another input size, or (where the index records the model that
@@ -231,7 +303,7 @@ def check_model_fits(
             )
     current = model_record(subic, model_path, file_digest=False)
     recorded = index.model
-    model = current["path"] or "the model"
+    model = current["path"] or current["file"] or "the model"
     if recorded is None:
         print(
             f"warning: {where} does not record the model that wrote its codes "

@@ -61,12 +61,14 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
 
 from subic_keras import copies, retrieval
 from subic_keras import images as image_files
+from subic_keras.instance import InstanceSubic
 from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
 from subic_keras.search.base import PictureIndex, answer_rows
@@ -113,6 +115,11 @@ class ReloadBusyError(RuntimeError):
 class _Loaded:
     index: PictureIndex
     loaded_at: float
+    # The instance code of the instance codes kept beside a class code's,
+    # and its query of uint8 pictures as one TensorFlow graph (requests call
+    # it from many threads, as the class model's).
+    instance: InstanceSubic | None = None
+    instance_query: Callable | None = None
 
 
 def open_pictures(path: str, scanner: str = "auto") -> PictureIndex:
@@ -224,6 +231,9 @@ class SearchService:
 
     def _accept(self, index: PictureIndex) -> _Loaded:
         """`index` checked against the model and the served folder."""
+        if isinstance(self.subic, InstanceSubic) and index.instance_model is not None:
+            assert isinstance(index, ImageIndex)  # the one that keeps them
+            index = index.by_instance()  # served by its instance codes alone
         retrieval.check_model_fits(
             index, self.subic, f"index {self.index_path}", self.model_path
         )
@@ -233,7 +243,26 @@ class SearchService:
                 f"this server serves {self.folder!r}; an index of another folder "
                 "is refused"
             )
-        return _Loaded(index, time.time())
+        if isinstance(self.subic, InstanceSubic):
+            return _Loaded(index, time.time())
+        state = getattr(self, "_state", None)  # None: the first index
+        digest = (index.instance_model or {}).get("digest")
+        if (
+            state is not None
+            and state.instance is not None
+            and digest == (state.index.instance_model or {}).get("digest")
+        ):  # the same instance code: kept loaded
+            return _Loaded(index, time.time(), state.instance, state.instance_query)
+        instance = retrieval.instance_encoder(index)
+        if instance is None:
+            return _Loaded(index, time.time())
+        import tensorflow as tf
+
+        shape = retrieval.input_shape(instance)
+        spec = tf.TensorSpec((None, *shape), tf.uint8)
+        query = tf.function(instance.query_model(), input_signature=[spec])
+        query(np.zeros((1, *shape), np.uint8))  # traced now, not by a request
+        return _Loaded(index, time.time(), instance, query)
 
     @property
     def index(self) -> PictureIndex:
@@ -374,12 +403,22 @@ class SearchService:
         except TimeoutError as error:
             raise ApiError(503, str(error)) from None
         queries, probabilities = self.encode(pixels[None])
-        index = self._state.index
+        state = self._state
+        index = state.index
         # The query's look (38 views) only for an index that orders ties by it.
         looks = query_look(pixels[None]) if index.has_looks else None
+        more = {}
+        if state.instance is not None:  # instance codes beside the class codes
+            own = state.instance.own_pictures(pixels[None])
+            assert state.instance_query is not None  # made with the instance code
+            outputs = state.instance_query(own)
+            if isinstance(outputs, (list, tuple)):  # the one output, in a list
+                (outputs,) = outputs
+            more["instance_queries"] = outputs.numpy()
         answer = self._search(
-            index, queries, k, condition, image_files.fingerprint(pixels), looks
-        )
+            index, queries, k, condition, image_files.fingerprint(pixels), looks,
+            **more,
+        )  # fmt: skip
         best = probability = name = None  # an instance code has no classes
         if probabilities is not None:
             best = int(np.argmax(probabilities[0]))
@@ -430,15 +469,23 @@ class SearchService:
         return {"k": k, "results": answer_rows(index, scores, ids)[0]}
 
     def _search(
-        self, index: PictureIndex, queries, k: int, where, fingerprint: int, looks=None
+        self,
+        index: PictureIndex,
+        queries,
+        k: int,
+        where,
+        fingerprint: int,
+        looks=None,
+        **more,
     ):
         try:
             rows = index.answer(
-                queries, k, where=where, fingerprints=[fingerprint], looks=looks
-            )
+                queries, k, where=where, fingerprints=[fingerprint], looks=looks,
+                **more,
+            )  # fmt: skip
         except ValueError as error:  # a filter on a field this index lacks
             raise ApiError(422, str(error)) from None
-        copies.mark(rows, queries, index.block_size, self.copy_margin)
+        copies.mark(rows, queries, index.block_size, self.copy_margin, bool(more))
         return {
             "k": k,
             "where": None if where is None else str(where),
@@ -485,6 +532,8 @@ class SearchService:
             "max_upload_bytes": self.max_upload_bytes,
             "folders": index.folders()[:MAX_FOLDERS],
             "looks": index.has_looks,
+            # Copies first, by an instance code kept beside the class code.
+            "instance_codes": state.instance is not None,
         }
 
 

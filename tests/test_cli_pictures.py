@@ -12,10 +12,11 @@ from served import picture_folder, save_model
 from subic_keras import copies, images, retrieval
 from subic_keras.cli import main
 from subic_keras.export import load_subic
+from subic_keras.instance import pretrained
+from subic_keras.models import FC0
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as search_open
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import query_look
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
 pytestmark = pytest.mark.slow
@@ -83,13 +84,14 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
     index, subic = search_open(output), load_subic(model)
     pixels = images.read_image(query, retrieval.input_shape(subic))
     queries = subic.query(pixels[None])
+    instance = retrieval.instance_encoder(index)  # kept beside the class code
     answers = index.answer(
         queries,
         3,
         fingerprints=[images.fingerprint(pixels)],
-        looks=query_look(pixels[None]),
+        instance_queries=instance.query(instance.own_pictures(pixels[None])),
     )
-    rows = copies.mark(answers, queries, subic.block_size, None)[0]
+    rows = copies.mark(answers, queries, subic.block_size, None, marked=True)[0]
     for row, match in zip(rows, matches):
         assert {**row, "score": pytest.approx(row["score"], abs=1e-4)} == {
             key: value for key, value in match.items() if key != "query"
@@ -410,7 +412,18 @@ def test_ties_are_ordered_by_what_the_pictures_look_like(model, tmp_path, capsys
     for i, picture in enumerate(pictures):
         Image.fromarray(picture).save(root / "a" / f"img_{i:02d}.png")
     output = str(tmp_path / "faded.subic")
-    main(["index", "build", model, str(root), "--output", output])
+    main(
+        [
+            "index",
+            "build",
+            model,
+            str(root),
+            "--output",
+            output,
+            "--instance-model",
+            "none",
+        ]
+    )
     query = tmp_path / "query.png"
     Image.fromarray(base.astype(np.uint8)).save(query)
     capsys.readouterr()
@@ -648,3 +661,72 @@ def _write_metadata(path: str, metadata_json: str) -> None:
     content = header + body
     with open(path, "wb") as handle:
         handle.write(content + hashlib.sha256(content).digest())
+
+
+def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
+    model, shared_data_dir, tmp_path, capsys
+):
+    from PIL import Image
+
+    from subic_keras.datasets import load_cifar10
+
+    (_, _), (x_test, y_test) = load_cifar10(shared_data_dir)
+    root = tmp_path / "photos"
+    paths = images.write_image_folder(x_test[:60], y_test[:60] % 3, root, "abc")
+    output = str(tmp_path / "photos.subic")
+    assert main(["index", "build", model, str(root), "--output", output]) == 0
+    index = ImageIndex.load(output)
+    assert index.instance.num_blocks == 32 and not index.has_looks
+    assert index.instance_model["file"] == "instance"
+    # Copies: each picture twice as large, recompressed (JPEG 90).
+    copies_of = [3, 11, 27, 40, 52]
+    for number in copies_of:
+        picture = Image.open(root / paths[number]).resize((64, 64), Image.BICUBIC)
+        picture.save(tmp_path / f"copy_{number}.jpg", quality=90)
+    queries = [str(tmp_path / f"copy_{number}.jpg") for number in copies_of]
+    capsys.readouterr()
+    assert main(["search", model, output, *queries, "-k", "3", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    firsts = [row for row in rows if row["rank"] == 1]
+    found = [row["path"] == paths[n] for row, n in zip(firsts, copies_of)]
+    # Each original comes first: lifted by the instance code's copy rule (99 %
+    # precise on validation), or first among equal class scores (the
+    # untrained class model gives many pictures one code) by instance score.
+    assert all(found), firsts
+    marked = [row["copy"] for row in firsts]
+    assert sum(marked) >= 3 and not any(row["lifted"] for row in rows), rows
+    assert not any(row["copy"] for row in rows if row["rank"] > 1)
+    # The same index searched by its instance codes alone.
+    assert main(["search", "instance", output, *queries, "-k", "1", "--json"]) == 0
+    alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["path"] for row in alone] == [paths[n] for n in copies_of]
+    # New pictures get both codes; another instance code is refused.
+    extra = root / "d"
+    extra.mkdir()
+    (extra / "new.png").write_bytes((root / paths[0]).read_bytes())
+    assert main(["index", "add", model, output]) == 0
+    index = ImageIndex.load(output)
+    assert len(index.instance.codes) == len(index) == 61
+    np.testing.assert_array_equal(
+        index.instance.codes.get_codes(index.ids(["d/new.png"])),
+        index.instance.codes.get_codes(index.ids([paths[0]])),
+    )
+    other = str(tmp_path / "other.keras")
+    code = pretrained()
+    bias = code.model.get_layer(FC0).bias
+    bias.assign(bias + 1.0)
+    code.save(other)
+    error, _ = _error(capsys, "search", other, output, queries[0])
+    assert "was written by instance" in error, error
+    # Without an instance code: looks, as before.
+    plain = str(tmp_path / "plain.subic")
+    argv = ["index", "build", model, str(root), "--output", plain]
+    assert main([*argv, "--instance-model", "none"]) == 0
+    index = ImageIndex.load(plain)
+    assert index.instance is None and index.has_looks
+    assert _error(capsys, *argv, "--instance-model", model)[0].startswith(
+        "subic index build: error: --instance-model must be an instance code"
+    )
+    shards = ["--output", str(tmp_path / "photos.shards.json")]
+    error, _ = _error(capsys, *argv[:4], *shards, "--instance-model", "instance")
+    assert "--instance-model keeps instance codes in a folder's .subic file" in error

@@ -198,10 +198,17 @@ def test_command_line_and_milvus_blocks_run_as_written(workdir, monkeypatch):
 
 
 @pytest.mark.slow
-def test_own_pictures_block_runs_as_written(workdir, monkeypatch):
+def test_own_pictures_block_runs_as_written(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     run_bash(_bash_blocks()[2], workdir)  # train, index build, search, serve
-    assert (workdir / "photos.subic").is_file()
+    # The class model's index keeps the instance code beside it, searched
+    # alone as the copy section says: photo 18, the copy's original, first.
+    capsys.readouterr()
+    assert main(["search", "instance", "photos.subic", "copy.jpg", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    pixels = sk.images.read_image(workdir / "photos" / first["path"], (32, 32, 3))
+    (_, _), (x_test, y_test) = sk.datasets.load_cifar10(workdir / "data")
+    np.testing.assert_array_equal(pixels, x_test[:400][y_test[:400] < 9][18])
 
 
 @pytest.mark.slow

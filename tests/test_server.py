@@ -1,6 +1,7 @@
 """Tests for subic_keras.server: the REST API of `subic serve`, over real HTTP."""
 
 import http.client
+import io
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from swapping import link_swapped
 
 from subic_keras import retrieval
 from subic_keras.export import load_subic
+from subic_keras.images import write_image_folder
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.server import MAX_K, SearchService
 
@@ -642,3 +644,35 @@ def test_bombs_one_and_three_at_once_stay_within_200_mb_of_idle(tmp_path):
         assert row["peak_over_idle_mb"] <= decode_memory.LIMIT_MB, row
         expected = 200 if row["picture"] == "RGB PNG 5000x2000" else 413
         assert row["statuses"] == [expected] * row["copies"], row
+
+
+def test_an_index_with_instance_codes_serves_copies_first(tmp_path, shared_data_dir):
+    from PIL import Image
+
+    from subic_keras.datasets import load_cifar10
+    from subic_keras.instance import pretrained
+
+    (_, _), (x_test, y_test) = load_cifar10(shared_data_dir)
+    root = tmp_path / "photos"
+    paths = write_image_folder(x_test[:40], y_test[:40] % 3, root, ["a", "b", "c"])
+    model = save_model(tmp_path / "model.keras")
+    index, _ = retrieval.index_folder(
+        load_subic(model), root, instance=pretrained(), instance_path="instance"
+    )
+    index.save(tmp_path / "photos.subic")
+    service = SearchService(model, str(tmp_path / "photos.subic"))
+    assert service.stats()["instance_codes"] and not service.stats()["looks"]
+    copy = io.BytesIO()
+    Image.open(root / paths[7]).resize((64, 64), Image.BICUBIC).save(copy, "JPEG")
+    results = service.search_image(copy.getvalue(), 5)["results"]
+    assert results[0]["path"] == paths[7] and results[0]["copy"]
+    assert not results[0]["exact"] and not results[0]["lifted"]
+    assert not any(row["copy"] or row["lifted"] for row in results[1:])
+    # A reload keeps the instance code loaded; the instance code alone
+    # serves the same index by its instance codes.
+    loaded = service._state.instance
+    assert service.reload()["items"] == 40 and service._state.instance is loaded
+    alone = SearchService("instance", str(tmp_path / "photos.subic"))
+    answer = alone.search_image(copy.getvalue(), 1)
+    assert answer["results"][0]["path"] == paths[7] and answer["class_name"] is None
+    assert alone.stats()["bits"] == 128 and not alone.stats()["instance_codes"]

@@ -21,7 +21,7 @@ from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
 from subic_keras.search.addresses import check_database_exists
 from subic_keras.search.checks import model_writer
-from subic_keras.search.file_format import MAGIC, recorded_model
+from subic_keras.search.file_format import MAGIC, recorded_metadata
 from subic_keras.search.manifests import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
 from subic_keras.weights_digest import block_shape, weights_digest
@@ -143,6 +143,15 @@ def _index_build(args) -> None:
     if args.shards is not None:
         check_int("--shards", args.shards, minimum=1)
     _model(args.model)
+    if args.instance_model is not None:
+        if args.folder is None or sharded:
+            raise ValueError(
+                "--instance-model keeps instance codes in a folder's .subic file; "
+                "a dataset split's index and shards keep none (docs/instance.md), "
+                f"received --output {args.output}"
+            )
+        if args.instance_model != "none":
+            _model(args.instance_model)
     if args.folder is not None:
         refuse_given(
             args,
@@ -174,10 +183,24 @@ def _model_wrote(model: str, index: str) -> None:
             shard = read_manifest(index).shards[0]
         except (OSError, ValueError):
             return  # said when the manifest is opened
-    record = recorded_model(shard) or {}
+    metadata = recorded_metadata(shard) or {}
     path = os.path.abspath(pretrained_path() if model == INSTANCE else model)
-    recorded = (record.get("num_blocks"), record.get("block_size"))
     shape = block_shape(path)
+    record = metadata.get("model")
+    instance = metadata.get("instance_model")
+    # An index that keeps instance codes beside class codes is searched by
+    # either model (`ImageIndex.by_instance`): the instance code's record
+    # is the one to check where the model is of its shape and not the class
+    # code's weights.
+    if isinstance(instance, dict) and shape == (
+        instance.get("num_blocks"),
+        instance.get("block_size"),
+    ):
+        wrote = (record or {}).get("weights_file") if isinstance(record, dict) else None
+        if wrote is None or wrote != weights_digest(path):
+            record = instance
+    record = record if isinstance(record, dict) else {}
+    recorded = (record.get("num_blocks"), record.get("block_size"))
     if shape is not None and all(isinstance(v, int) for v in recorded):
         if shape != recorded:
             raise ValueError(

@@ -35,7 +35,9 @@ from subic_keras.export import (
     export_saved_model,
     load_encoder,
 )
+from subic_keras.instance import InstanceSubic
 from subic_keras.paths import check_folder
+from subic_keras.pretrained import INSTANCE
 from subic_keras.recipe import LearnedLittleWarning
 from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
@@ -255,12 +257,22 @@ def _index_folder(args, subic=None) -> int:
     if search_uri.is_manifest(args.output):
         return _index_folder_on_ray(args)
     subic = subic or load_model(args.model, instance=True)
+    instance, name = None, args.instance_model or INSTANCE
+    if name != "none" and not isinstance(subic, InstanceSubic):
+        instance = load_model(name, instance=True)
+        if not isinstance(instance, InstanceSubic):
+            raise ValueError(
+                f"--instance-model must be an instance code, received the class "
+                f"model {name}"
+            )
     index, report = retrieval.index_folder(
         subic,
         args.folder,
         batch_size=args.batch_size,
         progress=True,
         model_path=args.model,
+        instance=instance,
+        instance_path=name,
     )
     index.save(args.output)
     _report_folder(report, index, args.output)
@@ -333,6 +345,7 @@ def run_index_add(args) -> int:
         batch_size=args.batch_size,
         progress=True,
         model_path=args.model,
+        instance=retrieval.instance_encoder(index),
     )
     index.save(args.index)
     _report_folder(report, index, args.index)

@@ -287,6 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
         "per node of the Ray cluster); an interrupted build resumes where it "
         "stopped",
     )
+    build.add_argument(
+        "--instance-model",
+        metavar="MODEL",
+        default=None,
+        help="with FOLDER, a .subic --output and a class model: the instance "
+        "code kept of every picture beside the class code, so that a search "
+        "lists the query's copies first (default: `instance`, the one that "
+        "ships; a .keras file of `subic train-instance`; `none`: none, and "
+        "the pictures' looks instead)",
+    )
     _add_ray_address(build, "build shards on")
     build.set_defaults(run="run_index_build", command_name="index build")
 

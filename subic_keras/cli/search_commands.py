@@ -145,18 +145,27 @@ def run_search(args) -> int:
     condition = _where(args)  # a bad filter is said before anything loads
     subic = load_model(args.model, instance=True)
     index, where = open_index(args, args.index)
+    if isinstance(subic, InstanceSubic) and getattr(index, "instance_model", None):
+        index = index.by_instance()  # the instance codes kept beside a class code's
     retrieval.check_model_fits(index, subic, where, args.model)
     names, images, fingerprints, looks = _read_query_images(
         paths, retrieval.input_shape(subic), getattr(index, "has_looks", False)
     )
     queries = subic.query(images, kind=args.query)
+    more = {}
+    instance = (
+        None if isinstance(subic, InstanceSubic) else retrieval.instance_encoder(index)
+    )
+    if instance is not None:  # the index keeps an instance code beside the class's
+        more["instance_queries"] = instance.query(instance.own_pictures(images))
     # At most len(index) columns come back, whatever -k says; a Milvus
     # collection may leave some empty (id -1).
     answers = index.answer(
-        queries, args.k, where=condition, fingerprints=fingerprints, looks=looks
-    )
+        queries, args.k, where=condition, fingerprints=fingerprints, looks=looks,
+        **more,
+    )  # fmt: skip
     margin = getattr(subic, "copy_margin", None)  # an instance code's
-    copies.mark(answers, queries, subic.block_size, margin)
+    copies.mark(answers, queries, subic.block_size, margin, marked=bool(more))
     for name, matches in zip(names, answers):
         _print_matches(name, [{"query": name, **match} for match in matches], args.json)
     if condition is not None and len(index) and not any(answers):

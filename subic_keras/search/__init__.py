@@ -26,10 +26,15 @@ concept:
   takes a filter inside its scan.
 - `subic_index`: `SubicIndex`, a store and a scanner, in memory.
 - `image_index`: `ImageIndex`, a `SubicIndex` and an `ItemTable`: a
-  folder's pictures, in one file (`subic index build FOLDER`).
+  folder's pictures, in one file (`subic index build FOLDER`);
+  `picture_shard_answers`: what one answers as a shard.
+- `instance_codes`: an instance code kept beside the class code of an
+  `ImageIndex` (`instance=`), and the answer of both: the query's copies
+  first, equal class scores by instance score.
 - `looks`: what a picture looks like (108 bytes of its centre), which orders
   the ties of the codes' best results and lifts near copies of the query
-  (`SubicIndex(looks=True)`; an `ImageIndex` keeps looks by default).
+  (`SubicIndex(looks=True)`; an `ImageIndex` made without `instance=`
+  keeps looks by default).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
 - `manifests`: shard manifests, `save_shards`, and how rebuilds and open

@@ -272,6 +272,14 @@ class PictureIndex(Searcher):
         return self.root is not None
 
     @property
+    def instance_model(self) -> dict | None:
+        """The record of the instance model whose codes are kept beside the
+        class codes (`instance_codes`), so that `answer` takes its queries
+        as `instance_queries` ({} for codes added without a record); None
+        where none are kept."""
+        return None
+
+    @property
     def unavailable(self) -> dict[str, str]:
         """The parts that cannot answer now, each with why (shards on Ray);
         empty when every part answers."""

@@ -68,17 +68,28 @@ loaded index is searched at once instead of first finding it:
                     `members[starts[r]:starts[r+1]]`
     8       uint64  G, the number of distinct codes, last
 
+Version 6 is version 5 with a second code of every item, an instance code
+(`ImageIndex`'s, beside its class code), where header flag bit 4 is set,
+after everything else:
+
+    size          field
+    n*S     bytes   the instance codes, packed as the codes are, in the
+                    items' order (`S = ceil(M' * log2(K') / 8)`)
+    4       uint32  M', their blocks
+    4       uint32  K', their block size (a power of two), last
+
 `read` checks every grouping it reads (a permutation of the items, each
 group's codes equal, in canonical order), so a crafted one cannot make the
 scan read out of bounds or rank wrongly. Where codes hardly repeat, or an
 index holds 2**32 items or more, no grouping is written.
 
 `write` writes version 1 when it is given neither metadata nor an item
-table, version 5 with a grouping, version 4 with looks, and version 3
-otherwise; `read` reads all five (a version 2 file's items were added at
-an unknown time, 0, and have no attributes; files before version 4 have no
-looks, and their indexes order ties in insertion order; files before
-version 5 are grouped on their first search).
+table, version 6 with instance codes, version 5 with a grouping, version 4
+with looks, and version 3 otherwise; `read` reads all six (a version 2
+file's items were added at an unknown time, 0, and have no attributes;
+files before version 4 have no looks, and their indexes order ties in
+insertion order; files before version 5 are grouped on their first
+search).
 
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
@@ -110,12 +121,14 @@ VERSION_WITH_PATHS = 2
 VERSION_WITH_ITEMS = 3
 VERSION_WITH_LOOKS = 4
 VERSION_WITH_GROUPS = 5
+VERSION_WITH_INSTANCE = 6
 _VERSIONS = (
     VERSION,
     VERSION_WITH_PATHS,
     VERSION_WITH_ITEMS,
     VERSION_WITH_LOOKS,
     VERSION_WITH_GROUPS,
+    VERSION_WITH_INSTANCE,
 )
 # Members and starts are stored as uint32.
 MAX_GROUPED_ITEMS = 2**32 - 1
@@ -127,7 +140,9 @@ _FLAG_EXACT = 1
 _FLAG_ITEMS = 2
 _FLAG_LOOKS = 4
 _FLAG_GROUPS = 8
+_FLAG_INSTANCE = 16
 _LENGTH = struct.Struct("<Q")
+_SHAPE = struct.Struct("<II")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +165,12 @@ class Header:
 
 @dataclasses.dataclass(frozen=True)
 class Items:
-    """What versions 2 to 5 record beside the codes and ids: metadata, and
+    """What versions 2 to 6 record beside the codes and ids: metadata, and
     of each item (an index of image files; None otherwise) its path,
     fingerprint, time added and attributes, its look (version 4; None
-    otherwise), and the grouping of equal codes (version 5; None
-    otherwise)."""
+    otherwise), the grouping of equal codes (version 5; None otherwise),
+    and its instance code (version 6: `(M', K', packed)`, the packed codes
+    `(n, S)` uint8; None otherwise)."""
 
     metadata: dict
     paths: list[str] | None = None
@@ -163,6 +179,7 @@ class Items:
     attributes: list[dict | None] | None = None
     looks: np.ndarray | None = None  # int8 (n, D)
     groups: tuple[np.ndarray, np.ndarray] | None = None  # int64 starts, members
+    instance: tuple[int, int, np.ndarray] | None = None
 
 
 def write(
@@ -182,7 +199,8 @@ def write(
         ids: int64 ids `(header.size,)`, in insertion order.
         items: the metadata and item table of version 3 (item columns in
             insertion order, or None for metadata alone), the looks of
-            version 4 and the grouping of version 5; `None` writes version 1.
+            version 4, the grouping of version 5 and the instance codes of
+            version 6; `None` writes version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         digest = hashlib.sha256()
@@ -202,6 +220,9 @@ def write(
             flags, version = flags | _FLAG_LOOKS, VERSION_WITH_LOOKS
         if groups is not None:
             flags, version = flags | _FLAG_GROUPS, VERSION_WITH_GROUPS
+        instance = None if items is None else items.instance
+        if instance is not None:
+            flags, version = flags | _FLAG_INSTANCE, VERSION_WITH_INSTANCE
         put(
             _HEADER.pack(
                 MAGIC,
@@ -235,6 +256,10 @@ def write(
             put(np.asarray(members).astype("<u4").tobytes())
             put(np.asarray(starts).astype("<u4").tobytes())
             put(_LENGTH.pack(len(starts) - 1))
+        if instance is not None:
+            num_blocks, block_size, packed = instance
+            put(np.ascontiguousarray(packed, dtype=np.uint8).tobytes())
+            put(_SHAPE.pack(num_blocks, block_size))
         f.write(digest.digest())
 
 
@@ -337,6 +362,8 @@ def read(
             known |= _FLAG_LOOKS
         if version >= VERSION_WITH_GROUPS:
             known |= _FLAG_GROUPS
+        if version >= VERSION_WITH_INSTANCE:
+            known |= _FLAG_INSTANCE
         if code_size != header.code_size or flags & ~known:
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
         with_items = version == VERSION_WITH_PATHS or bool(flags & _FLAG_ITEMS)
@@ -353,6 +380,8 @@ def read(
                 expected += _LENGTH.size + n
             if flags & _FLAG_GROUPS:
                 expected += _LENGTH.size + 4 * n + 4
+            if flags & _FLAG_INSTANCE:
+                expected += _SHAPE.size
             if size < expected:
                 raise fail(
                     f"size is {size} bytes, the header announces at least "
@@ -407,6 +436,7 @@ def read(
                 with_items,
                 bool(flags & _FLAG_LOOKS),
                 bool(flags & _FLAG_GROUPS),
+                bool(flags & _FLAG_INSTANCE),
             )
             if items.groups is not None:
                 items = dataclasses.replace(
@@ -426,10 +456,13 @@ def _read_items(
     with_items: bool,
     with_looks: bool = False,
     with_groups: bool = False,
+    with_instance: bool = False,
 ) -> Items:
     """The item table in `body[start:end]`, every length checked first (a
     grouping is returned as stored, for `_checked_groups`)."""
-    looks = groups = None
+    looks = groups = instance = None
+    if with_instance:  # the last section, its shape at its end
+        instance, end = _read_instance(body, start, end, n)
     if with_groups:  # the last section, its count at its end
         if end - start < _LENGTH.size:
             raise ValueError("the grouping of equal codes is truncated")
@@ -475,7 +508,7 @@ def _read_items(
             raise ValueError(
                 f"{end - offset} bytes of trailing data after the metadata"
             )
-        return Items(metadata, looks=looks, groups=groups)
+        return Items(metadata, looks=looks, groups=groups, instance=instance)
     if end - offset < 8 * n + _LENGTH.size:
         raise ValueError("the fingerprints are truncated")
     fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
@@ -515,7 +548,40 @@ def _read_items(
         attributes,
         looks,
         groups,
+        instance,
     )
+
+
+def _read_instance(
+    body: bytes | bytearray, start: int, end: int, n: int
+) -> tuple[tuple[int, int, np.ndarray], int]:
+    """The instance codes that end at `body[end]`, checked as the codes are
+    (block shape, size, zero padding bits), and where the sections before
+    them end."""
+    if end - start < _SHAPE.size:
+        raise ValueError("the instance codes are truncated")
+    end -= _SHAPE.size
+    num_blocks, block_size = _SHAPE.unpack_from(body, end)
+    if not (
+        1 <= num_blocks <= 1 << 16
+        and 2 <= block_size <= MAX_BLOCK_SIZE
+        and not block_size & (block_size - 1)
+    ):
+        raise ValueError(
+            f"invalid instance code shape num_blocks={num_blocks}, "
+            f"block_size={block_size}"
+        )
+    nbits = block_size.bit_length() - 1
+    size = packing.code_size(num_blocks, nbits)
+    if size * n > end - start:
+        raise ValueError(f"instance codes of {size} bytes each overrun the file")
+    end -= size * n
+    packed = np.frombuffer(body, np.uint8, count=size * n, offset=end)
+    packed = packed.reshape(n, size)
+    used = (num_blocks * nbits) % 8
+    if n and used and np.any(packed[:, -1] >> used):
+        raise ValueError("instance codes have non-zero padding bits")
+    return (num_blocks, block_size, packed), end
 
 
 def _checked_groups(

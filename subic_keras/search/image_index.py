@@ -1,29 +1,27 @@
 """`ImageIndex`: a folder's pictures, searched by picture, answered by path.
 
-An `ImageIndex` is a `PictureIndex` made of two parts kept in step: a
-`SubicIndex` holding each picture's code, id and look (`looks`), and an
-`ItemTable` (`items`) holding the rest: its path relative to the folder,
-its class (the top folder), a fingerprint of its decoded pixels, when it
-was added, and the user's attributes. One `.subic` file (format version
-4, or 3 without looks: `file_format`) holds them all, so the paths can
-never drift from the codes; `subic_keras.search.open` reads it.
+An `ImageIndex` is a `PictureIndex` made of parts kept in step: a
+`SubicIndex` of each picture's code, id and look (`looks`), an
+`ItemTable` (`items`) of the rest (its path relative to the folder, its
+class, a fingerprint of its decoded pixels, when it was added, the user's
+attributes), and with `instance=` an instance code of each picture
+(`instance_codes`). One `.subic` file (`file_format`) holds them all, so
+the paths never drift from the codes; `subic_keras.search.open` reads it.
 
-Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3), refined
-by what the pictures look like where the query's look is given (`looks`:
-near copies of the query first, then equal scores by look; an index keeps
-its pictures' looks unless made with `looks=False`; files written before
-looks existed search as before), with one rule added for pictures: an
-exact copy of the query (the same pixels at the model's input size, by
-fingerprint) is listed first. With the paper's `z*` query it already has
-the highest possible score, `sum_m max z*_m`, but it
-can tie with other pictures that share its code, and the class-posterior
-query scores pictures by class rather than by look; either way, a person who
-searches with a picture of the folder expects to see that picture first.
-Filters (`where=`) read every field of the table (`filters`).
+Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3); given
+the query's instance query, an index with instance codes lists its copies
+first and orders equal scores by instance score (`instance_codes`), and
+given the query's look, an index with looks orders them by look (`looks`).
+One rule is added for pictures: an exact copy of the query (the same
+pixels at the model's input size, by fingerprint) is listed first, as a
+person who searches with a picture of the folder expects, whatever its
+code shares with others. Filters (`where=`) read every field of the table
+(`filters`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -35,19 +33,25 @@ from subic_keras.search import file_format, filters
 from subic_keras.search.addresses import is_database
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import check_fingerprints, check_ids, preview
-from subic_keras.search.items import ItemTable, check_attributes, check_paths
+from subic_keras.search.instance_codes import InstanceCodes, answer_both
+from subic_keras.search.items import (
+    MAX_ID,
+    ItemTable,
+    check_attributes,
+    check_paths,
+    check_table_metadata,
+)
 from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.looks import fitting
 from subic_keras.search.manifests import is_manifest
+from subic_keras.search.picture_shard_answers import PictureShardAnswers
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.views import copies_first
 
 FORMAT = "subic.image-index"
-# Ids are int64 and never negative.
-MAX_ID = 2**63 - 1
 
 
-class ImageIndex(PictureIndex):
+class ImageIndex(PictureShardAnswers, PictureIndex):
     """The codes of a folder's pictures, with each picture's path.
 
     Example:
@@ -72,6 +76,9 @@ class ImageIndex(PictureIndex):
         looks: keep each picture's look (`True`: `looks.look`, 108 bytes;
             or a size, `SubicIndex`'s option), so that searches given the
             query's look order ties by it.
+        instance: `(M', K')`: keep an instance code of that shape of every
+            picture beside its class code (`instance_codes`), which answers
+            with the query's copies first and orders equal class scores.
 
     Raises:
         ValueError: for a bad block shape, or an `index` of another shape or
@@ -86,6 +93,7 @@ class ImageIndex(PictureIndex):
         image_shape: Sequence[int] | None = None,
         index: SubicIndex | None = None,
         looks: bool | int = True,
+        instance: tuple[int, int] | None = None,
     ):
         if index is None:
             index = SubicIndex(num_blocks, block_size, looks=looks)
@@ -104,6 +112,7 @@ class ImageIndex(PictureIndex):
         self._items = ItemTable()
         self._next_id = 0  # ids are never reused, not even after a remove
         self._lock = ReadWriteLock()
+        self._instance = None if instance is None else InstanceCodes(*instance)
 
     # Properties ---------------------------------------------------------
 
@@ -149,6 +158,30 @@ class ImageIndex(PictureIndex):
         self._codes.model = record
 
     @property
+    def instance(self) -> InstanceCodes | None:
+        """The instance codes kept beside the class codes (None: none)."""
+        return self._instance
+
+    @property
+    def instance_model(self) -> dict | None:
+        return None if self._instance is None else self._instance.model or {}
+
+    def by_instance(self) -> ImageIndex:
+        """The same pictures searched by their instance codes alone (`subic
+        search instance` of an index that keeps both): an `ImageIndex` that
+        shares this one's items and lock, for reading.
+
+        Raises:
+            ValueError: the index keeps no instance codes.
+        """
+        if self._instance is None:
+            raise ValueError("this index keeps no instance codes")
+        view = copy.copy(self)
+        view._codes, view._instance = self._instance.codes, None
+        view._shape = self._instance.image_shape
+        return view
+
+    @property
     def shard_label(self) -> tuple[str, int] | None:
         """Which shard of which build this file is (`SubicIndex.shard_label`)."""
         return self._codes.shard_label
@@ -179,11 +212,10 @@ class ImageIndex(PictureIndex):
         attributes=None,
         looks=None,
         ids=None,
+        instance_codes=None,
     ) -> np.ndarray:
-        """Adds pictures: their codes and paths (and pixel fingerprints,
-        attributes, looks and ids).
-
-        All or nothing: everything is checked before the index changes.
+        """Adds pictures, all or nothing: their codes and paths (and pixel
+        fingerprints, attributes, looks, ids and instance codes).
 
         Args:
             codes: codes `(n, M)`, in any form `SubicIndex.add` takes.
@@ -193,11 +225,12 @@ class ImageIndex(PictureIndex):
             attributes: `n` flat objects (or None) of the user's fields,
                 which filters read as `attrs.NAME` (`items` says what they
                 may hold); default: none.
-            looks: `n` looks (`looks.look` of the pictures), kept by an
-                index with looks; default: none (all zeros: such pictures
-                keep insertion order among equal scores).
+            looks: `n` looks (`looks.look` of the pictures) for an index
+                with looks; default: zeros (insertion order among ties).
             ids: `n` new int64 ids, each at least the next default one;
                 default: the next ones (ids are never reused).
+            instance_codes: `n` instance codes, for an index made with
+                `instance`.
 
         Returns:
             The int64 ids given to the pictures.
@@ -210,6 +243,10 @@ class ImageIndex(PictureIndex):
         attributes = check_attributes("attributes", attributes, len(paths), paths)
         if self.has_looks and looks is None:  # `SubicIndex.add` checks them
             looks = np.zeros((len(paths), self._codes.look_size), np.int8)
+        if self._instance is not None:
+            instance_codes = self._instance.checked(instance_codes, len(paths))
+        elif instance_codes is not None:
+            raise ValueError("instance_codes were given to an index that keeps none")
         if fingerprints is None:
             fingerprints = np.zeros(len(paths), np.uint64)
         fingerprints = np.asarray(fingerprints)
@@ -244,6 +281,8 @@ class ImageIndex(PictureIndex):
                         f"received {preview(ids)}"
                     )
             self._codes.add(codes, ids=ids, looks=looks)
+            if self._instance is not None:
+                self._instance.codes.add(instance_codes, ids=ids)
             self._next_id = int(ids.max()) + 1 if len(ids) else self._next_id
             added = np.full(len(paths), time.time())
             self._items.append(ids, paths, fingerprints, added, attributes)
@@ -268,6 +307,8 @@ class ImageIndex(PictureIndex):
                 raise KeyError(f"paths not in the index: {missing[:10]}")
             rows = np.array([row_of_path[p] for p in paths], dtype=np.int64)
             self._codes.remove(self._items.ids[rows])
+            if self._instance is not None:
+                self._instance.codes.remove(self._items.ids[rows])
             kept = np.ones(len(self._items), bool)
             kept[rows] = False
             self._items.keep(kept)
@@ -347,8 +388,8 @@ class ImageIndex(PictureIndex):
 
         Args:
             copy_blocks: the least equal blocks of two copies; default: the
-                one the instance code that wrote the index chose on
-                validation (`model["copy_blocks"]`).
+                one the instance code that wrote the index (or its instance
+                codes) chose on validation (`model["copy_blocks"]`).
 
         Returns:
             The groups' paths, each group in insertion order, largest first.
@@ -359,11 +400,13 @@ class ImageIndex(PictureIndex):
         """
         from subic_keras.copies import duplicate_groups, recorded_copy_blocks
 
-        copy_blocks = recorded_copy_blocks(self.model, copy_blocks)
+        part = self._codes if self._instance is None else self._instance.codes
+        model = self.model if self._instance is None else self._instance.model
+        copy_blocks = recorded_copy_blocks(model, copy_blocks)
         with self._lock.read():
             ids = self._items.ids.copy()
-            codes = self._codes.get_codes(ids)
-        groups = duplicate_groups(codes, ids, self.block_size, copy_blocks)
+            codes = part.get_codes(ids)
+        groups = duplicate_groups(codes, ids, part.block_size, copy_blocks)
         return [self.paths(group) for group in groups]
 
     def exact_copies(self, fingerprint: int) -> np.ndarray:
@@ -372,7 +415,7 @@ class ImageIndex(PictureIndex):
             return self._items.ids[self._items.keys().fingerprint_rows(fingerprint)]
 
     def search(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
     ) -> tuple[np.ndarray, np.ndarray]:
         """`SubicIndex.search`, with exact copies of each query listed first.
 
@@ -386,90 +429,71 @@ class ImageIndex(PictureIndex):
             looks: the query pictures' looks `(nq, VIEWS, LOOK_SIZE)`
                 (`looks.query_look`), or `None`: the order of the codes alone.
                 Ignored by an index without looks.
+            instance_queries: `(nq, M'*K')`, the instance model's queries:
+                an index made with `instance` answers by both codes
+                (`instance_codes`); ignored by one without.
 
         Returns:
             `(scores, ids)`, float32 and int64 `(nq, min(k, n))`, `n` the
             pictures the filter keeps: per query, the pictures identical to
-            it (insertion order), then with `looks` its near copies, then
-            the rest by decreasing score (equal scores by look with
-            `looks`, else in insertion order).
+            it (insertion order), then its near copies (by look or by
+            instance code), then the rest by decreasing score (equal scores
+            by look or instance score, else in insertion order).
         """
-        scores, ids, _ = self._ranked(queries, k, where, fingerprints, looks)
+        scores, ids, *_ = self._ranked(queries, k, where, fingerprints, looks, **more)
         return scores, ids
 
     def answer(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
     ) -> list[list[dict]]:
-        """`search`, each result as a row (`base.answer_rows`), exact copies
-        of the query marked `"exact": True`; `looks` of another size than
-        the index's are not used (`looks.fitting`)."""
+        """`search` (with its `instance_queries`), each result as a row
+        (`base.answer_rows`), exact copies of the query marked `"exact":
+        True`, and by an index with instance codes, copies `"copy": True`;
+        `looks` of another size than the index's are not used
+        (`looks.fitting`)."""
         looks = fitting(looks, self.look_size)
-        scores, ids, exact = self._ranked(queries, k, where, fingerprints, looks)
-        return answer_rows(self, scores, ids, exact)
+        scores, ids, exact, copy = self._ranked(
+            queries, k, where, fingerprints, looks, **more
+        )
+        rows = answer_rows(self, scores, ids, exact)
+        if self._instance is not None and more.get("instance_queries") is not None:
+            for row, flags in zip(rows, copy):
+                for match, flag in zip(row, flags):
+                    match["copy"] = bool(flag or match["exact"])
+        return rows
 
     def _search(self, queries, k, where):
-        scores, ids, _ = self._ranked(queries, k, where, None, None)
+        scores, ids, *_ = self._ranked(queries, k, where, None, None)
         return scores, ids
 
-    def _ranked(self, queries, k, where, fingerprints, looks):
-        """`(scores, ids, exact)`: the search and which results are copies."""
+    def _ranked(self, queries, k, where, fingerprints, looks, instance_queries=None):
+        """`(scores, ids, exact, copy)`: the search, which results are exact
+        copies of the query, and which its copies by the instance code."""
         k = self._check_k(k)
         where = filters.as_filter(where)
         if not self.has_looks:
             looks = None
         with self._lock.read():
             keep = None if where is None else self._items.mask(where)
-            scores, ids = self._codes.search_kept(queries, k, keep, looks)
+            if instance_queries is None or self._instance is None:  # by code
+                scores, ids = self._codes.search_kept(queries, k, keep, looks)
+                copy = np.zeros(ids.shape, bool)
+            else:
+                scores, ids, copy = answer_both(
+                    self._codes, self._instance, queries, instance_queries, k, keep
+                )
             exact = np.zeros(ids.shape, bool)
             if fingerprints is None or not ids.shape[1]:
-                return scores, ids, exact
+                return scores, ids, exact, copy
             fingerprints = check_fingerprints(fingerprints, len(ids))
             queries = np.asarray(queries, dtype=np.float32)
             found = self._copies(fingerprints, keep, ids.shape[1])
             for row, (_, copies, codes) in enumerate(found):
                 if len(copies):
+                    near = ids[row][copy[row]]
                     copies_first(scores, ids, exact, row, queries[row], copies, codes)
-            return scores, ids, exact
-
-    def _copies(self, fingerprints, keep, k: int) -> list:
-        """Per fingerprint, the first `k` pictures `keep` keeps whose pixels
-        have it, in insertion order: `(positions, ids, codes)` (locked)."""
-        keys, found = self._items.keys(), []
-        for value in np.asarray(fingerprints, np.uint64):
-            rows = keys.fingerprint_rows(value) if value else np.zeros(0, np.int64)
-            if keep is not None:
-                rows = rows[keep[rows]]
-            ids = self._items.ids[rows[:k]]
-            found.append((rows[:k], ids, self._codes.get_codes(ids)))
-        return found
-
-    # Shards of a sharded search (`RayIndex`) ----------------------------
-
-    def shard_candidates(
-        self, queries, k: int, *, where=None, with_looks: bool = False
-    ) -> dict:
-        """`SubicIndex.shard_candidates` among the pictures `where` keeps."""
-        where = filters.as_filter(where)
-        with self._lock.read():
-            keep = None if where is None else self._items.mask(where)
-            return self._codes.shard_candidates(
-                queries, k, keep=keep, with_looks=with_looks
-            )
-
-    def shard_matching(self, packed: np.ndarray, *, where=None) -> dict:
-        """`SubicIndex.shard_matching` among the pictures `where` keeps."""
-        where = filters.as_filter(where)
-        with self._lock.read():
-            keep = None if where is None else self._items.mask(where)
-            return self._codes.shard_matching(packed, keep=keep)
-
-    def shard_copies(self, fingerprints, k: int, *, where=None) -> list:
-        """Per query fingerprint, the first `k` pictures `where` keeps whose
-        pixels have it, in insertion order: `(positions, ids, codes)`."""
-        where = filters.as_filter(where)
-        with self._lock.read():
-            keep = None if where is None else self._items.mask(where)
-            return self._copies(fingerprints, keep, k)
+                    copy[row] = np.isin(ids[row], near)
+            return scores, ids, exact, copy
 
     # Persistence --------------------------------------------------------
 
@@ -480,6 +504,8 @@ class ImageIndex(PictureIndex):
             if self._shape is not None:
                 metadata["image_shape"] = list(self._shape)
             metadata.update(self._codes.file_metadata())
+            if self._instance is not None:
+                metadata["instance_model"] = self._instance.model
             items = file_format.Items(
                 metadata,
                 list(self._items.paths),
@@ -492,6 +518,9 @@ class ImageIndex(PictureIndex):
                     items,
                     looks=self._codes.file_looks(),
                     groups=self._codes.file_groups(),
+                    instance=None
+                    if self._instance is None
+                    else self._instance.file_part(),
                 )
                 file_format.write(path, header, chunks, ids, items)
 
@@ -527,25 +556,10 @@ class ImageIndex(PictureIndex):
                 f"{os.fspath(path)!r} is not a valid SuBiC index file: {reason}"
             )
 
-        metadata = items.metadata
-        root = metadata.get("root")
-        if metadata.get("format") != FORMAT or not isinstance(root, str):
-            raise fail(
-                "its item table is not an image index's (metadata "
-                f"{str(metadata)[:200]})"
-            )
-        if "\0" in root or not os.path.isabs(root):
-            raise fail(f"its folder {root[:200]!r} is not an absolute path")
-        shape = metadata.get("image_shape")
-        if shape is not None and (
-            not isinstance(shape, list)
-            or len(shape) != 3
-            or not all(isinstance(s, int) and s >= 1 for s in shape)
-        ):
-            raise fail(f"image_shape {shape!r} is not (H, W, C)")
-        next_id = metadata.get("next_id", 0)
-        if not isinstance(next_id, int) or not 0 <= next_id <= MAX_ID:
-            raise fail(f"next_id {next_id!r} is not a count")
+        try:
+            root, shape, next_id = check_table_metadata(items.metadata, FORMAT)
+        except ValueError as error:
+            raise fail(str(error)) from None
         try:
             paths = check_paths("paths", items.paths)
             attributes = check_attributes(
@@ -557,6 +571,8 @@ class ImageIndex(PictureIndex):
         index = cls(codes.num_blocks, codes.block_size, root, shape)
         index._codes = codes
         ids = codes.get_ids()
+        if items.instance is not None:
+            index._instance = InstanceCodes.from_file(path, codes, items)
         index._items.append(ids, paths, items.fingerprints, items.added, attributes)
         index._next_id = max(next_id, int(ids.max()) + 1 if len(ids) else 0)
         return index

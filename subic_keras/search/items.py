@@ -21,6 +21,7 @@ One row per item, in the order of the code store (insertion order):
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 
@@ -340,3 +341,35 @@ def _ids_only(field: str) -> ValueError:
         f"where: this index holds codes and ids only (no paths or attributes), "
         f"so it can be filtered on id alone, received a test on {field!r}"
     )
+
+
+# Ids are int64 and never negative.
+MAX_ID = 2**63 - 1
+
+
+def check_table_metadata(
+    metadata: dict, format_name: str
+) -> tuple[str, list | None, int]:
+    """`(root, image_shape, next_id)` of an image index file's metadata.
+
+    Raises:
+        ValueError: the reason a field is not one a writer writes.
+    """
+    root = metadata.get("root")
+    if metadata.get("format") != format_name or not isinstance(root, str):
+        raise ValueError(
+            f"its item table is not an image index's (metadata {str(metadata)[:200]})"
+        )
+    if "\0" in root or not os.path.isabs(root):
+        raise ValueError(f"its folder {root[:200]!r} is not an absolute path")
+    shape = metadata.get("image_shape")
+    if shape is not None and (
+        not isinstance(shape, list)
+        or len(shape) != 3
+        or not all(isinstance(s, int) and s >= 1 for s in shape)
+    ):
+        raise ValueError(f"image_shape {shape!r} is not (H, W, C)")
+    next_id = metadata.get("next_id", 0)
+    if not isinstance(next_id, int) or not 0 <= next_id <= MAX_ID:
+        raise ValueError(f"next_id {next_id!r} is not a count")
+    return root, shape, next_id

@@ -322,6 +322,38 @@ _SAMPLED = 1 << 16
 _DISTINCT_SHARE = 0.98
 
 
+def score_rows(
+    packed: np.ndarray, positions: np.ndarray, table: np.ndarray, nbits: int
+) -> np.ndarray:
+    """`sum_m table[m * K + c_m]` (float64) of the packed codes `(n,
+    code_size)` at `positions` (1-D), `table` one query `(M * K,)`: in C,
+    reading each code's blocks where it lies; NumPy where `_scan` is unbuilt.
+
+    Example:
+
+    >>> from subic_keras.search import packing
+    >>> packed = packing.pack(np.array([[1, 2], [3, 0]]), 2)
+    >>> score_rows(packed, np.array([1, 0]), np.arange(8.0), 2).tolist()
+    [7.0, 7.0]
+    """
+    num_blocks = len(table) >> nbits
+    positions = np.ascontiguousarray(positions, np.int64)
+    table = np.ascontiguousarray(table, np.float32)
+    if _scan is None:
+        from subic_keras.search import packing
+
+        codes = packing.unpack(packed[positions], num_blocks, nbits, np.int64)
+        offsets = np.arange(num_blocks) << nbits
+        return table[codes + offsets].sum(axis=-1, dtype=np.float64)
+    packed = np.ascontiguousarray(packed, np.uint8)
+    out = np.empty(len(positions), np.float64)
+    _scan.score_rows(
+        packed, len(packed), packed.shape[1], nbits, num_blocks,
+        positions, len(positions), table, out,
+    )  # fmt: skip
+    return out
+
+
 def repeat_estimate(rows: np.ndarray) -> float:
     """The share of `rows` that are distinct, estimated from every row: the
     rows whose hash falls below a threshold are a sample of the distinct

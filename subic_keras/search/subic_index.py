@@ -34,7 +34,13 @@ from subic_keras.search.looks import (
 )
 from subic_keras.search.shard_answers import ShardAnswers
 from subic_keras.search.store import CodeStore
-from subic_keras.search.views import View, every_score, refined_top_k, top_k
+from subic_keras.search.views import (
+    View,
+    every_score,
+    refined_top_k,
+    tie_ordered_top_k,
+    top_k,
+)
 from subic_keras.search.writer_records import WriterRecords
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -385,9 +391,13 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         state = (self._store.version, self._store.removals)
         return self._masks.mask(where, IdColumns(view.ids), state)
 
-    def _top_k(self, view: View, queries, k: int, keep, looks, dtype=np.float32):
+    def _top_k(
+        self, view: View, queries, k: int, keep, looks, dtype=np.float32, key=None
+    ):
         """`top_k` (scores of `dtype`), refined by the queries' `looks` where
-        they are given."""
+        they are given, or equal scores ordered by `key` (`tie_ordered_top_k`)."""
+        if key is not None:
+            return tie_ordered_top_k(view, self._store, queries, k, keep, key)
         if looks is None:
             return top_k(view, queries, k, self._query_chunk, keep, dtype)
         if not self.has_looks:
@@ -401,12 +411,13 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         )
 
     def search_kept(
-        self, queries, k: int, keep: np.ndarray, looks=None
+        self, queries, k: int, keep: np.ndarray | None, looks=None, key=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`search` among the items where `keep` (one boolean per item, in
         insertion order, the order of `get_ids()`) is true: what an index
         with its own item table (`ImageIndex`) filters with; `keep=None`
-        searches every item."""
+        searches every item. `key(row, positions)`, where given, orders equal
+        scores (`views.tie_ordered_top_k`)."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
         with self.view() as view:
@@ -417,7 +428,12 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 )
             if keep is not None:
                 keep = np.asarray(keep, bool)
-            return self._top_k(view, queries, k, keep, looks)
+            return self._top_k(view, queries, k, keep, looks, key=key)
+
+    def scores_at(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Scores (float64) of one query for the items at insertion positions
+        (1-D), under the lock of a search that holds the index still."""
+        return native.score_rows(self._store.packed(), positions, query, self._nbits)
 
     def _scan(self, queries: np.ndarray, k: int, keep: np.ndarray | None = None):
         """The scanner's top `k` scores and positions (locked)."""

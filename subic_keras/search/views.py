@@ -15,6 +15,10 @@ import numpy as np
 from subic_keras.search.looks import Candidates, refine
 from subic_keras.search.store import CodeStore
 
+# The most items of the `k`-th result's tie group beyond the scan's best
+# that `tie_ordered_top_k` orders (the rest keep insertion order).
+MAX_TIED = 10_000
+
 
 @dataclasses.dataclass(frozen=True)
 class View:
@@ -110,6 +114,73 @@ def refined_top_k(
         min(k, kept),
     )
     return scores, view.ids[positions]
+
+
+def tie_ordered_top_k(
+    view: View,
+    store: CodeStore,
+    queries: np.ndarray,
+    k: int,
+    keep: np.ndarray | None,
+    key: Callable[[int, np.ndarray], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k` of a view over `store`, equal scores ordered by `key(row,
+    positions)` (higher first; a second code's score of the items, for
+    query `row`), then by position: float32 scores and ids.
+
+    The scan's best `k + 1` tell whether the `k`-th result's tie group goes
+    on beyond them; where it does, the rest of it (the items of its codes,
+    up to `MAX_TIED` more) is ordered with them.
+    """
+    kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
+    k = min(k, kept)
+    wide = min(kept, k + 1)
+    scores, positions = top_positions(view, queries, wide, len(queries) or 1, keep)
+    out_scores = scores[:, :k].copy()
+    out_positions = positions[:, :k].copy()
+    for row in range(len(queries) if k else 0):
+        score, position = scores[row], positions[row]
+        extends = wide > k and score[k - 1] == score[k]
+        if not extends and not np.any(score[1:k] == score[: k - 1]):
+            continue  # no tie among the best k: the scan's order stands
+        if extends:
+            score, position = _with_tie_group(store, score, position, k, keep)
+        key_values = key(row, position)
+        if len(position) > 4 * k:  # the best k first, then their order
+            bar = score[k - 1]
+            tied = np.flatnonzero(score == bar)
+            need = k - int(np.count_nonzero(score > bar))
+            best = np.argpartition(-key_values[tied], need - 1)[:need]
+            chosen = np.concatenate([np.flatnonzero(score > bar), tied[best]])
+            score, position = score[chosen], position[chosen]
+            key_values = key_values[chosen]
+        order = np.lexsort((position, -key_values, -score.astype(np.float64)))
+        out_scores[row] = score[order[:k]]
+        out_positions[row] = position[order[:k]]
+    return out_scores, view.ids[out_positions]
+
+
+def _with_tie_group(
+    store: CodeStore,
+    score: np.ndarray,
+    position: np.ndarray,
+    k: int,
+    keep: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A query's best from the scan, with the rest of the `k`-th's tie group
+    (the items of its codes that `keep` keeps, up to `MAX_TIED` more)."""
+    bar = score[k - 1]
+    tied = store.same_codes(position[score == bar])
+    if keep is not None:
+        tied = tied[keep[tied]]
+    tied = tied[: MAX_TIED + len(position)]  # enough, whatever the scan found
+    found = np.sort(position)
+    at = np.minimum(np.searchsorted(found, tied), len(found) - 1)
+    tied = tied[found[at] != tied][:MAX_TIED]
+    return (
+        np.concatenate([score, np.full(len(tied), bar, score.dtype)]),
+        np.concatenate([position, tied]),
+    )
 
 
 def copies_first(

@@ -123,8 +123,8 @@ def test_header_problems_raise(saved, tmp_path):
     with pytest.raises(ValueError, match="magic"):
         SubicIndex.load(_rewrite(path, bad))
     bad = bytearray(data)
-    bad[8:12] = struct.pack("<I", 6)
-    with pytest.raises(ValueError, match="version 6 is not supported"):
+    bad[8:12] = struct.pack("<I", 7)
+    with pytest.raises(ValueError, match="version 7 is not supported"):
         SubicIndex.load(_rewrite(path, bad))
     # Version 2 announces an item table after the ids: without one, the
     # file is too short for what its header says.

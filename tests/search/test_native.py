@@ -364,3 +364,28 @@ def test_the_binding_checks_the_groups():
         native.search(layout, tiles, 3, queries, 1, 1, "portable", bad)
     with pytest.raises(ValueError, match="n \\+ 1 int64"):
         native.search(layout, tiles, 2, queries, 1, 1, "portable", bad)
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 16, 64, 256, 1024])
+def test_score_rows_equals_a_gather_of_the_codes(rng, block_size, monkeypatch):
+    from subic_keras.search import packing
+
+    num_blocks = 7
+    nbits = block_size.bit_length() - 1
+    codes = rng.integers(0, block_size, (300, num_blocks))
+    packed = packing.pack(codes, nbits)
+    table = rng.normal(size=num_blocks * block_size).astype(np.float32)
+    positions = rng.integers(0, 300, 1000)
+    offsets = np.arange(num_blocks) * block_size
+    expected = table.astype(np.float64)[codes[positions] + offsets].sum(1)
+    got = native.score_rows(packed, positions, table, nbits)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert native.score_rows(packed, positions[:0], table, nbits).shape == (0,)
+    if native.kernels():  # the binding refuses what would read out of bounds
+        with pytest.raises(ValueError, match="positions out of range"):
+            native.score_rows(packed, np.array([300]), table, nbits)
+        with pytest.raises(ValueError, match="table must hold"):
+            native.score_rows(packed, positions, table[:-1], nbits)
+    monkeypatch.setattr(native, "_scan", None)  # NumPy, where C is not built
+    got = native.score_rows(packed, positions, table, nbits)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -1,0 +1,190 @@
+"""An instance code kept beside a picture index's class code, and the
+answer of the two.
+
+A class code (paper Sec. 3) ranks pictures by class: hundreds share a
+code, and a copy of the query is one of them. An instance code (the
+paper's instance retrieval, Sec. 4, Table 4; `subic_keras.instance`) is
+trained to find the picture itself. An `ImageIndex` made with `instance=`
+keeps both codes of every picture, and answers a query given both its
+queries (the class model's and the instance model's) as:
+
+1. the query's near copies: the instance code's best `k`, searched by the
+   same exact scan over every item the filter keeps, whose copy margin
+   (`copies.copy_margins`) reaches the instance model's `copy_margin`,
+   most likely first;
+2. the rest by class score, equal class scores by instance score
+   (`s(q, x) = sum_m l_m[c_m(x)]`, Eq. 10 with the instance query), then
+   in insertion order.
+
+Every row keeps its class score; a copy listed above better class scores
+is marked `"copy"`, which says why it is there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from subic_keras.search import file_format
+from subic_keras.search.checks import (
+    check_codes,
+    check_model_record,
+    check_queries,
+)
+from subic_keras.search.subic_index import SubicIndex
+from subic_keras.search.views import copies_first
+
+
+class InstanceCodes:
+    """The instance codes of an index's items, in the items' order.
+
+    Args:
+        num_blocks: `M'`, blocks of the instance code.
+        block_size: `K'`, a power of two.
+        model: the record of the instance model that wrote them
+            (`retrieval.model_record`): its digest, and the copy rules it
+            chose on validation (`copy_margin`, `copy_blocks`).
+        codes: the `SubicIndex` holding them (default: a new, empty one).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        model: dict | None = None,
+        codes: SubicIndex | None = None,
+    ):
+        self.codes = codes if codes is not None else SubicIndex(num_blocks, block_size)
+        if model is not None:
+            self.model = model
+
+    @property
+    def model(self) -> dict | None:
+        """Its model's record, which its `SubicIndex` keeps (and checks)."""
+        return self.codes.model
+
+    @model.setter
+    def model(self, record: dict | None) -> None:
+        self.codes.model = record
+
+    @classmethod
+    def from_file(cls, path, codes: SubicIndex, items) -> InstanceCodes:
+        """The instance codes of a file's items (`file_format.Items`), at
+        the positions of its class `codes`, with their model's record.
+
+        Raises:
+            ValueError: naming the path, for a record that is not a model's.
+        """
+        num_blocks, block_size, packed = items.instance
+        header = file_format.Header(num_blocks, block_size, len(packed), None)
+        part = SubicIndex.from_parts(
+            path, header, packed, codes.get_ids(), scanner=codes.scanner
+        )
+        try:
+            model = check_model_record(
+                "instance_model", items.metadata.get("instance_model")
+            )
+            return cls(num_blocks, block_size, model, part)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
+            ) from None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.codes.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.codes.block_size
+
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        """The `(H, W, C)` its model takes, as its record says."""
+        shape = (self.model or {}).get("input_shape")
+        return tuple(shape) if isinstance(shape, list) else None
+
+    @property
+    def copy_margin(self) -> float | None:
+        """The least copy margin of a copy (None: the model chose none)."""
+        value = (self.model or {}).get("copy_margin")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def checked(self, codes, n: int) -> np.ndarray:
+        """`codes` of `n` items, checked before an index changes."""
+        if codes is None:
+            raise ValueError(
+                "instance_codes must be given: this index keeps an instance code "
+                "of every picture"
+            )
+        codes = check_codes("instance_codes", codes, self.num_blocks, self.block_size)
+        if len(codes) != n:
+            raise ValueError(
+                f"instance_codes must hold one code per path ({n}), received "
+                f"{len(codes)}"
+            )
+        return codes
+
+    def file_part(self) -> tuple[int, int, np.ndarray]:
+        """`(M', K', packed codes)`, as `file_format.Items.instance` holds them."""
+        with self.codes.contents() as (header, chunks, _):
+            empty = np.zeros((0, header.code_size), np.uint8)
+            packed = np.concatenate([empty, *chunks])
+        return self.num_blocks, self.block_size, packed
+
+
+def answer_both(
+    codes: SubicIndex,
+    instance: InstanceCodes,
+    queries: np.ndarray,
+    instance_queries,
+    k: int,
+    keep: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The answer of both codes (module docstring), under the lock of the
+    index that holds them still.
+
+    Args:
+        codes: the class codes.
+        instance: the instance codes, at the same positions.
+        queries: the class queries, `(nq, M*K)`.
+        instance_queries: the instance queries, `(nq, M'*K')` (the instance
+            model's FC0 outputs).
+        k: results per query.
+        keep: the items a filter keeps (None: every item).
+
+    Returns:
+        `(scores, ids, copy)`: class scores (float32) and ids `(nq, width)`,
+        and which results are copies of the query.
+    """
+    from subic_keras.copies import copy_margins
+
+    instance_queries = check_queries(
+        "instance_queries", instance_queries, instance.num_blocks, instance.block_size
+    )
+    if len(instance_queries) != len(queries):
+        raise ValueError(
+            f"instance_queries must hold one query per query ({len(queries)}), "
+            f"received {len(instance_queries)}"
+        )
+    near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
+    margin = instance.copy_margin
+    is_copy = np.zeros(near.shape, bool)
+    if margin is not None:
+        margins = copy_margins(instance_queries, near, instance.block_size)
+        is_copy = margins >= margin - 1e-6
+
+    def key(row: int, positions: np.ndarray) -> np.ndarray:
+        return instance.codes.scores_at(instance_queries[row], positions)
+
+    scores, ids = codes.search_kept(queries, k, keep, key=key)
+    queries = np.asarray(queries, np.float32)  # checked by the search
+    copy = np.zeros(ids.shape, bool)
+    for row in range(len(ids)):
+        found = near_ids[row][is_copy[row]]
+        if len(found) and ids.shape[1]:
+            copies_first(
+                scores, ids, copy, row, queries[row], found, codes.get_codes(found)
+            )
+    return scores, ids, copy
