@@ -283,3 +283,49 @@ def test_the_page_of_an_instance_code_names_copies_not_classes(
                 page.screenshot(path=str(tmp_path / "instance_page.png"))
             finally:
                 browser.close()
+
+
+def test_the_page_of_both_codes_marks_copies_and_says_how_ties_are_ordered(
+    shared_data_dir, tmp_path
+):
+    from PIL import Image
+
+    from subic_keras.instance import pretrained
+
+    sync_playwright = _browser()
+    (_, _), (images, labels) = load_cifar10(shared_data_dir, max_per_split=60)
+    paths = write_image_folder(images[:60], labels[:60], tmp_path / "photos")
+    model = save_model(tmp_path / "model.keras")
+    index, _ = retrieval.index_folder(
+        load_subic(model), tmp_path / "photos", instance=pretrained(),
+        instance_path="instance",
+    )  # fmt: skip
+    index.save(tmp_path / "photos.subic")
+    # Picture 7 twice as large, recompressed: a copy the instance code marks.
+    copy = tmp_path / "copy.jpg"
+    picture = Image.open(tmp_path / "photos" / paths[7])
+    picture.resize((64, 64), Image.BICUBIC).save(copy, quality=90)
+    with ServeProcess(model, str(tmp_path / "photos.subic")) as server:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=_BROWSER_ARGS
+            )
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                page.goto(f"http://127.0.0.1:{server.port}/")
+                page.wait_for_function(
+                    "document.getElementById('stats').textContent.includes("
+                    "'60 pictures')"
+                )
+                page.set_input_files("#file", str(copy))
+                page.wait_for_selector("#grid .card")
+                first = page.locator("#grid .card").nth(0)
+                assert first.get_attribute("data-path") == paths[7]
+                assert first.locator(".badge").inner_text() == "copy"
+                # The untrained class model gives many pictures one code.
+                summary = page.inner_text("#summary")
+                assert "ordered by the instance code" in summary, summary
+                assert "in the order they were indexed" not in summary
+                page.screenshot(path=str(tmp_path / "both_codes_page.png"))
+            finally:
+                browser.close()

@@ -41,7 +41,7 @@ from subic_keras.search.items import (
     check_paths,
     check_table_metadata,
 )
-from subic_keras.search.locks import ReadWriteLock
+from subic_keras.search.locks import ReadOnly, ReadWriteLock
 from subic_keras.search.looks import fitting
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.picture_shard_answers import PictureShardAnswers
@@ -168,8 +168,8 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
 
     def by_instance(self) -> ImageIndex:
         """The same pictures searched by their instance codes alone (`subic
-        search instance` of an index that keeps both): an `ImageIndex` that
-        shares this one's items and lock, for reading.
+        search instance` of an index that keeps both), for reading: an
+        `ImageIndex` sharing this one's items, whose `add` and `remove` raise.
 
         Raises:
             ValueError: the index keeps no instance codes.
@@ -178,7 +178,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             raise ValueError("this index keeps no instance codes")
         view = copy.copy(self)
         view._codes, view._instance = self._instance.codes, None
-        view._shape = self._instance.image_shape
+        view._shape, view._lock = self._instance.image_shape, ReadOnly(self._lock)
         return view
 
     @property
@@ -229,8 +229,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
                 with looks; default: zeros (insertion order among ties).
             ids: `n` new int64 ids, each at least the next default one;
                 default: the next ones (ids are never reused).
-            instance_codes: `n` instance codes, for an index made with
-                `instance`.
+            instance_codes: `n` instance codes (an index made with `instance`).
 
         Returns:
             The int64 ids given to the pictures.
@@ -513,14 +512,13 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
                 self._items.added,
                 list(self._items.attributes),
             )
+            part = None if self._instance is None else self._instance.file_part()
             with self._codes.contents() as (header, chunks, ids):
                 items = dataclasses.replace(
                     items,
                     looks=self._codes.file_looks(),
                     groups=self._codes.file_groups(),
-                    instance=None
-                    if self._instance is None
-                    else self._instance.file_part(),
+                    instance=part,
                 )
                 file_format.write(path, header, chunks, ids, items)
 

@@ -52,3 +52,21 @@ class ReadWriteLock:
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
+
+
+class ReadOnly:
+    """A `ReadWriteLock` whose holder only reads: `write()` raises. What a
+    view of an index's instance codes (`ImageIndex.by_instance`) locks with,
+    so that nothing is written past the index that keeps both codes."""
+
+    def __init__(self, lock: ReadWriteLock):
+        self._lock = lock
+
+    def read(self):
+        return self._lock.read()
+
+    def write(self):
+        raise ValueError(
+            "this is a view of an index's instance codes, for searching: add and "
+            "remove pictures through the index itself"
+        )

@@ -194,3 +194,15 @@ def test_crafted_instance_sections_are_refused_with_the_reason(rng, tmp_path):
             _rewrite_tail(path, change)
         with pytest.raises(ValueError, match=reason):
             ImageIndex.load(path)
+
+
+def test_the_view_of_the_instance_codes_is_for_reading(rng):
+    index, _, instance, _ = _index(rng, 30)
+    alone = index.by_instance()
+    with pytest.raises(ValueError, match="through the index itself"):
+        alone.add(instance[:1], ["n/1.png"])
+    with pytest.raises(ValueError, match="through the index itself"):
+        alone.remove(["f/1.png"])
+    assert len(index) == len(alone) == len(index.instance.codes) == 30
+    index.remove(["f/1.png"])  # through the index: the view sees it
+    assert len(alone) == 29 and "f/1.png" not in alone
