@@ -9,7 +9,9 @@ model once), and the driver writes each shard as a picture index
 manifest (`search.ray_index`), which `search.open`, `RayIndex` and the
 command line's INDEX arguments open. A picture's code is the one
 `index_folder` gives it, and its id is its place in the folder's file
-list, so shards need not wait for one another.
+list, so shards need not wait for one another. With `instance_model`,
+every shard keeps an instance code of each picture beside its class code
+(`search.instance_codes`), as `index_folder` does with `instance`.
 
 Resuming. A shard's file is written (atomically) only once its whole run
 is encoded, and a progress file beside the manifest
@@ -39,7 +41,9 @@ import numpy as np
 from subic_keras import images as image_files
 from subic_keras._io import atomic_path, output_target
 from subic_keras._validation import check_int, load_json
+from subic_keras.instance import InstanceSubic
 from subic_keras.paths import find_files, read_bytes
+from subic_keras.pretrained import INSTANCE
 from subic_keras.retrieval import FolderReport, input_shape, keeps_looks, model_record
 from subic_keras.search import file_format
 from subic_keras.search.image_index import ImageIndex
@@ -62,11 +66,16 @@ class _Encoder:
     """A Ray Data actor: the model, loaded once; decodes and encodes
     batches of `{"id", "path"}` rows."""
 
-    def __init__(self, model_path: str, root: str):
+    def __init__(self, model_path: str, root: str, instance_model: str | None = None):
         from subic_keras.export import load_encoder
 
         self.subic = load_encoder(model_path)
         self.subic.show_progress = False
+        self.instance: InstanceSubic | None = None
+        if instance_model is not None:  # checked by the driver to be one
+            instance = load_encoder(instance_model)
+            assert isinstance(instance, InstanceSubic)
+            self.instance = instance
         self.root = root
         self.shape = input_shape(self.subic)
 
@@ -81,9 +90,14 @@ class _Encoder:
         codes = np.zeros((len(paths), self.subic.num_blocks), np.int32)
         looks = np.zeros((len(paths), LOOK_SIZE), np.int8)
         fingerprints = np.zeros(len(paths), np.uint64)
+        width = 0 if self.instance is None else self.instance.num_blocks
+        instance_codes = np.zeros((len(paths), width), np.int32)
         if len(kept):
             codes[kept] = self.subic.encode(decoded.pixels, batch_size=len(kept))
-            if keeps_looks(self.subic):
+            if self.instance is not None:
+                own = self.instance.own_pictures(decoded.pixels)
+                instance_codes[kept] = self.instance.encode(own, batch_size=len(kept))
+            elif keeps_looks(self.subic):
                 looks[kept] = look(decoded.pixels)
             fingerprints[kept] = decoded.fingerprints
         reasons = np.full(len(paths), "", object)
@@ -94,6 +108,7 @@ class _Encoder:
             "path": np.array(paths, object),
             "code": codes,
             "look": looks,
+            "instance_code": instance_codes,
             "fingerprint": fingerprints,
             "reason": reasons,
         }
@@ -145,6 +160,7 @@ def index_folder_on_ray(
     address: str | None = None,
     batch_size: int = 256,
     encoders: int | None = None,
+    instance_model: str | None = None,
 ) -> tuple[list[str], FolderReport]:
     """Encodes every picture under `root` on Ray into `num_shards` shards.
 
@@ -168,6 +184,9 @@ def index_folder_on_ray(
         batch_size: pictures an encoder decodes and encodes at a time.
         encoders: encoder actors (each asks for one CPU); default: the
             cluster's CPUs but one, at least one.
+        instance_model: an instance code (`"instance"`, the one that ships,
+            or a `.keras` file every node reads at the same path) whose codes
+            each shard keeps beside a class model's; default: none (looks).
 
     Returns:
         `(files, report)`: the shards' paths, and the counts of pictures
@@ -201,6 +220,21 @@ def index_folder_on_ray(
     subic = load_encoder(model_path)
     record = model_record(subic, model_path)
     shape = input_shape(subic)
+    instance = instance_record = None
+    if instance_model is not None and not isinstance(subic, InstanceSubic):
+        if instance_model != INSTANCE:
+            instance_model = os.path.abspath(instance_model)
+        instance = load_encoder(instance_model)
+        if not isinstance(instance, InstanceSubic):
+            raise ValueError(
+                f"instance_model must be an instance code, received the class "
+                f"model {instance_model}"
+            )
+        instance_record = model_record(instance, instance_model)
+    else:
+        instance_model = None
+    # A build is resumed only by one of the same model(s).
+    models = record["digest"] + (instance_record or {}).get("digest", "")
     ray = ray_module(address)
     cpus = int(ray.cluster_resources().get("CPU", 0))
     if encoders is None:
@@ -213,7 +247,7 @@ def index_folder_on_ray(
             f"encoders must be at most the Ray cluster's CPUs ({cpus}), received "
             f"{encoders}"
         )
-    build, finished = _read_progress(progress_file, record["digest"], root)
+    build, finished = _read_progress(progress_file, models, root)
     # A build resumed by its progress file goes on writing its own files.
     build = build or new_build(manifest)
     report = FolderReport(skipped=list(skipped))
@@ -230,10 +264,14 @@ def index_folder_on_ray(
             report.skipped += reused[1]
 
     def write(number: int, column: dict[str, np.ndarray] | None) -> None:
+        both = None if instance is None else (instance.num_blocks, instance.block_size)
         index = ImageIndex(
-            subic.num_blocks, subic.block_size, root, shape, looks=keeps_looks(subic)
-        )
+            subic.num_blocks, subic.block_size, root, shape,
+            looks=keeps_looks(subic) and instance is None, instance=both,
+        )  # fmt: skip
         index.model, index.shard_label = record, (build, number)
+        if index.instance is not None:
+            index.instance.model = instance_record
         passed = [] if column is None else _add_run(index, column)
         index.save(files[number])
         report.added += len(index)
@@ -243,7 +281,7 @@ def index_folder_on_ray(
             "added": len(index),
             "skipped": [dataclasses.asdict(entry) for entry in passed],
         }
-        _write_progress(progress_file, record["digest"], root, build, finished)
+        _write_progress(progress_file, models, root, build, finished)
 
     for number in [n for n, run in runs.items() if not run]:
         write(number, None)
@@ -255,7 +293,7 @@ def index_folder_on_ray(
     if rows:
         encoded = ray.data.from_items(rows).map_batches(
             _Encoder,
-            fn_constructor_args=(model_path, root),
+            fn_constructor_args=(model_path, root, instance_model),
             batch_size=batch_size,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=encoders),
@@ -329,6 +367,9 @@ def _add_run(index: ImageIndex, column: dict[str, np.ndarray]):
             column["fingerprint"][kept],
             looks=column["look"][kept] if index.has_looks else None,
             ids=column["id"][kept],
+            instance_codes=None
+            if index.instance is None
+            else column["instance_code"][kept],
         )
     return [
         image_files.SkippedFile(str(column["path"][i]), str(column["reason"][i]))

@@ -179,9 +179,9 @@ def instance_encoder(index: Searcher) -> InstanceSubic | None:
     """
     from subic_keras.export import load_encoder
 
-    if not isinstance(index, ImageIndex) or index.instance is None:
-        return None  # (shards and Milvus collections keep none)
-    record = index.instance.model or {}
+    record = index.instance_model if isinstance(index, PictureIndex) else None
+    if record is None:
+        return None  # (a Milvus collection keeps none)
     name = INSTANCE if record.get("file") == INSTANCE else record.get("path")
     if not isinstance(name, str):
         raise ValueError("the index's instance codes record no model file to load")
@@ -193,7 +193,12 @@ def instance_encoder(index: Searcher) -> InstanceSubic | None:
     encoder = load_encoder(name)
     if not isinstance(encoder, InstanceSubic):
         raise ValueError(f"{name} is a class model, not an instance code")
-    check_model_fits(index.instance, encoder, "the index's instance codes", name)
+    # What the record says of the codes, checked as an index's own record.
+    num_blocks, block_size = record.get("num_blocks"), record.get("block_size")
+    if not isinstance(num_blocks, int) or not isinstance(block_size, int):
+        raise ValueError("the index's instance codes record no block shape")
+    codes = InstanceCodes(num_blocks, block_size, record)
+    check_model_fits(codes, encoder, "the index's instance codes", name)
     return encoder
 
 

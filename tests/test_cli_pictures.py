@@ -727,6 +727,6 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     assert _error(capsys, *argv, "--instance-model", model)[0].startswith(
         "subic index build: error: --instance-model must be an instance code"
     )
-    shards = ["--output", str(tmp_path / "photos.shards.json")]
-    error, _ = _error(capsys, *argv[:4], *shards, "--instance-model", "instance")
-    assert "--instance-model keeps instance codes in a folder's .subic file" in error
+    split = ["index", "build", model, "--dataset", "digits", "--output", plain]
+    error, _ = _error(capsys, *split, "--instance-model", "instance")
+    assert "--instance-model keeps instance codes of a folder's pictures" in error

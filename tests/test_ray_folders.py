@@ -11,12 +11,14 @@ import shutil
 
 import numpy as np
 import pytest
+from PIL import Image
 from served import ThreadServer, picture_folder, request, request_json, save_model
 from swapping import outside_folder
 
 from subic_keras import retrieval
 from subic_keras.cli import main
 from subic_keras.export import load_subic
+from subic_keras.instance import pretrained
 from subic_keras.ray_folders import (
     _finished_shard,
     _paths_digest,
@@ -50,7 +52,11 @@ def built(ray_cluster, tmp_path_factory):
     paths = picture_folder(root, n=30)
     (root / "notes.txt").write_text("not a picture")
     (root / "b" / "empty.jpg").write_bytes(b"")
-    single, _ = retrieval.index_folder(load_subic(model), root, model_path=model)
+    # Both codes, as the command line builds them (the shipped instance code).
+    instance = {"instance": pretrained(), "instance_path": "instance"}
+    single, _ = retrieval.index_folder(
+        load_subic(model), root, model_path=model, **instance
+    )
     single.save(base / "photos.subic")
     manifest = base / "photos.shards.json"
     saved = []
@@ -65,7 +71,9 @@ def built(ray_cluster, tmp_path_factory):
     ImageIndex.save = interrupted
     try:
         with pytest.raises(KeyboardInterrupt):
-            index_folder_on_ray(model, root, manifest, 3, batch_size=8)
+            index_folder_on_ray(
+                model, root, manifest, 3, batch_size=8, instance_model="instance"
+            )
     finally:
         ImageIndex.save = real_save
     progress = json.loads((base / "photos.progress.json").read_text())
@@ -87,10 +95,11 @@ def built(ray_cluster, tmp_path_factory):
     }
 
 
-def _codes_by_path(files):
+def _codes_by_path(files, instance=False):
     found = {}
     for file in files:
         shard = ImageIndex.load(file)
+        shard = shard.by_instance() if instance else shard
         ids = shard.get_ids()
         found.update(zip(shard.paths(ids), shard.get_codes(ids).tolist()))
     return found
@@ -105,6 +114,10 @@ def test_shards_hold_the_single_process_codes(built):
     ]
     want = dict(zip(single.get_paths(), single.get_codes().tolist()))
     assert _codes_by_path(files) == want
+    # And the instance codes beside them, of the same instance code.
+    alone = single.by_instance()
+    want = dict(zip(alone.get_paths(), alone.get_codes().tolist()))
+    assert _codes_by_path(files, instance=True) == want
     # Every shard records the model; ids are the files' places in the folder.
     sharded = open_index(manifest)
     assert len(sharded) == 30 and sharded.model["digest"] == single.model["digest"]
@@ -203,10 +216,23 @@ def test_serve_answers_from_shards_as_from_one_index(built):
                 )  # fmt: skip
                 assert status == 200, answer
                 found.append(
-                    [(r["path"], r["score"], r["exact"]) for r in answer["results"]]
+                    [
+                        (r["path"], r["score"], r["exact"], r["copy"])
+                        for r in answer["results"]
+                    ]
                 )
+            # A copy of picture 3, a little brighter: found first, marked.
+            copy = io.BytesIO()
+            pixels = np.asarray(Image.open(root / paths[3]), np.int16) + 3
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(copy, "PNG")
+            status, copied = request_json(
+                port, "POST", "/search?k=5", copy.getvalue(),
+                {"Content-Type": "image/png"},
+            )  # fmt: skip
+            found.append([(r["path"], r["copy"]) for r in copied["results"]])
             status, stats = request_json(port, "GET", "/stats")
-            found.append((stats["items"], stats["looks"], stats["folders"]))
+            keeps = (stats["looks"], stats["instance_codes"])
+            found.append((stats["items"], keeps, stats["folders"]))
             first_id = answer["results"][0]["id"]
             status, _, data = request(port, "GET", f"/items/{first_id}")
             assert status == 200 and data == (root / paths[7]).read_bytes()
@@ -215,8 +241,10 @@ def test_serve_answers_from_shards_as_from_one_index(built):
             answers.append(found)
     sharded, one = answers
     assert sharded == one
-    assert sharded[0][0] == (paths[0], one[0][0][1], True)  # the query itself
-    assert all(path.startswith("b/") for path, _, _ in sharded[1])
+    assert sharded[0][0] == (paths[0], one[0][0][1], True, True)  # the query itself
+    assert all(path.startswith("b/") for path, *_ in sharded[1])
+    assert sharded[2][0] == (paths[3], True)  # the copy's original, marked
+    assert sharded[3][1] == (False, True)  # instance codes, not looks
 
 
 def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
@@ -264,6 +292,14 @@ def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     assert stop.value.code == 2
     assert "lists shards of codes without image paths" in err
     assert len(err.strip().splitlines()) == 1
+    # Shards keep instance codes beside class codes, searched with the class
+    # model only: the instance code alone is refused in one line.
+    query = str(built["root"] / built["paths"][0])
+    with pytest.raises(SystemExit) as stop:
+        main(["search", "instance", str(built["manifest"]), query])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "search it with its class model" in err, err
 
 
 def test_a_planted_progress_file_or_manifest_is_refused_before_any_work(tmp_path):

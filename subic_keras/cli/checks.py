@@ -144,11 +144,10 @@ def _index_build(args) -> None:
         check_int("--shards", args.shards, minimum=1)
     _model(args.model)
     if args.instance_model is not None:
-        if args.folder is None or sharded:
+        if args.folder is None:
             raise ValueError(
-                "--instance-model keeps instance codes in a folder's .subic file; "
-                "a dataset split's index and shards keep none (docs/instance.md), "
-                f"received --output {args.output}"
+                "--instance-model keeps instance codes of a folder's pictures; "
+                "an index of a dataset split keeps none: give FOLDER"
             )
         if args.instance_model != "none":
             _model(args.instance_model)

@@ -292,9 +292,11 @@ def _index_folder_on_ray(args) -> int:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     ray.data.DataContext.get_current().enable_progress_bars = False
     shards = args.shards or len([node for node in ray.nodes() if node["Alive"]])
+    instance = args.instance_model or INSTANCE
     files, report = index_folder_on_ray(
-        args.model, args.folder, args.output, shards, batch_size=args.batch_size
-    )
+        args.model, args.folder, args.output, shards, batch_size=args.batch_size,
+        instance_model=None if instance == "none" else instance,
+    )  # fmt: skip
     _list_skipped(report.skipped)
     known = (
         f", {report.already_indexed} already in finished shards"

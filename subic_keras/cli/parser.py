@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--instance-model",
         metavar="MODEL",
         default=None,
-        help="with FOLDER, a .subic --output and a class model: the instance "
+        help="with FOLDER and a class model: the instance "
         "code kept of every picture beside the class code, so that a search "
         "lists the query's copies first (default: `instance`, the one that "
         "ships; a .keras file of `subic train-instance`; `none`: none, and "

@@ -77,8 +77,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             or a size, `SubicIndex`'s option), so that searches given the
             query's look order ties by it.
         instance: `(M', K')`: keep an instance code of that shape of every
-            picture beside its class code (`instance_codes`), which answers
-            with the query's copies first and orders equal class scores.
+            picture beside its class code (`instance_codes`: copies first).
 
     Raises:
         ValueError: for a bad block shape, or an `index` of another shape or
@@ -479,8 +478,9 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
                 copy = np.zeros(ids.shape, bool)
             else:
                 scores, ids, copy = answer_both(
-                    self._codes, self._instance, queries, instance_queries, k, keep
-                )
+                    self._codes, self._instance, queries, instance_queries, k, keep,
+                    self._items.rows,
+                )  # fmt: skip
             exact = np.zeros(ids.shape, bool)
             if fingerprints is None or not ids.shape[1]:
                 return scores, ids, exact, copy

@@ -141,9 +141,34 @@ def answer_both(
     instance_queries,
     k: int,
     keep: np.ndarray | None,
+    rows_of,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The answer of both codes (module docstring), under the lock of the
-    index that holds them still.
+    index that holds them still: `merge_parts` of its one `shard_part`.
+
+    Returns:
+        `(scores, ids, copy)`: class scores (float32) and ids `(nq, width)`,
+        and which results are copies of the query.
+    """
+    part = shard_part(codes, instance, queries, instance_queries, k, keep, rows_of)
+    rule = (instance.copy_margin, instance.block_size)
+    return merge_parts([part], queries, instance_queries, k, rule)
+
+
+def shard_part(
+    codes: SubicIndex,
+    instance: InstanceCodes,
+    queries: np.ndarray,
+    instance_queries,
+    k: int,
+    keep: np.ndarray | None,
+    rows_of,
+) -> dict:
+    """One index's (or shard's) part of an answer by both codes, under its
+    lock: its best `k` by class score, equal scores by instance score
+    (`scores`, `keys`, `ids`, `positions`), and its best `k` by instance
+    score (`near`, `near_ids`, `near_positions`, and their class codes
+    `near_codes`), positions in insertion order.
 
     Args:
         codes: the class codes.
@@ -153,13 +178,8 @@ def answer_both(
             model's FC0 outputs).
         k: results per query.
         keep: the items a filter keeps (None: every item).
-
-    Returns:
-        `(scores, ids, copy)`: class scores (float32) and ids `(nq, width)`,
-        and which results are copies of the query.
+        rows_of: ids to their insertion positions.
     """
-    from subic_keras.copies import copy_margins
-
     instance_queries = check_queries(
         "instance_queries", instance_queries, instance.num_blocks, instance.block_size
     )
@@ -169,22 +189,87 @@ def answer_both(
             f"received {len(instance_queries)}"
         )
     near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
-    margin = instance.copy_margin
-    is_copy = np.zeros(near.shape, bool)
-    if margin is not None:
-        margins = copy_margins(instance_queries, near, instance.block_size)
-        is_copy = margins >= margin - 1e-6
 
     def key(row: int, positions: np.ndarray) -> np.ndarray:
         return instance.codes.scores_at(instance_queries[row], positions)
 
     scores, ids = codes.search_kept(queries, k, keep, key=key)
-    queries = np.asarray(queries, np.float32)  # checked by the search
-    copy = np.zeros(ids.shape, bool)
-    for row in range(len(ids)):
-        found = near_ids[row][is_copy[row]]
-        if len(found) and ids.shape[1]:
-            copies_first(
-                scores, ids, copy, row, queries[row], found, codes.get_codes(found)
-            )
+    positions = rows_of(ids.ravel()).reshape(ids.shape)
+    keys = np.zeros(ids.shape, np.float64)
+    for row in range(len(ids) if ids.size else 0):
+        keys[row] = key(row, positions[row])
+    return {
+        "scores": scores,
+        "keys": keys,
+        "ids": ids,
+        "positions": positions,
+        "near": near,
+        "near_ids": near_ids,
+        "near_positions": rows_of(near_ids.ravel()).reshape(near_ids.shape),
+        "near_codes": codes.get_codes(near_ids.ravel()).reshape(
+            *near_ids.shape, codes.num_blocks
+        ),
+    }
+
+
+def merge_parts(
+    parts: list[dict],
+    queries,
+    instance_queries,
+    k: int,
+    rule: tuple[float | None, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The answer of both codes from the `shard_part`s of shards in order
+    (one index: one part): the answer of one index holding their items in
+    that order, ties included.
+
+    Args:
+        parts: each shard's part.
+        queries: the class queries (checked).
+        instance_queries: the instance queries (checked).
+        k: results per query.
+        rule: the instance model's `copy_margin` (None: no copy rule) and
+            its block size.
+
+    Returns:
+        `(scores, ids, copy)`: class scores (float32) and ids `(nq, width)`,
+        and which results are copies of the query.
+    """
+    from subic_keras.copies import copy_margins
+
+    queries = np.asarray(queries, np.float32)
+    instance_queries = np.asarray(instance_queries, np.float32)
+    margin, block_size = rule
+    width = min(k, sum(part["ids"].shape[1] for part in parts))
+    scores = np.empty((len(queries), width), np.float32)
+    ids = np.empty((len(queries), width), np.int64)
+    copy = np.zeros((len(queries), width), bool)
+
+    def joined(row: int, *fields: str) -> list[np.ndarray]:
+        return [np.concatenate([part[f][row] for part in parts]) for f in fields]
+
+    def shards(field: str) -> np.ndarray:  # the shard of each column
+        return np.concatenate(
+            [np.full(p[field].shape[1], i) for i, p in enumerate(parts)]
+        )
+
+    for row in range(len(queries)):
+        score, key, found, at = joined(row, "scores", "keys", "ids", "positions")
+        order = np.lexsort((at, shards("ids"), -key, -score.astype(np.float64)))
+        order = order[:width]
+        scores[row], ids[row] = score[order], found[order]
+        if margin is None or not width:
+            continue
+        near, near_ids, near_at, near_codes = joined(
+            row, "near", "near_ids", "near_positions", "near_codes"
+        )
+        order = np.lexsort((near_at, shards("near_ids"), -near.astype(np.float64)))
+        order = order[:k]
+        margins = copy_margins(
+            instance_queries[row : row + 1], near[order][None], block_size
+        )[0]
+        copies = order[margins >= margin - 1e-6]
+        if len(copies):
+            found, codes = near_ids[copies], near_codes[copies]
+            copies_first(scores, ids, copy, row, queries[row], found, codes)
     return scores, ids, copy

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from subic_keras.search import filters
+from subic_keras.search.instance_codes import InstanceCodes, shard_part
 
 if TYPE_CHECKING:
     from subic_keras.search.items import ItemTable
@@ -26,6 +27,7 @@ class PictureShardAnswers:
         _lock: Any
         _items: ItemTable
         _codes: SubicIndex
+        _instance: InstanceCodes | None
 
     def shard_candidates(
         self, queries, k: int, *, where=None, with_looks: bool = False
@@ -37,6 +39,19 @@ class PictureShardAnswers:
             return self._codes.shard_candidates(
                 queries, k, keep=keep, with_looks=with_looks
             )
+
+    def shard_both(self, queries, instance_queries, k: int, *, where=None) -> dict:
+        """`instance_codes.shard_part` among the pictures `where` keeps: this
+        shard's part of an answer by both codes."""
+        where = filters.as_filter(where)
+        with self._lock.read():
+            keep = None if where is None else self._items.mask(where)
+            if self._instance is None:
+                raise ValueError("this shard keeps no instance codes")
+            return shard_part(
+                self._codes, self._instance, queries, instance_queries, k, keep,
+                self._items.rows,
+            )  # fmt: skip
 
     def shard_matching(self, packed: np.ndarray, *, where=None) -> dict:
         """`SubicIndex.shard_matching` among the pictures `where` keeps."""

@@ -15,8 +15,10 @@ order, ties included: every shard sends its best by the codes with
 float64 scores and insertion positions (`shard_candidates`), merged by
 score, then position. With looks, the merged shortlist is refined as one
 index refines it (`looks.refine`): a tie group that goes on beyond it is
-fetched from every shard (`shard_matching`). Of pictures, the exact copies
-of a query come first, from every shard in manifest order.
+fetched from every shard (`shard_matching`). Of pictures with instance
+codes (`instance_codes`), each shard sends its part of the answer of both
+codes (`shard_both`), merged as one index's (`merge_parts`). Of pictures,
+the exact copies of a query come first, from every shard in manifest order.
 
 Failures. Actors restart when their process or node dies
 (`max_restarts=-1`) and calls to them are retried (`max_task_retries=-1`):
@@ -53,6 +55,7 @@ from subic_keras.search.checks import (
     preview,
 )
 from subic_keras.search.image_index import ImageIndex, read_file
+from subic_keras.search.instance_codes import merge_parts
 from subic_keras.search.looks import Candidates, check_query_looks, fitting, refine
 from subic_keras.search.manifests import (
     Manifest,
@@ -105,12 +108,16 @@ class _Shard:
             "root": index.root if self.pictures else None,
             "image_shape": index.image_shape if self.pictures else None,
             "look_size": index.look_size,
+            "instance_model": index.instance_model if self.pictures else None,
         }
 
     def candidates(self, queries, k: int, where, with_looks: bool) -> dict:
         return self.index.shard_candidates(
             queries, k, where=where, with_looks=with_looks
         )
+
+    def both(self, queries, instance_queries, k: int, where) -> dict:
+        return self.index.shard_both(queries, instance_queries, k, where=where)
 
     def matching(self, packed: np.ndarray, where) -> dict:
         return self.index.shard_matching(packed, where=where)
@@ -294,6 +301,9 @@ class RayIndex(PictureIndex):
                 )
         self._root, self._image_shape = infos[0]["root"], infos[0]["image_shape"]
         self._model = _one_model(self._manifest.shards, [i["model"] for i in infos])
+        self._instance_model = _one_model(
+            self._manifest.shards, [i["instance_model"] for i in infos]
+        )
         sizes = {info["look_size"] for info in infos}
         self._look_size = sizes.pop() if len(sizes) == 1 else 0
         repeated = duplicates(np.concatenate(self._all("ids")))
@@ -342,6 +352,12 @@ class RayIndex(PictureIndex):
         return self._model
 
     @property
+    def instance_model(self) -> dict | None:
+        """The instance model whose codes every shard keeps beside its class
+        codes (`instance_codes`), if every shard records the same."""
+        return self._instance_model
+
+    @property
     def root(self) -> str | None:
         """The folder of the shards' pictures (picture shards; else None)."""
         return self._root
@@ -377,34 +393,55 @@ class RayIndex(PictureIndex):
     # Searching ----------------------------------------------------------
 
     def search(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
     ) -> tuple[np.ndarray, np.ndarray]:
         """The search of one index holding the shards' items in manifest
         order (`SubicIndex.search`; of picture shards, `ImageIndex.search`
-        with its `fingerprints` and `looks`): the same results, ties
-        included."""
-        scores, ids, _ = self._ranked(queries, k, where, fingerprints, looks)
+        with its `fingerprints`, `looks` and `instance_queries`): the same
+        results, ties included."""
+        scores, ids, *_ = self._ranked(queries, k, where, fingerprints, looks, **more)
         return scores, ids
 
     def answer(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
     ) -> list[list[dict]]:
         looks = fitting(looks, self._look_size)
-        scores, ids, exact = self._ranked(queries, k, where, fingerprints, looks)
-        return answer_rows(self, scores, ids, exact)
+        scores, ids, exact, copy = self._ranked(
+            queries, k, where, fingerprints, looks, **more
+        )
+        rows = answer_rows(self, scores, ids, exact)
+        if copy is not None:  # an answer by both codes marks its copies
+            for row, flags in zip(rows, copy):
+                for match, flag in zip(row, flags):
+                    match["copy"] = bool(flag or match["exact"])
+        return rows
 
     def _search(self, queries, k, where):
-        scores, ids, _ = self._ranked(queries, k, where, None, None)
+        scores, ids, *_ = self._ranked(queries, k, where, None, None)
         return scores, ids
 
-    def _ranked(self, queries, k, where, fingerprints, looks):
-        """`(scores, ids, exact)`: each shard's best, merged by score and
-        then position in manifest order (float64, so that no two sums
+    def _ranked(self, queries, k, where, fingerprints, looks, instance_queries=None):
+        """`(scores, ids, exact, copy)`: each shard's best, merged by score
+        and then position in manifest order (float64, so that no two sums
         collapse into one), refined by `looks` as one index refines
-        (`looks.refine`), exact copies first."""
+        (`looks.refine`), or with `instance_queries` the answer of both
+        codes (`instance_codes.merge_parts`; `copy` None without), exact
+        copies first."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self.num_blocks, self.block_size)
         where = filters.as_filter(where)
+        if instance_queries is not None and self._instance_model is not None:
+            parts = self._all("both", queries, instance_queries, k, where)
+            record = self._instance_model
+            margin = record.get("copy_margin") if record.get("block_size") else None
+            scores, ids, copy = merge_parts(
+                parts, queries, instance_queries, k, (margin, record.get("block_size"))
+            )
+            near = [found[flags] for found, flags in zip(ids, copy)]
+            exact = self._exact_first(scores, ids, queries, fingerprints, where)
+            for row, found in enumerate(near):  # where the exact copies moved them
+                copy[row] = np.isin(ids[row], found)
+            return scores, ids, exact, copy
         with_looks = looks is not None and self.has_looks
         if with_looks:
             looks = check_query_looks("looks", looks, len(queries), self._look_size)
@@ -437,18 +474,24 @@ class RayIndex(PictureIndex):
         else:
             scores = merged["scores"][:, :found].astype(np.float32)
             ids = merged["ids"][:, :found]
+        exact = self._exact_first(scores, ids, queries, fingerprints, where)
+        return scores, ids, exact, None
+
+    def _exact_first(self, scores, ids, queries, fingerprints, where) -> np.ndarray:
+        """Puts the exact copies of the queries (by fingerprint) first in
+        their results, in place; which results they are."""
         exact = np.zeros(ids.shape, bool)
-        if fingerprints is None or self._root is None or not found:
-            return scores, ids, exact
+        if fingerprints is None or self._root is None or not ids.shape[1]:
+            return exact
         fingerprints = check_fingerprints(fingerprints, len(ids))
-        copies = self._all("copies", fingerprints, found, where)
+        copies = self._all("copies", fingerprints, ids.shape[1], where)
         for row in range(len(queries)):
             # Shards in manifest order hold the copies in insertion order.
             ids_of = np.concatenate([shard[row][1] for shard in copies])
             if len(ids_of):
                 codes = np.concatenate([shard[row][2] for shard in copies])
                 copies_first(scores, ids, exact, row, queries[row], ids_of, codes)
-        return scores, ids, exact
+        return exact
 
     # Items --------------------------------------------------------------
 
