@@ -5,6 +5,7 @@ downloaded): the test is skipped where either is missing, unless
 `SUBIC_REQUIRE_BROWSER=1` (as in CI) makes that a failure.
 """
 
+import contextlib
 import os
 import shutil
 import time
@@ -50,6 +51,22 @@ def _browser():
             pytest.fail(message)
         pytest.skip(message)
     return sync_playwright
+
+
+@contextlib.contextmanager
+def _page(playwright, server, pictures: int):
+    """The page of `server` in Chromium, loaded: its stats name `pictures`."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=_BROWSER_ARGS)
+    try:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(f"http://127.0.0.1:{server.port}/")
+        page.wait_for_function(
+            "document.getElementById('stats').textContent.includes("
+            f"'{pictures} pictures')"
+        )
+        yield page
+    finally:
+        browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -257,32 +274,20 @@ def test_the_page_of_an_instance_code_names_copies_not_classes(
     index, _ = retrieval.index_folder(load_encoder("instance"), tmp_path / "photos")
     index.save(tmp_path / "photos.subic")
     with ServeProcess("instance", str(tmp_path / "photos.subic")) as server:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=CHROMIUM, args=_BROWSER_ARGS
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
-                page.goto(f"http://127.0.0.1:{server.port}/")
-                page.wait_for_function(
-                    "document.getElementById('stats').textContent.includes("
-                    "'61 pictures')"
-                )
-                page.set_input_files("#file", str(tmp_path / "photos" / paths[5]))
-                page.wait_for_selector("#grid .card")
-                cards = page.locator("#grid .card")
-                badges = [cards.nth(i).locator(".badge").inner_text() for i in (0, 1)]
-                assert sorted(badges) == ["query", "query"]  # both identical
-                assert {cards.nth(i).get_attribute("data-path") for i in (0, 1)} == {
-                    paths[5],
-                    "copy.png",
-                }
-                info = page.inner_text("#query-info")
-                assert info == "2 copies of this picture found", info
-                assert "predicted" not in info
-                page.screenshot(path=str(tmp_path / "instance_page.png"))
-            finally:
-                browser.close()
+        with sync_playwright() as playwright, _page(playwright, server, 61) as page:
+            page.set_input_files("#file", str(tmp_path / "photos" / paths[5]))
+            page.wait_for_selector("#grid .card")
+            cards = page.locator("#grid .card")
+            badges = [cards.nth(i).locator(".badge").inner_text() for i in (0, 1)]
+            assert sorted(badges) == ["query", "query"]  # both identical
+            assert {cards.nth(i).get_attribute("data-path") for i in (0, 1)} == {
+                paths[5],
+                "copy.png",
+            }
+            info = page.inner_text("#query-info")
+            assert info == "2 copies of this picture found", info
+            assert "predicted" not in info
+            page.screenshot(path=str(tmp_path / "instance_page.png"))
 
 
 def test_the_page_of_both_codes_marks_copies_and_says_how_ties_are_ordered(
@@ -306,26 +311,14 @@ def test_the_page_of_both_codes_marks_copies_and_says_how_ties_are_ordered(
     picture = Image.open(tmp_path / "photos" / paths[7])
     picture.resize((64, 64), Image.BICUBIC).save(copy, quality=90)
     with ServeProcess(model, str(tmp_path / "photos.subic")) as server:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=CHROMIUM, args=_BROWSER_ARGS
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
-                page.goto(f"http://127.0.0.1:{server.port}/")
-                page.wait_for_function(
-                    "document.getElementById('stats').textContent.includes("
-                    "'60 pictures')"
-                )
-                page.set_input_files("#file", str(copy))
-                page.wait_for_selector("#grid .card")
-                first = page.locator("#grid .card").nth(0)
-                assert first.get_attribute("data-path") == paths[7]
-                assert first.locator(".badge").inner_text() == "copy"
-                # The untrained class model gives many pictures one code.
-                summary = page.inner_text("#summary")
-                assert "ordered by the instance code" in summary, summary
-                assert "in the order they were indexed" not in summary
-                page.screenshot(path=str(tmp_path / "both_codes_page.png"))
-            finally:
-                browser.close()
+        with sync_playwright() as playwright, _page(playwright, server, 60) as page:
+            page.set_input_files("#file", str(copy))
+            page.wait_for_selector("#grid .card")
+            first = page.locator("#grid .card").nth(0)
+            assert first.get_attribute("data-path") == paths[7]
+            assert first.locator(".badge").inner_text() == "copy"
+            # The untrained class model gives many pictures one code.
+            summary = page.inner_text("#summary")
+            assert "ordered by the instance code" in summary, summary
+            assert "in the order they were indexed" not in summary
+            page.screenshot(path=str(tmp_path / "both_codes_page.png"))
