@@ -114,6 +114,7 @@ from subic_keras.paths import open_in_folder, open_regular
 from subic_keras.search import packing
 from subic_keras.search.checks import MAX_BLOCK_SIZE, duplicates
 from subic_keras.search.looks import MAX_LOOK_SIZE
+from subic_keras.search.native import checked_groups
 
 MAGIC = b"SUBICIDX"
 VERSION = 1
@@ -299,12 +300,6 @@ def recorded_metadata(path: str | os.PathLike) -> dict | None:
     return metadata if isinstance(metadata, dict) else None
 
 
-def recorded_model(path: str | os.PathLike) -> dict | None:
-    """The model record of an index file (`recorded_metadata`), or None."""
-    model = (recorded_metadata(path) or {}).get("model")
-    return model if isinstance(model, dict) else None
-
-
 def read(
     path: str | os.PathLike, *, folder: str | None = None
 ) -> tuple[Header, np.ndarray, np.ndarray, Items | None]:
@@ -440,7 +435,7 @@ def read(
             )
             if items.groups is not None:
                 items = dataclasses.replace(
-                    items, groups=_checked_groups(packed, *items.groups)
+                    items, groups=checked_groups(packed, *items.groups)
                 )
         except ValueError as error:
             raise fail(str(error)) from None
@@ -459,7 +454,7 @@ def _read_items(
     with_instance: bool = False,
 ) -> Items:
     """The item table in `body[start:end]`, every length checked first (a
-    grouping is returned as stored, for `_checked_groups`)."""
+    grouping is returned as stored, for `native.checked_groups`)."""
     looks = groups = instance = None
     if with_instance:  # the last section, its shape at its end
         instance, end = _read_instance(body, start, end, n)
@@ -582,36 +577,3 @@ def _read_instance(
     if n and used and np.any(packed[:, -1] >> used):
         raise ValueError("instance codes have non-zero padding bits")
     return (num_blocks, block_size, packed), end
-
-
-def _checked_groups(
-    packed: np.ndarray, starts: np.ndarray, members: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """A file's grouping of equal codes as int64 `(starts, members)`, once
-    it is found to be the one `native.group_equal` gives for `packed`: the
-    scan indexes with it, and scores each group by its first item's code."""
-    n = len(packed)
-    starts, members = starts.astype(np.int64), members.astype(np.int64)
-    sizes = np.diff(starts)
-    if starts[0] != 0 or starts[-1] != n or np.any(sizes <= 0):
-        raise ValueError("the grouping of equal codes has groups out of bounds")
-    if np.any(members >= n):
-        raise ValueError("the grouping of equal codes names items beyond the codes")
-    rising = np.diff(members) > 0
-    rising[starts[1:-1] - 1] = True  # a group's first item follows another's last
-    first = members[starts[:-1]]
-    if not rising.all() or np.any(np.diff(first) <= 0):
-        raise ValueError("the grouping of equal codes is not in increasing positions")
-    # Each item's group, then its code against its group's first: in item
-    # order, which reads memory in sequence (a gather by members does not).
-    group_of = np.full(n, -1, np.int64)
-    group_of[members] = np.repeat(np.arange(len(first)), sizes)
-    if np.any(group_of < 0):
-        raise ValueError("the grouping of equal codes does not hold every item once")
-    width = -(-packed.shape[1] // 8)
-    words = np.zeros((n, 8 * width), np.uint8)
-    words[:, : packed.shape[1]] = packed
-    words = words.view(np.uint64)
-    if np.any(words != words[first][group_of]):
-        raise ValueError("the grouping of equal codes groups different codes")
-    return starts, members

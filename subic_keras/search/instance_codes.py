@@ -33,7 +33,7 @@ from subic_keras.search.checks import (
     check_queries,
 )
 from subic_keras.search.subic_index import SubicIndex
-from subic_keras.search.views import copies_first
+from subic_keras.search.views import put_first
 
 
 class InstanceCodes:
@@ -151,8 +151,7 @@ def answer_both(
         and which results are copies of the query.
     """
     part = shard_part(codes, instance, queries, instance_queries, k, keep, rows_of)
-    rule = (instance.copy_margin, instance.block_size)
-    return merge_parts([part], queries, instance_queries, k, rule)
+    return merge_parts([part], k)
 
 
 def shard_part(
@@ -163,23 +162,29 @@ def shard_part(
     k: int,
     keep: np.ndarray | None,
     rows_of,
+    keys: bool = False,
 ) -> dict:
     """One index's (or shard's) part of an answer by both codes, under its
     lock: its best `k` by class score, equal scores by instance score
-    (`scores`, `keys`, `ids`, `positions`), and its best `k` by instance
-    score (`near`, `near_ids`, `near_positions`, and their class codes
-    `near_codes`), positions in insertion order.
+    (`scores`, `ids`, `positions`, and with `keys` their instance scores,
+    `keys`), and per query its best `k` by instance score (`near`: their
+    instance scores, ids, positions, whether the copy rule marks them, and
+    the class scores of those it marks), positions in insertion order.
 
     Args:
         codes: the class codes.
-        instance: the instance codes, at the same positions.
+        instance: the instance codes, at the same positions, and the copy
+            rule of their model (`copy_margin`; None: no copies).
         queries: the class queries, `(nq, M*K)`.
         instance_queries: the instance queries, `(nq, M'*K')` (the instance
             model's FC0 outputs).
         k: results per query.
         keep: the items a filter keeps (None: every item).
         rows_of: ids to their insertion positions.
+        keys: return the results' instance scores (to merge shards by).
     """
+    from subic_keras.copies import copy_margins
+
     instance_queries = check_queries(
         "instance_queries", instance_queries, instance.num_blocks, instance.block_size
     )
@@ -194,82 +199,71 @@ def shard_part(
         return instance.codes.scores_at(instance_queries[row], positions)
 
     scores, ids = codes.search_kept(queries, k, keep, key=key)
-    positions = rows_of(ids.ravel()).reshape(ids.shape)
-    keys = np.zeros(ids.shape, np.float64)
-    for row in range(len(ids) if ids.size else 0):
-        keys[row] = key(row, positions[row])
-    return {
-        "scores": scores,
-        "keys": keys,
-        "ids": ids,
-        "positions": positions,
-        "near": near,
-        "near_ids": near_ids,
-        "near_positions": rows_of(near_ids.ravel()).reshape(near_ids.shape),
-        "near_codes": codes.get_codes(near_ids.ravel()).reshape(
-            *near_ids.shape, codes.num_blocks
-        ),
-    }
+    queries = np.asarray(queries, np.float32)  # checked by the search
+    part: dict = {"scores": scores, "ids": ids, "near": []}
+    if keys:  # what shards are merged by
+        part["positions"] = rows_of(ids.ravel()).reshape(ids.shape)
+        part["keys"] = np.array([key(r, p) for r, p in enumerate(part["positions"])])
+    margin = instance.copy_margin
+    marked = np.zeros(near.shape, bool)
+    if margin is not None:
+        marked = copy_margins(instance_queries, near, instance.block_size) >= (
+            margin - 1e-6
+        )
+    at = rows_of(near_ids.ravel()).reshape(near_ids.shape)
+    class_scores = np.zeros(near.shape, np.float32)  # of the marked only
+    for row in np.flatnonzero(marked.any(axis=1)):
+        class_scores[row, marked[row]] = codes.scores_at(
+            queries[row], at[row][marked[row]]
+        )
+    part["near"] = list(zip(near, near_ids, at, marked, class_scores))
+    return part
 
 
-def merge_parts(
-    parts: list[dict],
-    queries,
-    instance_queries,
-    k: int,
-    rule: tuple[float | None, int],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def merge_parts(parts: list[dict], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The answer of both codes from the `shard_part`s of shards in order
-    (one index: one part): the answer of one index holding their items in
-    that order, ties included.
-
-    Args:
-        parts: each shard's part.
-        queries: the class queries (checked).
-        instance_queries: the instance queries (checked).
-        k: results per query.
-        rule: the instance model's `copy_margin` (None: no copy rule) and
-            its block size.
+    (one index: one part; of several, with their `keys`): the answer of one
+    index holding their items in that order, ties included.
 
     Returns:
         `(scores, ids, copy)`: class scores (float32) and ids `(nq, width)`,
         and which results are copies of the query.
     """
-    from subic_keras.copies import copy_margins
-
-    queries = np.asarray(queries, np.float32)
-    instance_queries = np.asarray(instance_queries, np.float32)
-    margin, block_size = rule
-    width = min(k, sum(part["ids"].shape[1] for part in parts))
-    scores = np.empty((len(queries), width), np.float32)
-    ids = np.empty((len(queries), width), np.int64)
-    copy = np.zeros((len(queries), width), bool)
-
-    def joined(row: int, *fields: str) -> list[np.ndarray]:
-        return [np.concatenate([part[f][row] for part in parts]) for f in fields]
-
-    def shards(field: str) -> np.ndarray:  # the shard of each column
-        return np.concatenate(
-            [np.full(p[field].shape[1], i) for i, p in enumerate(parts)]
+    if len(parts) == 1:  # in order already
+        scores, ids = parts[0]["scores"].copy(), parts[0]["ids"].copy()
+    else:
+        scores, ids = _merged(parts, k)
+    copy = np.zeros(ids.shape, bool)
+    for row in range(len(ids) if ids.shape[1] else 0):
+        if not any(part["near"][row][3].any() for part in parts):
+            continue  # no copy: the usual case
+        near, found, at, marked, class_scores = (
+            np.concatenate([part["near"][row][field] for part in parts])
+            for field in range(5)
         )
-
-    for row in range(len(queries)):
-        score, key, found, at = joined(row, "scores", "keys", "ids", "positions")
-        order = np.lexsort((at, shards("ids"), -key, -score.astype(np.float64)))
-        order = order[:width]
-        scores[row], ids[row] = score[order], found[order]
-        if margin is None or not width:
-            continue
-        near, near_ids, near_at, near_codes = joined(
-            row, "near", "near_ids", "near_positions", "near_codes"
+        shard = np.concatenate(
+            [np.full(len(p["near"][row][1]), i) for i, p in enumerate(parts)]
         )
-        order = np.lexsort((near_at, shards("near_ids"), -near.astype(np.float64)))
-        order = order[:k]
-        margins = copy_margins(
-            instance_queries[row : row + 1], near[order][None], block_size
-        )[0]
-        copies = order[margins >= margin - 1e-6]
-        if len(copies):
-            found, codes = near_ids[copies], near_codes[copies]
-            copies_first(scores, ids, copy, row, queries[row], found, codes)
+        # The best k of the whole index by instance score, and its copies.
+        order = np.lexsort((at, shard, -near.astype(np.float64)))[:k]
+        order = order[marked[order]]
+        put_first(scores, ids, copy, row, found[order], class_scores[order])
     return scores, ids, copy
+
+
+def _merged(parts: list[dict], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's best `k` of the parts' results, by class score, instance
+    score, shard and position."""
+    width = min(k, sum(part["ids"].shape[1] for part in parts))
+    rows = len(parts[0]["ids"])
+    scores = np.empty((rows, width), np.float32)
+    ids = np.empty((rows, width), np.int64)
+    shard = np.concatenate([np.full(p["ids"].shape[1], i) for i, p in enumerate(parts)])
+    for row in range(rows):
+        score, key, found, at = (
+            np.concatenate([part[field][row] for part in parts])
+            for field in ("scores", "keys", "ids", "positions")
+        )
+        order = np.lexsort((at, shard, -key, -score.astype(np.float64)))[:width]
+        scores[row], ids[row] = score[order], found[order]
+    return scores, ids

@@ -409,3 +409,41 @@ def group_equal(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
     if distinct < 0:
         return None
     return first[:distinct].copy(), starts[: distinct + 1].copy(), members
+
+
+def checked_groups(
+    packed: np.ndarray, starts: np.ndarray, members: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A file's grouping of equal codes as int64 `(starts, members)`, once
+    it is found to be the one `group_equal` gives for `packed`: the scan
+    indexes with it, and scores each group by its first item's code
+    (`file_format.read` checks a file's grouping with it).
+
+    Raises:
+        ValueError: the reason the grouping is not that one.
+    """
+    n = len(packed)
+    starts, members = starts.astype(np.int64), members.astype(np.int64)
+    sizes = np.diff(starts)
+    if starts[0] != 0 or starts[-1] != n or np.any(sizes <= 0):
+        raise ValueError("the grouping of equal codes has groups out of bounds")
+    if np.any(members >= n):
+        raise ValueError("the grouping of equal codes names items beyond the codes")
+    rising = np.diff(members) > 0
+    rising[starts[1:-1] - 1] = True  # a group's first item follows another's last
+    first = members[starts[:-1]]
+    if not rising.all() or np.any(np.diff(first) <= 0):
+        raise ValueError("the grouping of equal codes is not in increasing positions")
+    # Each item's group, then its code against its group's first: in item
+    # order, which reads memory in sequence (a gather by members does not).
+    group_of = np.full(n, -1, np.int64)
+    group_of[members] = np.repeat(np.arange(len(first)), sizes)
+    if np.any(group_of < 0):
+        raise ValueError("the grouping of equal codes does not hold every item once")
+    width = -(-packed.shape[1] // 8)
+    words = np.zeros((n, 8 * width), np.uint8)
+    words[:, : packed.shape[1]] = packed
+    words = words.view(np.uint64)
+    if np.any(words != words[first][group_of]):
+        raise ValueError("the grouping of equal codes groups different codes")
+    return starts, members

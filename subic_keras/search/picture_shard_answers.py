@@ -50,7 +50,7 @@ class PictureShardAnswers:
                 raise ValueError("this shard keeps no instance codes")
             return shard_part(
                 self._codes, self._instance, queries, instance_queries, k, keep,
-                self._items.rows,
+                self._items.rows, keys=True,
             )  # fmt: skip
 
     def shard_matching(self, packed: np.ndarray, *, where=None) -> dict:

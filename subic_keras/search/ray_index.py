@@ -432,11 +432,7 @@ class RayIndex(PictureIndex):
         where = filters.as_filter(where)
         if instance_queries is not None and self._instance_model is not None:
             parts = self._all("both", queries, instance_queries, k, where)
-            record = self._instance_model
-            margin = record.get("copy_margin") if record.get("block_size") else None
-            scores, ids, copy = merge_parts(
-                parts, queries, instance_queries, k, (margin, record.get("block_size"))
-            )
+            scores, ids, copy = merge_parts(parts, k)
             near = [found[flags] for found, flags in zip(ids, copy)]
             exact = self._exact_first(scores, ids, queries, fingerprints, where)
             for row, found in enumerate(near):  # where the exact copies moved them

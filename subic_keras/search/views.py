@@ -147,17 +147,27 @@ def tie_ordered_top_k(
             score, position = _with_tie_group(store, score, position, k, keep)
         key_values = key(row, position)
         if len(position) > 4 * k:  # the best k first, then their order
-            bar = score[k - 1]
-            tied = np.flatnonzero(score == bar)
-            need = k - int(np.count_nonzero(score > bar))
-            best = np.argpartition(-key_values[tied], need - 1)[:need]
-            chosen = np.concatenate([np.flatnonzero(score > bar), tied[best]])
+            chosen = _best_tied(score, position, key_values, k)
             score, position = score[chosen], position[chosen]
             key_values = key_values[chosen]
         order = np.lexsort((position, -key_values, -score.astype(np.float64)))
         out_scores[row] = score[order[:k]]
         out_positions[row] = position[order[:k]]
     return out_scores, view.ids[out_positions]
+
+
+def _best_tied(score, position, key_values, k: int) -> np.ndarray:
+    """The candidates of the best `k` by score, the `k`-th's tie group cut
+    by key, equal keys by position (in any order: the caller sorts them)."""
+    bar = score[k - 1]
+    above = np.flatnonzero(score > bar)
+    tied = np.flatnonzero(score == bar)
+    need = k - len(above)
+    values = key_values[tied]
+    cut = -np.partition(-values, need - 1)[need - 1]  # the need-th best key
+    better, equal = tied[values > cut], tied[values == cut]
+    equal = equal[np.argsort(position[equal], kind="stable")][: need - len(better)]
+    return np.concatenate([above, better, equal])
 
 
 def _with_tie_group(
@@ -195,11 +205,23 @@ def copies_first(
     """Puts the exact copies of query `row` (`copies`, ids in insertion
     order, and their `codes`) first in its results, in place, with their
     scores, marked in `exact`; the rest keep their order."""
-    width = ids.shape[1]
-    copies, codes = copies[:width], codes[:width]
     block = np.arange(codes.shape[1]) * (len(query) // codes.shape[1])
-    copy_scores = query[codes + block].sum(axis=1)
-    rest = ~np.isin(ids[row], copies)
-    ids[row] = np.concatenate([copies, ids[row][rest]])[:width]
-    scores[row] = np.concatenate([copy_scores, scores[row][rest]])[:width]
-    exact[row, : len(copies)] = True
+    put_first(scores, ids, exact, row, copies, query[codes + block].sum(axis=1))
+
+
+def put_first(
+    scores: np.ndarray,
+    ids: np.ndarray,
+    flags: np.ndarray,
+    row: int,
+    first: np.ndarray,
+    first_scores: np.ndarray,
+) -> None:
+    """Puts the ids `first`, with their scores, first in the results of
+    query `row`, in place, marked in `flags`; the rest keep their order."""
+    width = ids.shape[1]
+    first, first_scores = first[:width], first_scores[:width]
+    rest = ~np.isin(ids[row], first)
+    ids[row] = np.concatenate([first, ids[row][rest]])[:width]
+    scores[row] = np.concatenate([first_scores, scores[row][rest]])[:width]
+    flags[row, : len(first)] = True

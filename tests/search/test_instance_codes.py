@@ -2,6 +2,7 @@
 instance code beside its class code, and the answer of the two."""
 
 import hashlib
+import itertools
 
 import numpy as np
 import pytest
@@ -80,6 +81,10 @@ def test_the_answer_lists_copies_first_then_classes_with_ties_by_instance(rng):
         assert not any(match["copy"] for match in rows[1])
     scores, ids = index.search(queries, 5, instance_queries=wanted)
     assert ids[:, 0].tolist()[::2] == [3, 77] and scores.dtype == np.float32
+    # A filter: the exact answer among the pictures it keeps (3 is not).
+    rows = index.answer(queries, 12, where="id >= 50", instance_queries=wanted)
+    expected = _expected(queries, wanted, codes, instance, 12, np.arange(N) >= 50)
+    assert [[m["id"] for m in row] for row in rows] == [e.tolist() for e in expected]
 
 
 def test_without_instance_queries_the_class_code_answers_alone(rng):
@@ -97,9 +102,6 @@ def test_filters_exact_copies_and_removals_hold_with_both_codes(rng):
     index, codes, instance, fingerprints = _index(rng)
     queries, wanted = _queries(rng, instance)
     keep = np.arange(N) % 3 != 0  # "f/0.png", "f/3.png", ... are left out
-    where = "path under 'f' and id % 3 != 0"
-    with pytest.raises(ValueError):
-        index.answer(queries, 5, where=where, instance_queries=wanted)
     left_out = [f"f/{i}.png" for i in range(0, N, 3)]
     index.remove(left_out)
     rows = index.answer(queries, 8, instance_queries=wanted)
@@ -206,3 +208,60 @@ def test_the_view_of_the_instance_codes_is_for_reading(rng):
     assert len(index) == len(alone) == len(index.instance.codes) == 30
     index.remove(["f/1.png"])  # through the index: the view sees it
     assert len(alone) == 29 and "f/1.png" not in alone
+
+
+def test_equal_instance_codes_in_a_large_tie_group_keep_insertion_order(rng):
+    # Every picture has one class code and one instance code: the answer's
+    # tie group is all of them, and equal keys leave insertion order.
+    index = ImageIndex(M, K, "/photos", looks=False, instance=(IM, IK))
+    n = 500
+    index.add(
+        np.zeros((n, M), int), [f"e/{i}.png" for i in range(n)],
+        instance_codes=np.ones((n, IM), int),
+    )  # fmt: skip
+    queries, wanted = _queries(rng, np.ones((n, IM), int), (None,))
+    _, ids = index.search(queries, 7, instance_queries=wanted)
+    assert ids[0].tolist() == list(range(7))
+    # Every third picture's instance code is the query's: those first, in
+    # insertion order.
+    index = ImageIndex(M, K, "/photos", looks=False, instance=(IM, IK))
+    codes = np.ones((n, IM), int)
+    codes[::3] = 5
+    paths = [f"e/{i}.png" for i in range(n)]
+    index.add(np.zeros((n, M), int), paths, instance_codes=codes)
+    queries, wanted = _queries(rng, codes, (0,))
+    _, ids = index.search(queries, 7, instance_queries=wanted)
+    assert ids[0].tolist() == list(range(0, 21, 3))
+
+
+def test_shards_parts_merge_into_the_answer_of_one_index(rng):
+    """What a `RayIndex` does with its shards' parts (`shard_both`,
+    `merge_parts`), without Ray: three shards of one index's items, in
+    order, answer as that index does, ties and copies included."""
+    from subic_keras.search.instance_codes import merge_parts
+
+    index, _, instance, _ = _index(rng)
+    queries, wanted = _queries(rng, instance, (3, None, 77, 450))
+    # A picture whose instance code is 77's, in another shard: both copies.
+    index.add([[0, 1, 0, 1]], ["g/twin.png"], instance_codes=[instance[77]])
+    bounds = [0, 150, 400, N + 1]
+    shards = []
+    for lo, hi in itertools.pairwise(bounds):
+        shard = ImageIndex(M, K, "/photos", looks=False, instance=(IM, IK))
+        shard.instance.model = dict(RULES)
+        ids = np.arange(lo, hi)
+        shard.add(index.get_codes(ids), index.paths(ids), ids=ids,
+                  instance_codes=index.instance.codes.get_codes(ids))  # fmt: skip
+        shards.append(shard)
+    for k in (1, 4, 30, N + 5):
+        for where in (None, "id >= 100 and path under 'f'"):
+            parts = [s.shard_both(queries, wanted, k, where=where) for s in shards]
+            scores, ids, copy = merge_parts(parts, k)
+            rows = index.answer(queries, k, where=where, instance_queries=wanted)
+            assert ids.tolist() == [[m["id"] for m in row] for row in rows], (k, where)
+            assert copy.tolist() == [[m["copy"] for m in row] for row in rows]
+            np.testing.assert_allclose(
+                scores, [[m["score"] for m in row] for row in rows], atol=1e-5
+            )
+    rows = index.answer(queries, 3, instance_queries=wanted)
+    assert [m["id"] for m in rows[2][:2]] == [77, N] and rows[2][1]["copy"]
