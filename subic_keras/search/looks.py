@@ -469,7 +469,7 @@ def refine(
     for row in np.flatnonzero(whole):
         score, position = scores[row], positions[row]
         tied = items.same_codes(position[score == score[-1]])
-        tied = _without(tied, position)[: max(0, MAX_CANDIDATES - wide)]
+        tied = without(tied, position)[: max(0, MAX_CANDIDATES - wide)]
         position = np.concatenate([position, tied])[None]
         score = np.concatenate([score, np.full(len(tied), score[-1])])[None]
         best = _ordered(score, position, items, query_looks[row : row + 1], k)
@@ -478,7 +478,7 @@ def refine(
     return out_scores, out_positions
 
 
-def _without(increasing: np.ndarray, values: np.ndarray) -> np.ndarray:
+def without(increasing: np.ndarray, values: np.ndarray) -> np.ndarray:
     """`increasing` (sorted, distinct) without `values`, in order."""
     at = np.searchsorted(increasing, values)
     found = at < len(increasing)

@@ -397,7 +397,9 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         """`top_k` (scores of `dtype`), refined by the queries' `looks` where
         they are given, or equal scores ordered by `key` (`tie_ordered_top_k`)."""
         if key is not None:
-            return tie_ordered_top_k(view, self._store, queries, k, keep, key)
+            return tie_ordered_top_k(
+                view, self._store, queries, k, keep, key, self._query_chunk
+            )
         if looks is None:
             return top_k(view, queries, k, self._query_chunk, keep, dtype)
         if not self.has_looks:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from subic_keras.search.looks import Candidates, refine
+from subic_keras.search.looks import Candidates, refine, without
 from subic_keras.search.store import CodeStore
 
 # The most items of the `k`-th result's tie group beyond the scan's best
@@ -123,10 +123,11 @@ def tie_ordered_top_k(
     k: int,
     keep: np.ndarray | None,
     key: Callable[[int, np.ndarray], np.ndarray],
+    chunk: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`top_k` of a view over `store`, equal scores ordered by `key(row,
-    positions)` (higher first; a second code's score of the items, for
-    query `row`), then by position: float32 scores and ids.
+    """`top_k` of a view over `store` (`chunk` queries a scan), equal scores
+    ordered by `key(row, positions)` (higher first; a second code's score of
+    the items, for query `row`), then by position: float32 scores and ids.
 
     The scan's best `k + 1` tell whether the `k`-th result's tie group goes
     on beyond them; where it does, the rest of it (the items of its codes,
@@ -135,7 +136,7 @@ def tie_ordered_top_k(
     kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
     k = min(k, kept)
     wide = min(kept, k + 1)
-    scores, positions = top_positions(view, queries, wide, len(queries) or 1, keep)
+    scores, positions = top_positions(view, queries, wide, chunk, keep)
     out_scores = scores[:, :k].copy()
     out_positions = positions[:, :k].copy()
     for row in range(len(queries) if k else 0):
@@ -183,10 +184,8 @@ def _with_tie_group(
     tied = store.same_codes(position[score == bar])
     if keep is not None:
         tied = tied[keep[tied]]
-    tied = tied[: MAX_TIED + len(position)]  # enough, whatever the scan found
-    found = np.sort(position)
-    at = np.minimum(np.searchsorted(found, tied), len(found) - 1)
-    tied = tied[found[at] != tied][:MAX_TIED]
+    # Enough of it, whatever the scan found, without what it found.
+    tied = without(tied[: MAX_TIED + len(position)], position)[:MAX_TIED]
     return (
         np.concatenate([score, np.full(len(tied), bar, score.dtype)]),
         np.concatenate([position, tied]),
