@@ -291,6 +291,7 @@ def answer_rows(
     scores: np.ndarray,
     ids: np.ndarray,
     exact: np.ndarray | None = None,
+    copy: np.ndarray | None = None,
 ) -> list[list[dict]]:
     """Search results as the rows every interface shows.
 
@@ -299,6 +300,9 @@ def answer_rows(
         scores, ids: `(nq, width)` results; ids -1 (missing) are left out.
         exact: booleans `(nq, width)`: the item is an exact copy of the
             query (`ImageIndex`); None: none is.
+        copy: booleans `(nq, width)`: the item is a copy of the query by an
+            instance code (`instance_codes`), each row then marked `"copy"`
+            (exact copies too); None: no row is.
 
     Example:
 
@@ -318,19 +322,16 @@ def answer_rows(
         found = ids[row] >= 0
         items = index.describe(ids[row][found])
         flags = exact[row][found] if exact is not None else np.zeros(len(items), bool)
-        answers.append(
-            [
-                {
-                    "rank": rank,
-                    "score": round(float(score), 6),
-                    **item,
-                    "exact": bool(flag),
-                }
-                for rank, (score, item, flag) in enumerate(
-                    zip(scores[row][found], items, flags), start=1
-                )
-            ]
-        )
+        rows = [
+            {"rank": rank, "score": round(float(score), 6), **item, "exact": bool(flag)}
+            for rank, (score, item, flag) in enumerate(
+                zip(scores[row][found], items, flags), start=1
+            )
+        ]
+        if copy is not None:
+            for match, flag in zip(rows, copy[row][found]):
+                match["copy"] = bool(flag or match["exact"])
+        answers.append(rows)
     return answers
 
 

@@ -33,7 +33,7 @@ from subic_keras.search import file_format, filters
 from subic_keras.search.addresses import is_database
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import check_fingerprints, check_ids, preview
-from subic_keras.search.instance_codes import InstanceCodes, answer_both
+from subic_keras.search.instance_codes import InstanceCodes, merge_parts, shard_part
 from subic_keras.search.items import (
     MAX_ID,
     ItemTable,
@@ -46,7 +46,7 @@ from subic_keras.search.looks import fitting
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.picture_shard_answers import PictureShardAnswers
 from subic_keras.search.subic_index import SubicIndex
-from subic_keras.search.views import copies_first
+from subic_keras.search.views import exact_first
 
 FORMAT = "subic.image-index"
 
@@ -453,12 +453,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         scores, ids, exact, copy = self._ranked(
             queries, k, where, fingerprints, looks, **more
         )
-        rows = answer_rows(self, scores, ids, exact)
-        if self._instance is not None and more.get("instance_queries") is not None:
-            for row, flags in zip(rows, copy):
-                for match, flag in zip(row, flags):
-                    match["copy"] = bool(flag or match["exact"])
-        return rows
+        return answer_rows(self, scores, ids, exact, copy)
 
     def _search(self, queries, k, where):
         scores, ids, *_ = self._ranked(queries, k, where, None, None)
@@ -466,33 +461,29 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
 
     def _ranked(self, queries, k, where, fingerprints, looks, instance_queries=None):
         """`(scores, ids, exact, copy)`: the search, which results are exact
-        copies of the query, and which its copies by the instance code."""
+        copies of the query, and which its copies by the instance code (None
+        unless answered by both codes)."""
         k = self._check_k(k)
         where = filters.as_filter(where)
         if not self.has_looks:
             looks = None
         with self._lock.read():
             keep = None if where is None else self._items.mask(where)
+            copy = None
             if instance_queries is None or self._instance is None:  # by code
                 scores, ids = self._codes.search_kept(queries, k, keep, looks)
-                copy = np.zeros(ids.shape, bool)
             else:
-                scores, ids, copy = answer_both(
+                part = shard_part(
                     self._codes, self._instance, queries, instance_queries, k, keep,
                     self._items.rows,
                 )  # fmt: skip
-            exact = np.zeros(ids.shape, bool)
+                scores, ids, copy = merge_parts([part], k)
             if fingerprints is None or not ids.shape[1]:
-                return scores, ids, exact, copy
+                return scores, ids, np.zeros(ids.shape, bool), copy
             fingerprints = check_fingerprints(fingerprints, len(ids))
-            queries = np.asarray(queries, dtype=np.float32)
             found = self._copies(fingerprints, keep, ids.shape[1])
-            for row, (_, copies, codes) in enumerate(found):
-                if len(copies):
-                    near = ids[row][copy[row]]
-                    copies_first(scores, ids, exact, row, queries[row], copies, codes)
-                    copy[row] = np.isin(ids[row], near)
-            return scores, ids, exact, copy
+            found = [(copies, codes) for _, copies, codes in found]
+            return scores, ids, exact_first(scores, ids, queries, found, copy), copy
 
     # Persistence --------------------------------------------------------
 

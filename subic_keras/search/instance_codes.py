@@ -134,26 +134,6 @@ class InstanceCodes:
         return self.num_blocks, self.block_size, packed
 
 
-def answer_both(
-    codes: SubicIndex,
-    instance: InstanceCodes,
-    queries: np.ndarray,
-    instance_queries,
-    k: int,
-    keep: np.ndarray | None,
-    rows_of,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The answer of both codes (module docstring), under the lock of the
-    index that holds them still: `merge_parts` of its one `shard_part`.
-
-    Returns:
-        `(scores, ids, copy)`: class scores (float32) and ids `(nq, width)`,
-        and which results are copies of the query.
-    """
-    part = shard_part(codes, instance, queries, instance_queries, k, keep, rows_of)
-    return merge_parts([part], k)
-
-
 def shard_part(
     codes: SubicIndex,
     instance: InstanceCodes,

@@ -65,7 +65,7 @@ from subic_keras.search.manifests import (
 )
 from subic_keras.search.ray_cluster import ray_module
 from subic_keras.search.sharding import SeenItems, merge_candidates
-from subic_keras.search.views import copies_first
+from subic_keras.search.views import exact_first
 
 
 class ShardUnavailableError(OSError):
@@ -409,12 +409,7 @@ class RayIndex(PictureIndex):
         scores, ids, exact, copy = self._ranked(
             queries, k, where, fingerprints, looks, **more
         )
-        rows = answer_rows(self, scores, ids, exact)
-        if copy is not None:  # an answer by both codes marks its copies
-            for row, flags in zip(rows, copy):
-                for match, flag in zip(row, flags):
-                    match["copy"] = bool(flag or match["exact"])
-        return rows
+        return answer_rows(self, scores, ids, exact, copy)
 
     def _search(self, queries, k, where):
         scores, ids, *_ = self._ranked(queries, k, where, None, None)
@@ -433,10 +428,7 @@ class RayIndex(PictureIndex):
         if instance_queries is not None and self._instance_model is not None:
             parts = self._all("both", queries, instance_queries, k, where)
             scores, ids, copy = merge_parts(parts, k)
-            near = [found[flags] for found, flags in zip(ids, copy)]
-            exact = self._exact_first(scores, ids, queries, fingerprints, where)
-            for row, found in enumerate(near):  # where the exact copies moved them
-                copy[row] = np.isin(ids[row], found)
+            exact = self._exact_first(scores, ids, queries, fingerprints, where, copy)
             return scores, ids, exact, copy
         with_looks = looks is not None and self.has_looks
         if with_looks:
@@ -473,21 +465,21 @@ class RayIndex(PictureIndex):
         exact = self._exact_first(scores, ids, queries, fingerprints, where)
         return scores, ids, exact, None
 
-    def _exact_first(self, scores, ids, queries, fingerprints, where) -> np.ndarray:
-        """Puts the exact copies of the queries (by fingerprint) first in
-        their results, in place; which results they are."""
-        exact = np.zeros(ids.shape, bool)
+    def _exact_first(
+        self, scores, ids, queries, fingerprints, where, copy=None
+    ) -> np.ndarray:
+        """`views.exact_first` of the copies by fingerprint that the shards
+        hold (their `copy` flags following them); which results they are."""
         if fingerprints is None or self._root is None or not ids.shape[1]:
-            return exact
+            return np.zeros(ids.shape, bool)
         fingerprints = check_fingerprints(fingerprints, len(ids))
         copies = self._all("copies", fingerprints, ids.shape[1], where)
-        for row in range(len(queries)):
-            # Shards in manifest order hold the copies in insertion order.
-            ids_of = np.concatenate([shard[row][1] for shard in copies])
-            if len(ids_of):
-                codes = np.concatenate([shard[row][2] for shard in copies])
-                copies_first(scores, ids, exact, row, queries[row], ids_of, codes)
-        return exact
+        # Shards in manifest order hold the copies in insertion order.
+        found = [
+            [np.concatenate([shard[row][part] for shard in copies]) for part in (1, 2)]
+            for row in range(len(ids))
+        ]
+        return exact_first(scores, ids, queries, found, copy)
 
     # Items --------------------------------------------------------------
 

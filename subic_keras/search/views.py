@@ -192,6 +192,31 @@ def _with_tie_group(
     )
 
 
+def exact_first(
+    scores: np.ndarray,
+    ids: np.ndarray,
+    queries,
+    found: list,
+    copy: np.ndarray | None = None,
+) -> np.ndarray:
+    """Puts each query's exact copies first in its results, in place
+    (`copies_first`; `found[row]`: their ids in insertion order, and their
+    codes); which results they are. `copy`, where given (which results are
+    copies by an instance code), follows its results."""
+    exact = np.zeros(ids.shape, bool)
+    queries = np.asarray(queries, np.float32)
+    for row, (copies, codes) in enumerate(found):
+        if not len(copies):
+            continue
+        if copy is None:
+            copies_first(scores, ids, exact, row, queries[row], copies, codes)
+        else:  # the copies by the instance code move with their results
+            near = ids[row][copy[row]]
+            copies_first(scores, ids, exact, row, queries[row], copies, codes)
+            copy[row] = np.isin(ids[row], near)
+    return exact
+
+
 def copies_first(
     scores: np.ndarray,
     ids: np.ndarray,
