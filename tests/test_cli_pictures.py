@@ -685,17 +685,26 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
         picture.save(tmp_path / f"copy_{number}.jpg", quality=90)
     queries = [str(tmp_path / f"copy_{number}.jpg") for number in copies_of]
     capsys.readouterr()
-    assert main(["search", model, output, *queries, "-k", "3", "--json"]) == 0
+    assert main(["search", model, output, *queries, "-k", "60", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    firsts = [row for row in rows if row["rank"] == 1]
-    found = [row["path"] == paths[n] for row, n in zip(firsts, copies_of)]
-    # Each original comes first: lifted by the instance code's copy rule (99 %
-    # precise on validation), or first among equal class scores (the
-    # untrained class model gives many pictures one code) by instance score.
-    assert all(found), firsts
-    marked = [row["copy"] for row in firsts]
-    assert sum(marked) >= 3 and not any(row["lifted"] for row in rows), rows
-    assert not any(row["copy"] for row in rows if row["rank"] > 1)
+    # Each original comes first where the instance code's copy rule (99 %
+    # precise on validation) marks it; else the class ranking stands (of the
+    # untrained, randomly drawn class model), the original first among
+    # pictures of its class score, by instance score.
+    marked = 0
+    for query, number in zip(queries, copies_of):
+        mine = [row for row in rows if row["query"] == query]
+        first = mine[0]
+        original = next(row for row in mine if row["path"] == paths[number])
+        if first["copy"]:
+            marked += 1
+            assert first["path"] == paths[number], mine[:3]
+        else:
+            assert first["score"] == max(row["score"] for row in mine), mine[:3]
+            if original["score"] == first["score"]:
+                assert first["path"] == paths[number], mine[:3]
+        assert not any(row["copy"] for row in mine[1:]), mine[:3]
+    assert marked >= 3 and not any(row["lifted"] for row in rows), rows
     # The same index searched by its instance codes alone.
     assert main(["search", "instance", output, *queries, "-k", "1", "--json"]) == 0
     alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
