@@ -7,11 +7,13 @@ inner product of a query `z*` with that vector is SuBiC's score,
 (scores summed in float32). The same code talks to Milvus Lite (a local
 `.db` file, embedded, no server) and to a Milvus server or cluster
 (`http://host:19530`): distributed storage, replicas and filtering by
-fields come from Milvus itself.
+fields come from Milvus itself. A collection made with `instance=(M', K')`
+keeps each item's instance code (`subic_keras.instance`) in a second
+vector field, searched by `by_instance()` with the same conventions.
 
-A collection records `M`, `K` and this format's version in its properties
-(`subic.format`, `subic.num_blocks`, `subic.block_size`), checked when it is
-opened, with the next default id and insertion counter. Differences from
+A collection records `M`, `K` and its format's version in its properties
+(`milvus_schema`), checked when it is opened, with the next default id and
+insertion counter. Differences from
 `SubicIndex`, by Milvus's design:
 
 - Milvus takes non-negative weights only: a block of the query with
@@ -44,7 +46,7 @@ pymilvus is an optional dependency: `pip install "subic-keras[milvus]"`.
 
 from __future__ import annotations
 
-import json
+import copy
 import logging
 import os
 import threading
@@ -52,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from subic_keras._validation import check_int, load_json
-from subic_keras.search import filters
+from subic_keras._validation import check_int
+from subic_keras.search import filters, milvus_schema
 from subic_keras.search.addresses import (
     check_database_exists,
     check_server_uri,
@@ -75,10 +77,8 @@ from subic_keras.search.milvus_client import (
     pymilvus_module,
 )
 
-FORMAT_VERSION = 1
 MAX_K = 16_384  # Milvus's topk limit
 _BATCH = 10_000  # rows per insert, delete or lookup request
-_PROPERTIES = ("subic.format", "subic.num_blocks", "subic.block_size")
 
 
 # One lock per collection of this process: writers through any number of
@@ -125,6 +125,12 @@ class MilvusIndex(Searcher):
         model: the model that writes the codes (`retrieval.model_record`),
             recorded by a new collection (property `subic.model`) and
             read back as `model`.
+        instance: `(M', K')`: a new collection keeps an instance code of
+            every item too, in a second sparse vector field
+            (`milvus_schema`), given to `add` as `instance_codes` and
+            searched through `by_instance()`.
+        instance_model: the model that writes the instance codes, recorded
+            as `model` is.
 
     Raises:
         ImportError: without pymilvus (the message says how to install it).
@@ -148,9 +154,12 @@ class MilvusIndex(Searcher):
         shards: int | None = None,
         replicas: int | None = None,
         model: dict | None = None,
+        instance: tuple[int, int] | None = None,
+        instance_model: dict | None = None,
     ):
         pymilvus = pymilvus_module()
         model = check_model_record("model", model)
+        instance_model = check_model_record("instance_model", instance_model)
         uri = os.fspath(uri)
         if not isinstance(collection, str) or not collection:
             raise ValueError(
@@ -184,9 +193,15 @@ class MilvusIndex(Searcher):
             )
         if block_size is not None:
             block_size = check_block_size(block_size)
+        if instance is not None:
+            instance = milvus_schema.check_instance(instance)
         if num_blocks is None or block_size is None:
             check_database_exists(uri, collection)
         self._uri, self._name = uri, collection
+        # The field searched, and its codes' (M, K): the class code's, or
+        # the instance code's in a view (`by_instance`).
+        self._field, self._shape = milvus_schema.CODE, (0, 0)
+        self._view = False
         self._write = _write_lock(uri, collection)
         # The counters implied by rows past the recorded ones, once they
         # were looked for (`_counters`).
@@ -210,10 +225,19 @@ class MilvusIndex(Searcher):
             )
         with milvus_errors(self._uri, self._name):
             if exists:
-                self._open(num_blocks, block_size)
+                self._open(num_blocks, block_size, instance)
             else:
                 assert num_blocks is not None and block_size is not None
-                self._create(pymilvus, num_blocks, block_size, model)
+                self._recorded = milvus_schema.Recorded(
+                    num_blocks, block_size, model, instance, instance_model
+                )
+                options = {} if self._shards is None else {"num_shards": self._shards}
+                milvus_schema.create(
+                    self._client, pymilvus, collection, self._recorded, options
+                )
+                if self._replicas is not None:
+                    self._load()
+        self._shape = (self._recorded.num_blocks, self._recorded.block_size)
 
     # Opening and creating -------------------------------------------------
 
@@ -221,39 +245,21 @@ class MilvusIndex(Searcher):
         described = self._client.describe_collection(self._name)
         return dict(described.get("properties") or {})
 
-    def _open(self, num_blocks, block_size) -> None:
-        properties = self._properties()
-        if any(name not in properties for name in _PROPERTIES):
-            raise ValueError(
-                f"collection {self._name!r} at {self._uri!r} is not a SuBiC "
-                f"collection: its properties lack {list(_PROPERTIES)}"
-            )
-        self._model = self._recorded_model(properties.get("subic.model"))
-        version = properties["subic.format"]
-        if version != str(FORMAT_VERSION):
-            raise ValueError(
-                f"collection {self._name!r} has SuBiC format version {version}; "
-                f"this version of subic_keras reads version {FORMAT_VERSION}"
-            )
-        try:
-            self._num_blocks = check_num_blocks(
-                check_int("num_blocks", int(properties["subic.num_blocks"]), minimum=1)
-            )
-            self._block_size = check_block_size(int(properties["subic.block_size"]))
-        except ValueError as error:
-            raise ValueError(
-                f"collection {self._name!r} at {self._uri!r} records an invalid "
-                f"shape: {error}"
-            ) from None
+    def _open(self, num_blocks, block_size, instance) -> None:
+        recorded = milvus_schema.read(
+            self._properties(), f"collection {self._name!r} at {self._uri!r}"
+        )
         for name, given, stored in (
-            ("num_blocks", num_blocks, self._num_blocks),
-            ("block_size", block_size, self._block_size),
+            ("num_blocks", num_blocks, recorded.num_blocks),
+            ("block_size", block_size, recorded.block_size),
+            ("instance", instance, recorded.instance),
         ):
             if given is not None and given != stored:
                 raise ValueError(
                     f"collection {self._name!r} holds codes with {name}={stored}, "
                     f"received {name}={given}"
                 )
+        self._recorded = recorded
         # A collection is searchable once loaded (a new process, a restart).
         self._load()
 
@@ -263,71 +269,31 @@ class MilvusIndex(Searcher):
         else:
             self._client.load_collection(self._name, replica_number=self._replicas)
 
-    def _recorded_model(self, text: str | None) -> dict | None:
-        if text is None:
-            return None
-        try:
-            return check_model_record("subic.model", load_json(text))
-        except ValueError as error:
-            raise ValueError(
-                f"collection {self._name!r} at {self._uri!r} records an invalid "
-                f"model: {error}"
-            ) from None
-
-    def _create(
-        self, pymilvus, num_blocks: int, block_size: int, model: dict | None
-    ) -> None:
-        if num_blocks * block_size > 2**31:
-            raise ValueError(
-                "num_blocks * block_size must fit Milvus's sparse dimensions "
-                f"(2**31), received {num_blocks} * {block_size}"
-            )
-        DataType = pymilvus.DataType
-        schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("id", DataType.INT64, is_primary=True)
-        schema.add_field("seq", DataType.INT64)  # insertion order, for ties
-        schema.add_field("code", DataType.SPARSE_FLOAT_VECTOR)
-        index = self._client.prepare_index_params()
-        index.add_index(
-            field_name="code", index_type="SPARSE_INVERTED_INDEX", metric_type="IP"
-        )
-        options = {} if self._shards is None else {"num_shards": self._shards}
-        recorded = {} if model is None else {"subic.model": json.dumps(model)}
-        self._client.create_collection(
-            self._name,
-            schema=schema,
-            index_params=index,
-            consistency_level="Strong",
-            **options,
-            properties={
-                "subic.format": str(FORMAT_VERSION),
-                "subic.num_blocks": str(num_blocks),
-                "subic.block_size": str(block_size),
-                "subic.next_id": "0",
-                "subic.next_seq": "0",
-                **recorded,
-            },
-        )
-        self._num_blocks, self._block_size = num_blocks, block_size
-        self._model = model
-        if self._replicas is not None:
-            self._load()
-
     # Properties -----------------------------------------------------------
 
     @property
     def model(self) -> dict | None:
         """The model that wrote the codes, as the collection records it
         (None for a collection created without one)."""
-        return self._model
+        return self._recorded.model
+
+    @property
+    def instance(self) -> tuple[int, int] | None:
+        """`(M', K')` of the items' instance codes; None without them."""
+        return self._recorded.instance
+
+    @property
+    def instance_model(self) -> dict | None:
+        """The model that wrote the instance codes, as recorded (or None)."""
+        return self._recorded.instance_model
 
     @property
     def num_blocks(self) -> int:
-        return self._num_blocks
+        return self._shape[0]
 
     @property
     def block_size(self) -> int:
-        return self._block_size
+        return self._shape[1]
 
     @property
     def uri(self) -> str:
@@ -345,12 +311,32 @@ class MilvusIndex(Searcher):
     def __repr__(self) -> str:
         return (
             f"MilvusIndex(uri={self._uri!r}, collection={self._name!r}, "
-            f"num_blocks={self._num_blocks}, block_size={self._block_size})"
+            f"num_blocks={self.num_blocks}, block_size={self.block_size})"
         )
 
+    def by_instance(self) -> MilvusIndex:
+        """The same items searched by their instance codes (the second
+        vector field), for reading: `search` and `get_codes` read the
+        instance codes, `add` and `remove` raise.
+
+        Raises:
+            ValueError: the collection keeps no instance codes.
+        """
+        if self.instance is None:
+            raise ValueError(
+                f"collection {self._name!r} keeps no instance codes; create it "
+                "with instance=(num_blocks, block_size)"
+            )
+        view = copy.copy(self)
+        view._field, view._shape = milvus_schema.INSTANCE_CODE, self.instance
+        view._view = True
+        return view
+
     def close(self) -> None:
-        """Closes the connection (and Milvus Lite's file)."""
-        self._client.close()
+        """Closes the connection (and Milvus Lite's file); a view
+        (`by_instance`) leaves its collection's open."""
+        if not self._view:
+            self._client.close()
 
     def __enter__(self) -> MilvusIndex:
         return self
@@ -401,12 +387,15 @@ class MilvusIndex(Searcher):
             found.extend(int(row["id"]) for row in rows)
         return np.array(found, dtype=np.int64)
 
-    def add(self, codes, ids=None) -> np.ndarray:
+    def add(self, codes, ids=None, *, instance_codes=None) -> np.ndarray:
         """Adds codes (`check_codes` forms) with new, unique ids.
 
         Args:
             codes: integer codes `(n, M)` in `[0, K)`, or `(n, M*K)` vectors.
             ids: int64 ids >= 0; default: after the largest id ever added.
+            instance_codes: the items' instance codes `(n, M')` (or
+                `(n, M'*K')`), required by a collection made with
+                `instance` and refused by one made without.
 
         Returns:
             The ids, int64 `(n,)`.
@@ -415,14 +404,20 @@ class MilvusIndex(Searcher):
             ValueError: for bad codes, repeated ids, or ids already present
                 (nothing is added).
         """
+        self._check_writable()
         codes, ids = self._checked_additions(codes, ids)
+        columns = milvus_schema.columns(
+            codes, self._recorded, instance_codes, self._name
+        )
         with self._write, milvus_errors(self._uri, self._name):
-            return self._add(codes, ids)
+            return self._add(columns, len(codes), ids)
 
-    def _add(self, codes: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    def _add(
+        self, columns: dict[str, np.ndarray], n: int, ids: np.ndarray | None
+    ) -> np.ndarray:
         next_id, seq = self._counters()
         if ids is None:
-            ids = np.arange(next_id, next_id + len(codes), dtype=np.int64)
+            ids = np.arange(next_id, next_id + n, dtype=np.int64)
         else:
             present = self._present(ids)
             if len(present):
@@ -431,20 +426,20 @@ class MilvusIndex(Searcher):
                     "give other ids, remove these first, or add to another "
                     "collection (the command line's --collection NAME)"
                 )
-        if not len(codes):
+        if not n:
             return ids
-        columns = (
-            codes.astype(np.int64) + np.arange(self._num_blocks) * self._block_size
-        )
         inserted = 0
         try:
-            for start in range(0, len(codes), _BATCH):
-                stop = min(len(codes), start + _BATCH)
+            for start in range(0, n, _BATCH):
+                stop = min(n, start + _BATCH)
                 rows = [
                     {
                         "id": int(ids[i]),
                         "seq": seq + i,
-                        "code": dict.fromkeys(columns[i].tolist(), 1.0),
+                        **{
+                            field: dict.fromkeys(column[i].tolist(), 1.0)
+                            for field, column in columns.items()
+                        },
                     }
                     for i in range(start, stop)
                 ]
@@ -458,10 +453,17 @@ class MilvusIndex(Searcher):
             self._name,
             properties={
                 "subic.next_id": str(max(next_id, int(ids.max()) + 1)),
-                "subic.next_seq": str(seq + len(codes)),
+                "subic.next_seq": str(seq + n),
             },
         )
         return ids
+
+    def _check_writable(self) -> None:
+        if self._view:
+            raise ValueError(
+                "this is a view of a collection's instance codes, for searching: "
+                "add and remove items through the collection itself"
+            )
 
     def remove(self, ids) -> int:
         """Removes items by id, all or nothing.
@@ -469,6 +471,7 @@ class MilvusIndex(Searcher):
         Raises:
             KeyError: if any id is not present (none is removed).
         """
+        self._check_writable()
         ids = np.unique(check_ids("ids", ids))
         with self._write, milvus_errors(self._uri, self._name):
             present = self._present(ids)
@@ -508,13 +511,13 @@ class MilvusIndex(Searcher):
         Raises:
             KeyError: if any id is not present.
         """
-        rows = self._rows(["id", "code"])
-        dtype = np.uint8 if self._block_size <= 256 else np.uint16
-        codes = np.zeros((len(rows), self._num_blocks), dtype=dtype)
-        offsets = np.arange(self._num_blocks) * self._block_size
+        rows = self._rows(["id", self._field])
+        dtype = np.uint8 if self.block_size <= 256 else np.uint16
+        codes = np.zeros((len(rows), self.num_blocks), dtype=dtype)
+        offsets = np.arange(self.num_blocks) * self.block_size
         for i, row in enumerate(rows):
             codes[i] = (
-                np.sort(np.fromiter(row["code"].keys(), dtype=np.int64)) - offsets
+                np.sort(np.fromiter(row[self._field].keys(), dtype=np.int64)) - offsets
             )
         if ids is None:
             return codes
@@ -550,7 +553,7 @@ class MilvusIndex(Searcher):
         # the shifts are taken off the scores again (float64 shifts, so a
         # class-posterior query is served exactly as SubicIndex serves it).
         blocks = np.asarray(queries, np.float64).reshape(
-            len(queries), self._num_blocks, self._block_size
+            len(queries), self.num_blocks, self.block_size
         )
         shifts = np.minimum(blocks.min(axis=2, keepdims=True), 0.0)
         shifted = (blocks - shifts).reshape(len(queries), -1)
@@ -565,7 +568,7 @@ class MilvusIndex(Searcher):
                 found = self._client.search(
                     self._name,
                     data=[sparse[i] for i in rows],
-                    anns_field="code",
+                    anns_field=self._field,
                     limit=width,
                     search_params={"metric_type": "IP"},
                     output_fields=["seq"],

@@ -296,3 +296,101 @@ def test_a_server_without_sparse_vectors_is_named(uri, monkeypatch):
     with pytest.raises(milvus.MilvusError, match="cannot index sparse vectors") as info:
         MilvusIndex(uri, "old_server", 4, 16)
     assert "\n" not in str(info.value)
+
+
+def test_a_second_vector_field_keeps_the_instance_codes(rng, uri):
+    # One collection, both codes: the class code searched as before, the
+    # instance code through by_instance(), each as SubicIndex ranks it.
+    codes = distinct_codes(rng, 1200, 6, 16)
+    instance_codes = distinct_codes(rng, 1200, 8, 32)
+    ids = rng.permutation(50_000)[:1200]
+    record = {"digest": "c" * 64, "file": "instance", "num_blocks": 8}
+    remote = MilvusIndex(uri, "both", 6, 16, instance=(8, 32), instance_model=record)
+    remote.add(codes, ids=ids, instance_codes=instance_codes)
+    classes, instances = SubicIndex(6, 16), SubicIndex(8, 32)
+    classes.add(codes, ids=ids)
+    instances.add(instance_codes, ids=ids)
+    view = remote.by_instance()
+    assert (view.num_blocks, view.block_size) == (8, 32)
+    queries, instance_queries = (
+        relu_queries(rng, 5, 6, 16),
+        relu_queries(rng, 5, 8, 32),
+    )
+    for k in (1, 10, 100):
+        np.testing.assert_array_equal(
+            remote.search(queries, k)[1], classes.search(queries, k)[1]
+        )
+        np.testing.assert_array_equal(
+            view.search(instance_queries, k)[1],
+            instances.search(instance_queries, k)[1],
+        )
+    np.testing.assert_array_equal(view.get_codes(ids[:7]), instance_codes[:7])
+    np.testing.assert_array_equal(remote.get_codes(ids[:7]), codes[:7])
+    with pytest.raises(ValueError, match="view of a collection's instance codes"):
+        view.add(instance_codes[:1])
+    with pytest.raises(ValueError, match="view of a collection's instance codes"):
+        view.remove(ids[:1])
+    view.close()  # the view leaves its collection open
+    remote.remove(ids[:200])
+    instances.remove(ids[:200])
+    np.testing.assert_array_equal(
+        view.search(instance_queries, 30)[1], instances.search(instance_queries, 30)[1]
+    )
+    remote.close()
+    with MilvusIndex(uri, "both") as reopened:
+        assert reopened.instance == (8, 32)
+        assert reopened.instance_model == record and reopened.model is None
+        np.testing.assert_array_equal(
+            reopened.by_instance().search(instance_queries, 30)[1],
+            instances.search(instance_queries, 30)[1],
+        )
+        more = reopened.add(codes[:2], instance_codes=instance_codes[:2])
+        assert len(reopened) == 1002 and len(more) == 2
+
+
+def test_instance_codes_are_checked_before_anything_is_written(rng, uri):
+    both = MilvusIndex(uri, "both", 4, 16, instance=(8, 16))
+    codes = rng.integers(0, 16, (3, 4))
+    with pytest.raises(ValueError, match="instance_codes must be given"):
+        both.add(codes)
+    with pytest.raises(ValueError, match="instance_codes"):
+        both.add(codes, instance_codes=np.full((3, 8), 16))
+    with pytest.raises(ValueError, match=r"one code per item \(3\), received 2"):
+        both.add(codes, instance_codes=np.zeros((2, 8), int))
+    assert len(both) == 0
+    with pytest.raises(ValueError, match=r"instance=\(8, 16\), received instance"):
+        MilvusIndex(uri, "both", instance=(4, 16))
+    both.close()
+    plain = MilvusIndex(uri, "plain", 4, 16)
+    with pytest.raises(ValueError, match="keeps none"):
+        plain.add(codes, instance_codes=np.zeros((3, 8), int))
+    with pytest.raises(ValueError, match="keeps no instance codes"):
+        plain.by_instance()
+    for bad, match in (
+        ((8,), r"instance must be \(num_blocks, block_size\), received \(8,\)"),
+        ((8, 12), "block_size"),
+        ((0, 16), "instance"),
+        ("8x16", "received '8x16'"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            MilvusIndex(uri, "other", 4, 16, instance=bad)
+    plain.close()
+
+
+def test_a_forged_instance_shape_is_named(uri):
+    from subic_keras.search import milvus_schema
+
+    base = {"subic.format": "2", "subic.num_blocks": "4", "subic.block_size": "16"}
+    with pytest.raises(ValueError, match=r"format 2 needs \['subic.instance"):
+        milvus_schema.read(base, "collection 'x'")
+    forged = {
+        **base,
+        "subic.instance_num_blocks": "8",
+        "subic.instance_block_size": "many",
+    }
+    with pytest.raises(ValueError, match="collection 'x' records an invalid shape"):
+        milvus_schema.read(forged, "collection 'x'")
+    with pytest.raises(ValueError, match="reads versions 1, 2"):
+        milvus_schema.read({**base, "subic.format": "3"}, "collection 'x'")
+    version_1 = milvus_schema.read({**base, "subic.format": "1"}, "collection 'x'")
+    assert version_1.instance is None
