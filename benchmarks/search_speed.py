@@ -79,6 +79,8 @@ NUMPY_METHODS = ("numpy", "numpy_gather")
 # milliseconds after a call (libgomp's default wait policy), which would
 # otherwise be charged to whichever method runs next.
 SETTLE_SECONDS = 0.1
+# What `--cold` writes before each single query: more than any cache.
+COLD_BYTES = 256 << 20
 # The targets: each native kernel's exact search against Hamming at the same
 # bits, by block size, on random codes; on trained codes, 1.5x.
 SIMD_TARGETS = {16: 1.5, 64: 1.0, 256: 1.0}
@@ -164,6 +166,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="interleaved timing runs per method; the best counts (default 3; 1 "
         "with --quick)",
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="time each single query after sweeping the caches (a buffer of "
+        f"{COLD_BYTES >> 20} MB written), as for an index larger than them "
+        "(default: single queries in a row, the index as warm as it gets)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     args = parser.parse_args(argv)
     if args.num_items is None:
@@ -198,13 +207,16 @@ def code_bits(num_blocks: int, block_size: int) -> int:
     return num_blocks * (block_size.bit_length() - 1)
 
 
-def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, dict]:
+def time_methods(
+    searches: dict, reps: int, singles: int, cold: bool = False
+) -> tuple[dict, dict, dict]:
     """Times every method at every batch size, interleaved to spread noise.
 
     Each repetition runs every (batch, method) once, so a burst of load from
     other processes hits all methods alike, each after `SETTLE_SECONDS` of
     rest. Batches of 100 and 1,000 keep
-    their best run; single queries keep the median latency. Process CPU time
+    their best run; single queries keep the median latency (with `cold`,
+    each timed after the caches are swept). Process CPU time
     (all threads) is recorded too: on a shared machine, queries per
     CPU-second vary much less than wall-clock rates.
 
@@ -212,6 +224,7 @@ def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, d
         `(qps, cpu_qps, ids)`: `qps[method][batch]`, the same per CPU-second,
         and each method's ids for the 1,000-query batch.
     """
+    sweep = np.zeros(COLD_BYTES if cold else 0, np.uint8)
     wall = {m: {b: [] for b in BATCHES} for m in searches}
     cpu = {m: {b: [] for b in BATCHES} for m in searches}
     found = {}
@@ -225,6 +238,8 @@ def time_methods(searches: dict, reps: int, singles: int) -> tuple[dict, dict, d
                     else [queries[:batch]]
                 )
                 for block in runs:
+                    if cold and batch == 1:
+                        sweep += 1  # every line of the caches replaced
                     start, start_cpu = time.perf_counter(), time.process_time()
                     ids = search(block)[1]
                     wall[method][batch].append(time.perf_counter() - start)
@@ -286,7 +301,7 @@ def measure(bits, codes, queries, args, rng, data: str) -> list[dict]:
         hash_queries,
     )
     reps, singles = (1, 5) if args.quick else (args.repetitions, 20)
-    qps, cpu_qps, found = time_methods(searches, reps, singles)
+    qps, cpu_qps, found = time_methods(searches, reps, singles, args.cold)
     checked = min(args.truth_queries, len(queries))
     truth = brute_force(codes, queries[:checked], k)
 
@@ -352,6 +367,7 @@ def measure(bits, codes, queries, args, rng, data: str) -> list[dict]:
                 )
                 row["timing"] = (
                     f"median latency of {reps * singles} single queries"
+                    + (", the caches swept before each" if args.cold else "")
                     if batch == 1
                     else f"best of {reps} interleaved runs"
                 )
@@ -551,6 +567,7 @@ def main(argv=None) -> dict:
             "k": K_NEIGHBOURS,
             "batches": list(BATCHES),
             "quick": args.quick,
+            "cold": args.cold,
             "seed": args.seed,
             "queries": "ReLU of standard normal, width M*K",
             "numpy_note": (
