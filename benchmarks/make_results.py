@@ -391,6 +391,11 @@ KNOWN["search_speed_avx512_128.json"] = (
     "Search speed at 32 blocks of 16 (128 bits), AVX-512",
     KNOWN["search_speed.json"][1],
 )
+# The same, each single query timed with the index out of the caches.
+KNOWN["search_speed_cold_128.json"] = (
+    "Search speed at 32 blocks of 16 (128 bits), AVX-512, caches swept",
+    KNOWN["search_speed.json"][1],
+)
 KNOWN["two_codes.json"] = (
     "Both codes in one index: the whole answer against the instance scan",
     render_generic,
@@ -413,6 +418,11 @@ KNOWN["near_duplicates.json"] = (
 # ran when 16 blocks were the benchmark's default (`--num-blocks 16` now).
 KNOWN["near_duplicates_64.json"] = (
     "Copies found first: the 64-bit instance code shipped before",
+    _near_duplicates_section,
+)
+# The shipped code trained 20 epochs more (`--start-from instance`).
+KNOWN["near_duplicates_restart.json"] = (
+    "Copies found first: the instance code trained 20 epochs more",
     _near_duplicates_section,
 )
 

@@ -41,11 +41,13 @@ from subic_keras import (
     copies,
     datasets,
     instance,
+    losses,
     near_duplicates,
     pretrained,
 )
 from subic_keras.search import SubicIndex, looks
 from subic_keras.training import standardization
+from subic_keras.weights_digest import weights_digest
 
 DATABASES = {"10k": 10_000, "60k": 60_000}
 CALIBRATION_PICTURES = 21_000
@@ -71,6 +73,13 @@ def code_arguments(
         type=int,
         default=1,
         help="the DSH CNN's channel multiplier (backbones.dsh_cnn; default 1)",
+    )
+    parser.add_argument(
+        "--start-from",
+        default=None,
+        help="an instance code's .keras file (or `instance`, the one that ships) "
+        "to go on training, from Adam's rate of 1e-3 down a new cosine: a warm "
+        "restart (default: a new code)",
     )
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
@@ -111,6 +120,9 @@ def trained(
     }
     if args.width != 1:  # (absent from the keys of the width-1 codes)
         settings["width"] = args.width
+    start = _start_path(getattr(args, "start_from", None))
+    if start is not None:
+        settings["start_from"] = weights_digest(start)
     path = os.path.join(
         args.cache_dir, common.settings_key("instance", settings) + ".keras"
     )
@@ -120,12 +132,19 @@ def trained(
         if os.path.isfile(record):
             seconds = common.read_json(record)["train_seconds"]
         return instance.InstanceSubic.load(path), seconds
-    code = instance.build_instance_subic(
-        backbones.dsh_cnn(width=args.width),
-        args.num_blocks,
-        args.block_size,
-        preprocessing=standardization(pictures),
-    )
+    if start is None:
+        code = instance.build_instance_subic(
+            backbones.dsh_cnn(width=args.width),
+            args.num_blocks,
+            args.block_size,
+            preprocessing=standardization(pictures),
+        )
+    else:
+        code = instance.InstanceSubic.load(start)
+        code.model.compile(
+            optimizer="adam",
+            loss=losses.InstanceContrastiveLoss(code.num_blocks, code.block_size),
+        )
     start = time.time()
     instance.train_instance(
         code,
@@ -141,6 +160,12 @@ def trained(
     code.save(path)
     common.write_json(record, {"train_seconds": round(seconds, 1)})
     return code, seconds
+
+
+def _start_path(start_from: str | None) -> str | None:
+    if start_from == "instance":
+        return pretrained.path()
+    return start_from
 
 
 def database_indexes(code, codes: np.ndarray) -> dict[str, SubicIndex]:

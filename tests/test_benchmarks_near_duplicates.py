@@ -1,0 +1,42 @@
+"""benchmarks/near_duplicates.py: a warm restart from a saved instance code."""
+
+import argparse
+
+import keras
+import numpy as np
+
+from benchmarks import near_duplicates
+from subic_keras import instance
+
+
+def test_start_from_goes_on_training_that_code_under_its_own_cache_key(tmp_path):
+    backbone = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+        ]
+    )
+    start = instance.build_instance_subic(backbone, 2, 16)
+    start.save(tmp_path / "start.keras", include_optimizer=False)
+    pictures = np.random.default_rng(0).integers(0, 256, (16, 16, 16, 3), np.uint8)
+    args = argparse.Namespace(
+        epochs=1, batch_size=8, seed=0, num_blocks=2, block_size=16, width=1,
+        start_from=str(tmp_path / "start.keras"), cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    code, seconds = near_duplicates.trained(args, pictures)
+    assert seconds is not None and (code.num_blocks, code.block_size) == (2, 16)
+    before, after = (
+        start.model.get_layer("fc0").get_weights()[0],
+        code.model.get_layer("fc0").get_weights()[0],
+    )
+    assert not np.allclose(before, after)  # trained on, from those weights
+    assert np.abs(after - before).max() < 0.1  # an epoch of two steps from them
+    # Cached: the same start reads it back; another start trains anew.
+    again, seconds = near_duplicates.trained(args, pictures)
+    assert seconds is not None  # its training time, recorded beside it
+    np.testing.assert_array_equal(again.model.get_layer("fc0").get_weights()[0], after)
+    code.save(tmp_path / "other.keras", include_optimizer=False)
+    args.start_from = str(tmp_path / "other.keras")
+    near_duplicates.trained(args, pictures)
+    assert len(list((tmp_path / "cache").glob("*.keras"))) == 2
