@@ -273,9 +273,9 @@ class MilvusIndex(Searcher):
 
     @property
     def model(self) -> dict | None:
-        """The model that wrote the codes, as the collection records it
-        (None for a collection created without one)."""
-        return self._recorded.model
+        """The model that wrote the codes searched, as the collection records
+        it (a view's: the instance model; None where none was recorded)."""
+        return self._recorded.instance_model if self._view else self._recorded.model
 
     @property
     def instance(self) -> tuple[int, int] | None:

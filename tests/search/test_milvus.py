@@ -312,6 +312,7 @@ def test_a_second_vector_field_keeps_the_instance_codes(rng, uri):
     instances.add(instance_codes, ids=ids)
     view = remote.by_instance()
     assert (view.num_blocks, view.block_size) == (8, 32)
+    assert view.model == record and remote.model is None
     queries, instance_queries = (
         relu_queries(rng, 5, 6, 16),
         relu_queries(rng, 5, 8, 32),
