@@ -32,6 +32,7 @@ import argparse
 import os
 import time
 
+import keras
 import numpy as np
 
 from benchmarks import common
@@ -78,8 +79,14 @@ def code_arguments(
         "--start-from",
         default=None,
         help="an instance code's .keras file (or `instance`, the one that ships) "
-        "to go on training, from Adam's rate of 1e-3 down a new cosine: a warm "
+        "to go on training, from --learning-rate down a new cosine: a warm "
         "restart (default: a new code)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=1e-3,
+        help="Adam's rate at the first epoch (default: %(default)s)",
     )
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
@@ -123,6 +130,9 @@ def trained(
     start = _start_path(getattr(args, "start_from", None))
     if start is not None:
         settings["start_from"] = weights_digest(start)
+    rate = getattr(args, "learning_rate", 1e-3)
+    if rate != 1e-3:  # (absent from the keys of the codes trained at 1e-3)
+        settings["learning_rate"] = rate
     path = os.path.join(
         args.cache_dir, common.settings_key("instance", settings) + ".keras"
     )
@@ -138,11 +148,12 @@ def trained(
             args.num_blocks,
             args.block_size,
             preprocessing=standardization(pictures),
+            optimizer=keras.optimizers.Adam(rate),
         )
     else:
         code = instance.InstanceSubic.load(start)
         code.model.compile(
-            optimizer="adam",
+            optimizer=keras.optimizers.Adam(rate),
             loss=losses.InstanceContrastiveLoss(code.num_blocks, code.block_size),
         )
     start = time.time()

@@ -42,7 +42,8 @@ concept:
 - `ray_index`: `RayIndex`, the shards of a manifest in Ray actors, on one
   machine or a cluster.
 - `milvus`: `MilvusIndex`, codes in a Milvus collection (Milvus Lite or a
-  server).
+  server), with `instance=` each item's instance code in a second field;
+  `milvus_schema`: the collection's fields and recorded properties.
 - `addresses`: which addresses name a Milvus database, checked without
   pymilvus.
 - `uri`: `open(uri)`, one address for every index (a `.subic` file, a
