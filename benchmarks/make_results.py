@@ -425,6 +425,11 @@ KNOWN["near_duplicates_restart.json"] = (
     "Copies found first: the instance code trained 20 epochs more",
     _near_duplicates_section,
 )
+# The shipped code trained 10 epochs more from a third of the rate.
+KNOWN["near_duplicates_restart_gentle.json"] = (
+    "Copies found first: the instance code trained 10 epochs more at 3e-4",
+    _near_duplicates_section,
+)
 # Trained as the shipped code, in batches of 1,024 pictures (more negatives).
 KNOWN["near_duplicates_batch1024.json"] = (
     "Copies found first: an instance code trained in batches of 1,024",
