@@ -156,7 +156,7 @@ def trained(
             optimizer=keras.optimizers.Adam(rate),
             loss=losses.InstanceContrastiveLoss(code.num_blocks, code.block_size),
         )
-    start = time.time()
+    began = time.time()
     instance.train_instance(
         code,
         pictures,
@@ -166,7 +166,7 @@ def trained(
         families=families,
         verbose=2,
     )
-    seconds = time.time() - start
+    seconds = time.time() - began
     os.makedirs(args.cache_dir, exist_ok=True)
     code.save(path)
     common.write_json(record, {"train_seconds": round(seconds, 1)})
