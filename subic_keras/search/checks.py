@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from subic_keras._validation import check_finite
+from subic_keras._validation import check_finite, check_int
 
 MAX_BLOCK_SIZE = 1024
 # The native scan sums 8-bit table entries of up to 16 blocks in 16 bits;
@@ -28,11 +28,12 @@ def check_num_blocks(num_blocks: int) -> int:
     return num_blocks
 
 
-def check_block_size(block_size: int) -> int:
-    """`block_size` must be a power of two in `[2, MAX_BLOCK_SIZE]`."""
+def check_block_size(block_size, name: str = "block_size") -> int:
+    """`block_size` must be an integer power of two in `[2, MAX_BLOCK_SIZE]`."""
+    block_size = check_int(name, block_size, minimum=2)
     if block_size & (block_size - 1) or block_size > MAX_BLOCK_SIZE:
         raise ValueError(
-            "block_size must be a power of two between 2 and "
+            f"{name} must be a power of two between 2 and "
             f"{MAX_BLOCK_SIZE} (codes are stored with log2(block_size) bits "
             f"per block), received {block_size}"
         )

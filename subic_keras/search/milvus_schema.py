@@ -139,7 +139,7 @@ def check_instance(instance) -> tuple[int, int]:
             f"instance must be (num_blocks, block_size), received {instance!r}"
         )
     num_blocks = check_num_blocks(check_int("instance[0]", instance[0], minimum=1))
-    return num_blocks, check_block_size(instance[1])
+    return num_blocks, check_block_size(instance[1], "instance[1]")
 
 
 def columns(
@@ -186,7 +186,7 @@ def _shape(properties: dict, blocks: str, size: str) -> tuple[int, int]:
         ) from None
     return (
         check_num_blocks(check_int(blocks, num_blocks, minimum=1)),
-        check_block_size(block_size),
+        check_block_size(block_size, size),
     )
 
 

@@ -103,6 +103,11 @@ def test_bad_input(rng, uri, tmp_path):
     assert len(remote) == 20
     with pytest.raises(ValueError, match="width"):
         remote.search(np.ones((1, 63)), 3)
+    for size in (0, 1):  # powers of two, but not block sizes
+        with pytest.raises(
+            ValueError, match=f"block_size must be >= 2, received {size}"
+        ):
+            MilvusIndex(uri, "other", 4, size)
     with pytest.raises(ValueError, match="num_blocks=4, received num_blocks=5"):
         MilvusIndex(uri, "codes", 5, 16)
     with pytest.raises(ValueError, match="does not exist"):
@@ -221,7 +226,11 @@ def test_forged_collections_and_milvus_errors_are_named(uri):
     index.add_index(
         field_name="code", index_type="SPARSE_INVERTED_INDEX", metric_type="IP"
     )
-    for name, m, k in (("zero_blocks", "0", "16"), ("odd_size", "4", "3")):
+    for name, m, k in (
+        ("zero_blocks", "0", "16"),
+        ("odd_size", "4", "3"),
+        ("unit_size", "4", "1"),
+    ):
         client.create_collection(
             name,
             schema=schema,
@@ -370,6 +379,7 @@ def test_instance_codes_are_checked_before_anything_is_written(rng, uri):
     for bad, match in (
         ((8,), r"instance must be \(num_blocks, block_size\), received \(8,\)"),
         ((8, 12), "block_size"),
+        ((8, 1), r"instance\[1\] must be >= 2, received 1"),
         ((0, 16), "instance"),
         ("8x16", "received '8x16'"),
     ):
