@@ -198,10 +198,7 @@ class MilvusIndex(Searcher):
         if num_blocks is None or block_size is None:
             check_database_exists(uri, collection)
         self._uri, self._name = uri, collection
-        # The field searched, and its codes' (M, K): the class code's, or
-        # the instance code's in a view (`by_instance`).
-        self._field, self._shape = milvus_schema.CODE, (0, 0)
-        self._view = False
+        self._view = False  # a view of the instance codes (`by_instance`)
         self._write = _write_lock(uri, collection)
         # The counters implied by rows past the recorded ones, once they
         # were looked for (`_counters`).
@@ -237,7 +234,6 @@ class MilvusIndex(Searcher):
                 )
                 if self._replicas is not None:
                     self._load()
-        self._shape = (self._recorded.num_blocks, self._recorded.block_size)
 
     # Opening and creating -------------------------------------------------
 
@@ -289,11 +285,11 @@ class MilvusIndex(Searcher):
 
     @property
     def num_blocks(self) -> int:
-        return self._shape[0]
+        return self._recorded.shape(self._view)[0]
 
     @property
     def block_size(self) -> int:
-        return self._shape[1]
+        return self._recorded.shape(self._view)[1]
 
     @property
     def uri(self) -> str:
@@ -307,6 +303,11 @@ class MilvusIndex(Searcher):
         with milvus_errors(self._uri, self._name):
             rows = self._client.query(self._name, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
+
+    @property
+    def _vectors(self) -> str:
+        """The vector field searched and read."""
+        return milvus_schema.INSTANCE_CODE if self._view else milvus_schema.CODE
 
     def __repr__(self) -> str:
         return (
@@ -328,7 +329,6 @@ class MilvusIndex(Searcher):
                 "with instance=(num_blocks, block_size)"
             )
         view = copy.copy(self)
-        view._field, view._shape = milvus_schema.INSTANCE_CODE, self.instance
         view._view = True
         return view
 
@@ -511,13 +511,14 @@ class MilvusIndex(Searcher):
         Raises:
             KeyError: if any id is not present.
         """
-        rows = self._rows(["id", self._field])
+        rows = self._rows(["id", self._vectors])
         dtype = np.uint8 if self.block_size <= 256 else np.uint16
         codes = np.zeros((len(rows), self.num_blocks), dtype=dtype)
         offsets = np.arange(self.num_blocks) * self.block_size
         for i, row in enumerate(rows):
             codes[i] = (
-                np.sort(np.fromiter(row[self._field].keys(), dtype=np.int64)) - offsets
+                np.sort(np.fromiter(row[self._vectors].keys(), dtype=np.int64))
+                - offsets
             )
         if ids is None:
             return codes
@@ -568,7 +569,7 @@ class MilvusIndex(Searcher):
                 found = self._client.search(
                     self._name,
                     data=[sparse[i] for i in rows],
-                    anns_field=self._field,
+                    anns_field=self._vectors,
                     limit=width,
                     search_params={"metric_type": "IP"},
                     output_fields=["seq"],

@@ -48,6 +48,14 @@ class Recorded:
     instance: tuple[int, int] | None = None  # (M', K') of its instance codes
     instance_model: dict | None = None
 
+    def shape(self, instance: bool = False) -> tuple[int, int]:
+        """`(M, K)` of the class codes, or of the instance codes."""
+        if not instance:
+            return self.num_blocks, self.block_size
+        if self.instance is None:
+            raise ValueError("the collection keeps no instance codes")
+        return self.instance
+
 
 def create(client, pymilvus, name: str, recorded: Recorded, options: dict) -> None:
     """Creates collection `name` for `recorded`'s codes (Milvus's
