@@ -377,9 +377,9 @@ static void offer(Query *q, const Database *db, const uint8_t *cols, int64_t lan
 /* Prefetches the cache line at byte `at` of the next tile. A tile's columns
    are runs of `tile` bytes (1 KB), too short for the hardware's stream
    prefetchers to learn: without this, a database larger than the caches is
-   scanned at the memory's latency, not its bandwidth (2.5 times slower
-   over 1,000,000 128-bit codes out of the caches). Past the last tile it may touch memory
-   that is not the database, harmlessly: a prefetch never faults. */
+   scanned at the memory's latency, not its bandwidth. Past the last tile
+   it may touch memory that is not the database, harmlessly: a prefetch
+   never faults. */
 static inline void prefetch_next(const Database *db, const uint8_t *cols, int64_t at) {
     __builtin_prefetch(cols + db->columns * db->tile * (db->bits == 16 ? 2 : 1) + at);
 }

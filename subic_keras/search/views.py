@@ -208,11 +208,9 @@ def exact_first(
     for row, (copies, codes) in enumerate(found):
         if not len(copies):
             continue
-        if copy is None:
-            copies_first(scores, ids, exact, row, queries[row], copies, codes)
-        else:  # the copies by the instance code move with their results
-            near = ids[row][copy[row]]
-            copies_first(scores, ids, exact, row, queries[row], copies, codes)
+        near = None if copy is None else ids[row][copy[row]]
+        copies_first(scores, ids, exact, row, queries[row], copies, codes)
+        if copy is not None:  # the copies by the instance code move with theirs
             copy[row] = np.isin(ids[row], near)
     return exact
 
