@@ -204,14 +204,14 @@ def exact_first(
     codes); which results they are. `copy`, where given (which results are
     copies by an instance code), follows its results."""
     exact = np.zeros(ids.shape, bool)
+    copy = np.zeros(ids.shape, bool) if copy is None else copy
     queries = np.asarray(queries, np.float32)
     for row, (copies, codes) in enumerate(found):
         if not len(copies):
             continue
-        near = None if copy is None else ids[row][copy[row]]
+        near = ids[row][copy[row]]  # the copies by the instance code move with theirs
         copies_first(scores, ids, exact, row, queries[row], copies, codes)
-        if copy is not None:  # the copies by the instance code move with theirs
-            copy[row] = np.isin(ids[row], near)
+        copy[row] = np.isin(ids[row], near)
     return exact
 
 
