@@ -245,85 +245,6 @@ def filter_table(data: dict) -> list[str]:
     return lines
 
 
-def refine_table(data: dict) -> list[str]:
-    """Codes only against codes refined by looks, on both tasks."""
-    test, default = data["test"], data["look"]["default"]
-    near, categories = test["near_duplicates"], test["category_map"]
-    machine = data.get("machine", {})
-    validation = data["validation"]
-    chosen = (
-        "the default"
-        if validation["default_is_chosen"]
-        else f"not the default: {validation['chosen']}"
-    )
-    lines = [
-        "Ties ordered by look (`subic_keras.search.looks`: "
-        f"{data['look']['bytes']} bytes of each picture's centre, compared with "
-        "the query seen as itself and as crops and mirror images of its "
-        "original, order the codes' best results), CIFAR-10 test set, "
-        f"48-bit model {data['model']}, one run of `python -m benchmarks.refine` "
-        f"on {machine.get('cpu', 'a CPU')}; the look and its settings "
-        f"({default}) chosen on a validation split "
-        f"({chosen}):",
-        "",
-    ]
-    rows = []
-    for name, key in (("codes only", "codes_only"), ("refined", default)):
-        rows.append(
-            [
-                name,
-                f"{near[key]['recall@1']:.3f}",
-                f"{near[key]['recall@10']:.3f}",
-                f"{categories[key]:.4f}",
-            ]
-        )
-    lines += table(
-        [
-            "ranking",
-            "near-duplicate recall@1",
-            "recall@10",
-            "strict mAP (paper protocol)",
-        ],
-        rows,
-    )
-    cost = data["cost"]
-    # Seconds for 1,000 queries are milliseconds a query.
-    batch, single = cost["k=10"]["batch_1000_s"], cost["k=10"]["single_p50_ms"]
-    lines += [
-        "",
-        "What bounds the refined recall: the look alone, over the whole "
-        "database, finds the original first for "
-        f"{near['look_alone_whole_database']['recall@1']:.3f} of the "
-        "queries, and the codes' shortlist holds it for "
-        f"{near['original_in_codes_shortlist']:.3f}, the tie groups of their "
-        f"top 10 for {near['original_in_tie_groups_of_the_top_10']:.3f} (an "
-        "altered copy's code moves away from its original's: near copies are "
-        "found in the shortlist, not among ties alone).",
-        "",
-        f"Cost on {cost['items']:,} trained-like codes (tie groups up to "
-        f"{cost['largest_tie_group']:,}): k = 10, refined "
-        f"{cost['k=10']['batch_ratio']:.2f}x the time of codes only in batches "
-        f"of 1,000 ({batch['refined']:.2f} ms a query against "
-        f"{batch['codes_only']:.4f}), "
-        f"{cost['k=10']['single_ratio']:.2f}x for one query "
-        f"({single['refined']:.2f} ms against {single['codes_only']:.3f}); "
-        f"{cost['bytes_per_item']['refined']} bytes per item against "
-        f"{cost['bytes_per_item']['codes_only']}."
-        + (
-            " Each native kernel forced: "
-            + "; ".join(
-                f"{name}: {entry['k=10']['batch_ratio']:.0f}x batches, "
-                f"{entry['k=10']['single_ratio']:.1f}x one query"
-                for name, entry in cost["kernels"].items()
-            )
-            + "."
-            if cost.get("kernels")
-            else ""
-        ),
-    ]
-    return lines
-
-
 def ray_table(data: dict) -> list[str]:
     """RayIndex with 1, 2 and 4 shards against one in-process index."""
     results, machine = data["results"], data.get("machine", {})
@@ -458,10 +379,6 @@ KNOWN["held_out_reference_m32.json"] = (
 KNOWN["held_out_reference_width2.json"] = (
     "Copies by family, 4 epochs: a CNN twice as wide",
     _held_out_section,
-)
-KNOWN["refine.json"] = (
-    "Ties ordered by look",
-    lambda data: [*refine_table(data), "", *render_generic(data)],
 )
 KNOWN["ray_search.json"] = (
     "Sharded search on Ray",

@@ -13,7 +13,7 @@ originals of 1,000 altered test pictures:
   (`near_duplicates.alter`: crop, JPEG, brightness, flip);
 - the instance code's query, FC0's outputs (`InstanceSubic.query`), and
   the earlier one, its block probabilities `z*`, ranked by the same scan;
-- peers, on the same queries and databases: the look (`search.looks`,
+- peers, on the same queries and databases: the look (`baselines.looks`,
   108 bytes a picture, compared with 38 views of each query over the whole
   database) and ImageHash's `phash` and `dhash` (hash sizes 8 and 16,
   ranked by Hamming distance; `pip install imagehash`).
@@ -46,7 +46,8 @@ from subic_keras import (
     near_duplicates,
     pretrained,
 )
-from subic_keras.search import SubicIndex, looks
+from subic_keras.baselines import looks
+from subic_keras.search import SubicIndex
 from subic_keras.training import standardization
 from subic_keras.weights_digest import weights_digest
 

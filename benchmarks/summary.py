@@ -78,20 +78,6 @@ def _summary_folder_training(data: dict) -> tuple[str, str]:
     )
 
 
-def _summary_refine(data: dict) -> tuple[str, str]:
-    test, default = data["test"], data["look"]["default"]
-    near, categories = test["near_duplicates"], test["category_map"]
-    cost = data["cost"]["k=10"]
-    return (
-        "ties ordered by look: near-duplicate recall@1, strict mAP 48 bits, cost",
-        f"recall@1 {near['codes_only']['recall@1']:.3f} codes only, "
-        f"{near[default]['recall@1']:.3f} refined; mAP "
-        f"{categories['codes_only']:.4f} / {categories[default]:.4f}; "
-        f"{cost['batch_ratio']:.2f}x time on {data['cost']['items']:,} codes, "
-        f"+{data['look']['bytes']} bytes per item",
-    )
-
-
 def _summary_near_duplicates(data: dict) -> tuple[str, str]:
     whole, settings = data["results"]["whole family"], data["settings"]
     peers = [key[: -len(" 60k")] for key in whole if key.endswith(" 60k")]
@@ -215,7 +201,6 @@ _SUMMARIES = {
     "train_recipe.json": _summary_train_recipe,
     "search_speed.json": _summary_search_speed,
     "filter_speed.json": _summary_filter_speed,
-    "refine.json": _summary_refine,
     "near_duplicates.json": _summary_near_duplicates,
     "held_out_families.json": _summary_held_out_families,
     "cold_start.json": _summary_cold_start,

@@ -44,7 +44,7 @@ def synthetic(n: int, noise: float, seed: int) -> tuple[ImageIndex, np.ndarray]:
     rng = np.random.default_rng(seed)
     (m, k), (im, ik) = CLASS_SHAPE, INSTANCE_SHAPE
     prototypes = rng.integers(0, k, (10, m))
-    index = ImageIndex(m, k, "/pictures", looks=False, instance=(im, ik))
+    index = ImageIndex(m, k, "/pictures", instance=(im, ik))
     for start in range(0, n, 100_000):
         size = min(100_000, n - start)
         codes = prototypes[rng.integers(0, 10, size)]

@@ -59,40 +59,34 @@ def mark(
     margin: float | None,
     marked: bool = False,
 ) -> list[list[dict]]:
-    """Adds `"copy"` and `"lifted"` to every row of `answers`
-    (`Searcher.answer`'s), in place.
+    """Adds `"copy"` to every row of `answers` (`Searcher.answer`'s), in
+    place.
 
     `copy`: an exact copy of the query, or a copy margin of at least
     `margin` (`None`: exact copies only, as for a class code); with
     `marked`, the rows' own (an index that keeps instance codes beside
     class codes marks its answers' copies, `search.instance_codes`).
-    `lifted`: a row listed above a better-scored one, not being a copy: an
-    index that keeps looks lists the near copies of the query by look first
-    (`search.looks`), and a row there says so.
 
     Example:
 
-    >>> rows = [[{"score": 2.0, "exact": True}, {"score": 0.5, "exact": False},
-    ...          {"score": 1.0, "exact": False}]]
-    >>> [(r["copy"], r["lifted"]) for r in mark(rows, np.ones((1, 4)), 2, None)[0]]
-    [(True, False), (False, True), (False, False)]
+    >>> rows = [[{"score": 2.0, "exact": True}, {"score": 1.0, "exact": False}]]
+    >>> [r["copy"] for r in mark(rows, np.ones((1, 4)), 2, None)[0]]
+    [True, False]
 
     Returns:
         `answers`.
     """
+    if marked:
+        return answers
     queries = np.asarray(queries, np.float32)
     for row, query in zip(answers, queries):
         if not row:
             continue
         scores = np.array([match["score"] for match in row])
         margins = copy_margins(query[None], scores[None], block_size)[0]
-        # The best score listed below each row.
-        below = np.r_[np.maximum.accumulate(scores[::-1])[::-1][1:], -np.inf]
-        for match, value, best_below in zip(row, margins, below):
+        for match, value in zip(row, margins):
             near = margin is not None and value >= margin - 1e-6
-            if not marked:
-                match["copy"] = bool(match.get("exact") or near)
-            match["lifted"] = bool(not match["copy"] and match["score"] < best_below)
+            match["copy"] = bool(match.get("exact") or near)
     return answers
 
 

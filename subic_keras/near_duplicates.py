@@ -1,9 +1,10 @@
 """Near-duplicate queries: pictures of a database, altered as copies are.
 
-The second task of `benchmarks/refine.py`: every picture of a set is in the
+The earlier copy benchmark's task, kept as one set of queries of
+`benchmarks/near_duplicates.py`: every picture of a set is in the
 database, and each query is one of them cropped, recompressed, brightened
 or mirrored; a search finds the original, or not (recall@1, recall@10).
-It measures what codes alone cannot: SuBiC's codes are trained for classes
+It measures what class codes alone cannot: SuBiC's codes are trained for classes
 (paper Sec. 3), so a copy's code is shared with hundreds of pictures of its
 class and the original is one of a tie group.
 """

@@ -44,10 +44,9 @@ from subic_keras._validation import check_int, load_json
 from subic_keras.instance import InstanceSubic
 from subic_keras.paths import find_files, read_bytes
 from subic_keras.pretrained import INSTANCE
-from subic_keras.retrieval import FolderReport, input_shape, keeps_looks, model_record
+from subic_keras.retrieval import FolderReport, input_shape, model_record
 from subic_keras.search import file_format
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.search.manifests import (
     MANIFEST_SUFFIX,
     MAX_SHARDS,
@@ -88,7 +87,6 @@ class _Encoder:
         row = {path: i for i, path in enumerate(paths)}
         kept = np.array([row[p] for p in decoded.paths], np.int64)
         codes = np.zeros((len(paths), self.subic.num_blocks), np.int32)
-        looks = np.zeros((len(paths), LOOK_SIZE), np.int8)
         fingerprints = np.zeros(len(paths), np.uint64)
         width = 0 if self.instance is None else self.instance.num_blocks
         instance_codes = np.zeros((len(paths), width), np.int32)
@@ -97,8 +95,6 @@ class _Encoder:
             if self.instance is not None:
                 own = self.instance.own_pictures(decoded.pixels)
                 instance_codes[kept] = self.instance.encode(own, batch_size=len(kept))
-            elif keeps_looks(self.subic):
-                looks[kept] = look(decoded.pixels)
             fingerprints[kept] = decoded.fingerprints
         reasons = np.full(len(paths), "", object)
         for skipped in decoded.skipped:
@@ -107,7 +103,6 @@ class _Encoder:
             "id": ids,
             "path": np.array(paths, object),
             "code": codes,
-            "look": looks,
             "instance_code": instance_codes,
             "fingerprint": fingerprints,
             "reason": reasons,
@@ -186,7 +181,7 @@ def index_folder_on_ray(
             cluster's CPUs but one, at least one.
         instance_model: an instance code (`"instance"`, the one that ships,
             or a `.keras` file every node reads at the same path) whose codes
-            each shard keeps beside a class model's; default: none (looks).
+            each shard keeps beside a class model's; default: none.
 
     Returns:
         `(files, report)`: the shards' paths, and the counts of pictures
@@ -266,9 +261,8 @@ def index_folder_on_ray(
     def write(number: int, column: dict[str, np.ndarray] | None) -> None:
         both = None if instance is None else (instance.num_blocks, instance.block_size)
         index = ImageIndex(
-            subic.num_blocks, subic.block_size, root, shape,
-            looks=keeps_looks(subic) and instance is None, instance=both,
-        )  # fmt: skip
+            subic.num_blocks, subic.block_size, root, shape, instance=both
+        )
         index.model, index.shard_label = record, (build, number)
         if index.instance is not None:
             index.instance.model = instance_record
@@ -365,7 +359,6 @@ def _add_run(index: ImageIndex, column: dict[str, np.ndarray]):
             column["code"][kept],
             [str(path) for path in column["path"][kept]],
             column["fingerprint"][kept],
-            looks=column["look"][kept] if index.has_looks else None,
             ids=column["id"][kept],
             instance_codes=None
             if index.instance is None

@@ -30,7 +30,6 @@ from subic_keras.search.base import PictureIndex, Searcher
 from subic_keras.search.checks import model_writer
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.instance_codes import InstanceCodes
-from subic_keras.search.looks import LOOK_SIZE, look
 from subic_keras.weights_digest import weights_digest
 
 # A model that writes an index's codes: a class code or an instance code.
@@ -96,7 +95,7 @@ def index_folder(
             messages (`model_record`).
         instance: an instance code (`instance.pretrained()`, say) to keep
             of every picture beside a class code's (`search.instance_codes`:
-            copies first); a new index then keeps no looks. An `index` that
+            copies first). An `index` that
             keeps instance codes needs the instance code that wrote them.
         instance_path: its file (or `"instance"`), recorded with its codes
             so that a search can load it (`instance_encoder`; default: none
@@ -117,9 +116,8 @@ def index_folder(
     if index is None:
         both = None if instance is None else (instance.num_blocks, instance.block_size)
         index = ImageIndex(
-            subic.num_blocks, subic.block_size, root, shape,
-            looks=keeps_looks(subic) and instance is None, instance=both,
-        )  # fmt: skip
+            subic.num_blocks, subic.block_size, root, shape, instance=both
+        )
         index.model = model_record(subic, model_path)
         if index.instance is not None and instance is not None:
             index.instance.model = model_record(instance, instance_path)
@@ -139,12 +137,11 @@ def index_folder(
         for batch in image_files.image_batches(root, new, shape, batch_size):
             if batch.paths:
                 codes = subic.encode(batch.pixels, batch_size=batch_size)
-                looks = look(batch.pixels) if index.has_looks else None
                 more = {}
                 if instance is not None:
                     pixels = instance.own_pictures(batch.pixels)
                     more["instance_codes"] = instance.encode(pixels, batch_size)
-                index.add(codes, batch.paths, batch.fingerprints, looks=looks, **more)
+                index.add(codes, batch.paths, batch.fingerprints, **more)
             report.added += len(batch.paths)
             report.skipped += batch.skipped
             bar.update(len(batch.paths) + len(batch.skipped))
@@ -200,12 +197,6 @@ def instance_encoder(index: Searcher) -> InstanceSubic | None:
     codes = InstanceCodes(num_blocks, block_size, record)
     check_model_fits(codes, encoder, "the index's instance codes", name)
     return encoder
-
-
-def keeps_looks(subic) -> bool:
-    """Whether an index of `subic`'s codes keeps the pictures' looks: a class
-    code's does, to order its ties; an instance code finds copies itself."""
-    return not isinstance(subic, InstanceSubic)
 
 
 def _check_same_folder(index: ImageIndex, subic: Encoder, root, model_path) -> None:
@@ -280,7 +271,8 @@ def check_model_fits(
 
     An index that records no model (written by an earlier version) cannot
     be checked: a one-line warning on standard error says so, as it says of
-    a picture index whose looks are an earlier version's.
+    a picture index written with looks by an earlier version (searched by
+    its codes alone).
 
     Raises:
         ValueError: naming the index, both models and what differs.
@@ -297,15 +289,14 @@ def check_model_fits(
             f"{where} holds pictures decoded to {tuple(shape)}, but the model "
             f"takes {input_shape(subic)}"
         )
-    if isinstance(index, PictureIndex) and index.holds_pictures and index.has_looks:
-        if index.look_size != LOOK_SIZE:  # earlier releases' 96-byte thumbnails
-            print(
-                f"warning: {where} keeps looks of an earlier version "
-                f"({index.look_size} bytes each, not {LOOK_SIZE}), of no use to "
-                "this one's queries: its ties stay in insertion order until it is "
-                "built again",
-                file=sys.stderr,
-            )
+    if isinstance(index, PictureIndex) and index.written_with_looks:
+        print(
+            f"note: {where} was built by an earlier version that ordered ties "
+            "by the pictures' looks, which this one no longer uses: it is "
+            "searched by its codes alone (build it again for an instance code "
+            "of every picture, copies first: subic index build)",
+            file=sys.stderr,
+        )
     current = model_record(subic, model_path, file_digest=False)
     recorded = index.model
     model = current["path"] or current["file"] or "the model"

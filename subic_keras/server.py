@@ -7,13 +7,12 @@ One process holds one model and one index of a folder's pictures (an
 - `POST /search?k=10`: a picture as the request body (`Content-Type:
   image/png`, `image/jpeg`, ...) or as the multipart field `image`. Answers
   `{"results": [{"rank", "score", "id", "path", "class", "added",
-  "attributes", "exact", "copy", "lifted"}, ...], "predicted_class",
+  "attributes", "exact", "copy"}, ...], "predicted_class",
   "class_name", "probability", "k", "where", "milliseconds"}` (the rows of
   `subic_keras.search.answer_rows` marked by `subic_keras.copies.mark`, as
   the command line gives them); `exact` marks a stored picture identical to
   the query, `copy` one that is (an instance code's rule) or is a copy of
-  it, `lifted` one listed above better scores because it looks like the
-  query; `class_name` is the predicted class's name when the model knows
+  it; `class_name` is the predicted class's name when the model knows
   it (trained on a folder), else `null`, and an instance code, which has
   no classes, answers `null` for the class and its probability.
   `&where=EXPR` keeps the pictures a filter expression keeps
@@ -73,7 +72,6 @@ from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import query_look
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.ray_index import RayIndex, ShardUnavailableError
 
@@ -409,8 +407,6 @@ class SearchService:
         queries, probabilities = self.encode(pixels[None])
         state = self._state
         index = state.index
-        # The query's look (38 views) only for an index that orders ties by it.
-        looks = query_look(pixels[None]) if index.has_looks else None
         more = {}
         if state.instance is not None:  # instance codes beside the class codes
             own = state.instance.own_pictures(pixels[None])
@@ -420,9 +416,8 @@ class SearchService:
                 (outputs,) = outputs
             more["instance_queries"] = outputs.numpy()
         answer = self._search(
-            index, queries, k, condition, image_files.fingerprint(pixels), looks,
-            **more,
-        )  # fmt: skip
+            index, queries, k, condition, image_files.fingerprint(pixels), **more
+        )
         best = probability = name = None  # an instance code has no classes
         if probabilities is not None:
             best = int(np.argmax(probabilities[0]))
@@ -479,14 +474,12 @@ class SearchService:
         k: int,
         where,
         fingerprint: int,
-        looks=None,
         **more,
     ):
         try:
             rows = index.answer(
-                queries, k, where=where, fingerprints=[fingerprint], looks=looks,
-                **more,
-            )  # fmt: skip
+                queries, k, where=where, fingerprints=[fingerprint], **more
+            )
         except ValueError as error:  # a filter on a field this index lacks
             raise ApiError(422, str(error)) from None
         copies.mark(rows, queries, index.block_size, self.copy_margin, bool(more))
@@ -535,7 +528,6 @@ class SearchService:
             "max_k": MAX_K,
             "max_upload_bytes": self.max_upload_bytes,
             "folders": index.folders()[:MAX_FOLDERS],
-            "looks": index.has_looks,
             # Copies first, by an instance code kept beside the class code.
             "instance_codes": state.instance is not None,
         }

@@ -77,7 +77,7 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
     assert matches[0]["score"] == pytest.approx(float(score), abs=1e-4)
     assert set(matches[0]) == {
         "query", "rank", "score", "id", "path", "class", "added", "attributes",
-        "exact", "copy", "lifted",
+        "exact", "copy",
     }  # fmt: skip
     # The same rows as the Python API's: one function builds both, and one
     # marks copies and rows listed above better scores.
@@ -360,96 +360,54 @@ def test_an_index_without_its_model_is_searched_with_a_warning(model, folder, ca
     assert err.count("\n") == 1 and "cannot be checked against it" in err
 
 
-def test_looks_of_an_earlier_version_leave_ties_in_insertion_order(
+def test_an_index_of_an_earlier_version_with_looks_is_searched_by_its_codes(
     model, folder, capsys
 ):
-    from subic_keras.search.image_index import ImageIndex
+    from earlier_files import add_looks
 
     root, paths = folder
     output = str(root.parent / "photos.subic")
     main(["index", "build", model, str(root), "--output", output])
-    built = search_open(output)
-    # As versions 4 and 5 wrote: 96-byte looks of another kind.
-    old = ImageIndex(
-        built.num_blocks, built.block_size, root, built.image_shape, looks=96
-    )
-    old.add(
-        built.get_codes(),
-        built.get_paths(),
-        looks=np.random.default_rng(0).integers(-127, 128, (len(paths), 96), np.int8),
-    )
-    old.model = built.model
-    old.save(output)
-    capsys.readouterr()
     query = str(root / paths[0])
+    capsys.readouterr()
+    assert main(["search", model, output, query, "-k", "5", "--json"]) == 0
+    expected = capsys.readouterr().out
+    add_looks(output)  # as versions 4 to 6 wrote it
     assert main(["search", model, output, query, "-k", "5", "--json"]) == 0
     out, err = capsys.readouterr()
-    assert err.count("\n") == 1
-    assert "keeps looks of an earlier version (96 bytes each, not 108)" in err
-    subic = load_subic(model)
-    pixels = images.read_image(query, retrieval.input_shape(subic))
-    _, ids = old.search(subic.query(pixels[None]), 5)  # the codes' order
-    assert [json.loads(line)["id"] for line in out.splitlines()] == ids[0].tolist()
+    assert out == expected
+    assert err.count("\n") == 1 and "no longer uses" in err
+    assert "searched by its codes alone" in err
 
 
-def test_ties_are_ordered_by_what_the_pictures_look_like(model, tmp_path, capsys):
+def test_ties_stay_in_insertion_order_without_an_instance_code(model, tmp_path, capsys):
     # One picture faded into noise, ever more: the untrained model gives
-    # them few codes (tie groups), and the names run against the likeness
-    # (img_00 is the noisiest), so path order and look order differ.
+    # them few codes (tie groups), each listed in the order indexed.
     from PIL import Image
-
-    from subic_keras.search import looks
 
     rng = np.random.default_rng(3)
     base = rng.integers(0, 256, (32, 32, 3)).astype(np.float64)
-    fades = np.linspace(0.05, 0.9, 30)[::-1]
-    pictures = [
-        (base * (1 - t) + rng.integers(0, 256, (32, 32, 3)) * t).astype(np.uint8)
-        for t in fades
-    ]
     root = tmp_path / "faded"
     (root / "a").mkdir(parents=True)
-    for i, picture in enumerate(pictures):
+    for i, t in enumerate(np.linspace(0.05, 0.9, 30)[::-1]):
+        noise = rng.integers(0, 256, (32, 32, 3))
+        picture = (base * (1 - t) + noise * t).astype(np.uint8)
         Image.fromarray(picture).save(root / "a" / f"img_{i:02d}.png")
     output = str(tmp_path / "faded.subic")
-    main(
-        [
-            "index",
-            "build",
-            model,
-            str(root),
-            "--output",
-            output,
-            "--instance-model",
-            "none",
-        ]
-    )
+    argv = ["index", "build", model, str(root), "--output", output]
+    assert main([*argv, "--instance-model", "none"]) == 0
     query = tmp_path / "query.png"
     Image.fromarray(base.astype(np.uint8)).save(query)
     capsys.readouterr()
     assert main(["search", model, output, str(query), "-k", "30", "--json"]) == 0
     matches = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    likeness = dict(
-        zip(
-            [f"a/img_{i:02d}.png" for i in range(30)],
-            looks.similarity(looks.query_look(base.astype(np.uint8)[None]), looks.look(
-                np.stack([images.read_image(root / "a" / f"img_{i:02d}.png",
-                                            (32, 32, 3)) for i in range(30)])
-            ))[0],
-        )
-    )  # fmt: skip
+    assert not any(match["copy"] for match in matches)
     groups: dict[float, list[str]] = {}
     for match in matches:
-        if likeness[match["path"]] < looks.NEAR_COPY:
-            groups.setdefault(match["score"], []).append(match["path"])
+        groups.setdefault(match["score"], []).append(match["path"])
     tied = [paths for paths in groups.values() if len(paths) > 2]
     assert tied, groups
-    for paths in tied:  # most alike first, against the order of the names
-        alike = [likeness[path] for path in paths]
-        assert alike == sorted(alike, reverse=True)
-        assert paths != sorted(paths)
-    near = [m["path"] for m in matches if likeness[m["path"]] >= looks.NEAR_COPY]
-    assert [m["path"] for m in matches[: len(near)]] == near  # near copies first
+    assert all(paths == sorted(paths) for paths in tied)
 
 
 def test_command_line_basics(model, folder, tmp_path, capsys):
@@ -676,7 +634,7 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     output = str(tmp_path / "photos.subic")
     assert main(["index", "build", model, str(root), "--output", output]) == 0
     index = ImageIndex.load(output)
-    assert index.instance.num_blocks == 32 and not index.has_looks
+    assert index.instance.num_blocks == 32
     assert index.instance_model["file"] == "instance"
     # Copies: each picture twice as large, recompressed (JPEG 90).
     copies_of = [3, 11, 27, 40, 52]
@@ -704,7 +662,7 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
             if original["score"] == first["score"]:
                 assert first["path"] == paths[number], mine[:3]
         assert not any(row["copy"] for row in mine[1:]), mine[:3]
-    assert marked >= 3 and not any(row["lifted"] for row in rows), rows
+    assert marked >= 3, rows
     # The same index searched by its instance codes alone.
     assert main(["search", "instance", output, *queries, "-k", "1", "--json"]) == 0
     alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -727,12 +685,12 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     code.save(other)
     error, _ = _error(capsys, "search", other, output, queries[0])
     assert "was written by instance" in error, error
-    # Without an instance code: looks, as before.
+    # Without an instance code: the class code alone.
     plain = str(tmp_path / "plain.subic")
     argv = ["index", "build", model, str(root), "--output", plain]
     assert main([*argv, "--instance-model", "none"]) == 0
     index = ImageIndex.load(plain)
-    assert index.instance is None and index.has_looks
+    assert index.instance is None and not index.written_with_looks
     assert _error(capsys, *argv, "--instance-model", model)[0].startswith(
         "subic index build: error: --instance-model must be an instance code"
     )

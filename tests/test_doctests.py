@@ -48,7 +48,6 @@ MODULES = (
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
     "subic_keras.search.milvus",
-    "subic_keras.search.looks",
     "subic_keras.near_duplicates",
     "subic_keras.alterations",
     "subic_keras.instance",

@@ -451,7 +451,7 @@ def _query_file(kind: str, seed: int):
         elif kind == "npy-shape":
             path = str(world["root"] / f"q_{seed}.npy")
             np.save(path, np.zeros((2, 8, 8, int(rng.integers(4, 6))), np.uint8))
-        return _read_query_images([path], SHAPE, True)
+        return _read_query_images([path], SHAPE)
 
     return run
 
@@ -482,7 +482,7 @@ def _png(size, channels):
         path = _write(
             world, f"q_{size}_{channels}.png", tf.io.encode_png(image).numpy()
         )
-        _, images, _, _ = _read_query_images([path], SHAPE, True)
+        _, images, _ = _read_query_images([path], SHAPE)
         return images
 
     return run

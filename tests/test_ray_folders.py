@@ -231,8 +231,7 @@ def test_serve_answers_from_shards_as_from_one_index(built):
             )  # fmt: skip
             found.append([(r["path"], r["copy"]) for r in copied["results"]])
             status, stats = request_json(port, "GET", "/stats")
-            keeps = (stats["looks"], stats["instance_codes"])
-            found.append((stats["items"], keeps, stats["folders"]))
+            found.append((stats["items"], stats["instance_codes"], stats["folders"]))
             first_id = answer["results"][0]["id"]
             status, _, data = request(port, "GET", f"/items/{first_id}")
             assert status == 200 and data == (root / paths[7]).read_bytes()
@@ -244,7 +243,7 @@ def test_serve_answers_from_shards_as_from_one_index(built):
     assert sharded[0][0] == (paths[0], one[0][0][1], True, True)  # the query itself
     assert all(path.startswith("b/") for path, *_ in sharded[1])
     assert sharded[2][0] == (paths[3], True)  # the copy's original, marked
-    assert sharded[3][1] == (False, True)  # instance codes, not looks
+    assert sharded[3][1] is True  # instance codes
 
 
 def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):

@@ -10,6 +10,8 @@
   cosine: `Uncompressed`.
 - A classifier's prediction as a one-block code: `OneHotClassifier`
   (Sablayrolles et al., ICASSP 2017).
+- For copy detection, the look (`looks`): 108 bytes of a picture's
+  centre, the peer of the instance code.
 
 Each is a `subic_keras.scoring.Scorer`, so `subic_keras.scoring.evaluate`
 scores them like SuBiC. Names load on first use: the quantizers do not
@@ -39,6 +41,7 @@ _SUBMODULES = (
     "dlbhc",
     "dsh",
     "hashing",
+    "looks",
     "one_hot",
     "quantizers",
     "training",

@@ -294,8 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with FOLDER and a class model: the instance "
         "code kept of every picture beside the class code, so that a search "
         "lists the query's copies first (default: `instance`, the one that "
-        "ships; a .keras file of `subic train-instance`; `none`: none, and "
-        "the pictures' looks instead)",
+        "ships; a .keras file of `subic train-instance`; `none`: none)",
     )
     _add_ray_address(build, "build shards on")
     build.set_defaults(run="run_index_build", command_name="index build")
@@ -379,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="print one JSON object per match (query, rank, score, id, path, "
-        "class, added, attributes, exact, copy, lifted) instead of a table "
+        "class, added, attributes, exact, copy) instead of a table "
         "(default: off)",
     )
     _add_collection_argument(search)

@@ -19,7 +19,6 @@ from subic_keras.instance import InstanceSubic
 from subic_keras.paths import open_file
 from subic_keras.search import filters
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.looks import LOOK_SIZE, VIEWS, query_look
 from subic_keras.sockets import listen
 
 
@@ -100,12 +99,10 @@ def _read_image(path: str, shape) -> np.ndarray:
 
 
 def _read_query_images(
-    paths: list[str], shape, with_looks: bool
-) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None]:
+    paths: list[str], shape
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Query images from `.npy` arrays (uint8 `(n, H, W[, C])`) or image
-    files, and the fingerprints and looks of their pixels (0 and a look of
-    zeros, which orders nothing, for float arrays; no looks without
-    `with_looks`: an index that keeps none has nothing to compare them to)."""
+    files, and the fingerprints of their pixels (0 for float arrays)."""
     shape = tuple(shape)
     names, batches = [], []
     for path in paths:
@@ -125,19 +122,9 @@ def _read_query_images(
         ],
         dtype=np.uint64,
     )
-    looks = None
-    if with_looks:
-        looks = np.concatenate(
-            [
-                query_look(batch)
-                if batch.dtype == np.uint8
-                else np.zeros((len(batch), VIEWS, LOOK_SIZE), np.int8)
-                for batch in batches
-            ]
-        )
     if len({batch.dtype for batch in batches}) > 1:
         batches = [retrieval.as_model_inputs(batch) for batch in batches]
-    return names, np.concatenate(batches), fingerprints, looks
+    return names, np.concatenate(batches), fingerprints
 
 
 def run_search(args) -> int:
@@ -154,8 +141,8 @@ def run_search(args) -> int:
             )
         index = index.by_instance()  # the instance codes kept beside a class code's
     retrieval.check_model_fits(index, subic, where, args.model)
-    names, images, fingerprints, looks = _read_query_images(
-        paths, retrieval.input_shape(subic), getattr(index, "has_looks", False)
+    names, images, fingerprints = _read_query_images(
+        paths, retrieval.input_shape(subic)
     )
     queries = subic.query(images, kind=args.query)
     more = {}
@@ -167,9 +154,8 @@ def run_search(args) -> int:
     # At most len(index) columns come back, whatever -k says; a Milvus
     # collection may leave some empty (id -1).
     answers = index.answer(
-        queries, args.k, where=condition, fingerprints=fingerprints, looks=looks,
-        **more,
-    )  # fmt: skip
+        queries, args.k, where=condition, fingerprints=fingerprints, **more
+    )
     margin = getattr(subic, "copy_margin", None)  # an instance code's
     copies.mark(answers, queries, subic.block_size, margin, marked=bool(more))
     for name, matches in zip(names, answers):
@@ -210,8 +196,6 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
         where = printable(path) if path is not None else f"id {match['id']}"
         note = "  (the query itself)" if match["exact"] else ""
         note = note or ("  (a copy)" if match.get("copy") else "")
-        if match.get("lifted"):
-            note += "  (listed first: it looks like the query)"
         print(f"  {match['rank']:>4}  {match['score']:>10.4f}  {where}{note}")
 
 

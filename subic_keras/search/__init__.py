@@ -31,10 +31,6 @@ concept:
 - `instance_codes`: an instance code kept beside the class code of an
   `ImageIndex` (`instance=`), and the answer of both: the query's copies
   first, equal class scores by instance score.
-- `looks`: what a picture looks like (108 bytes of its centre), which orders
-  the ties of the codes' best results and lifts near copies of the query
-  (`SubicIndex(looks=True)`; an `ImageIndex` made without `instance=`
-  keeps looks by default).
 - `sharding`: `ShardedSubicIndex` (shards in one process) and
   `merge_results` (shards on several machines).
 - `manifests`: shard manifests, `save_shards`, and how rebuilds and open
@@ -62,7 +58,7 @@ own layouts beside it (the native kernels' tiles: about `code_size` bytes
 per item again).
 """
 
-from subic_keras.search import filters, looks, scanners
+from subic_keras.search import filters, scanners
 from subic_keras.search.base import SearchBackend, Searcher, answer_rows
 from subic_keras.search.filters import Filter
 from subic_keras.search.image_index import ImageIndex
@@ -82,7 +78,6 @@ __all__ = [
     "SubicIndex",
     "answer_rows",
     "filters",
-    "looks",
     "merge_results",
     "open",
     "save_shards",

@@ -114,25 +114,19 @@ class Searcher(abc.ABC):
         return self._search(queries, k, filters.as_filter(where))
 
     def answer(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None
+        self, queries, k: int, *, where=None, fingerprints=None
     ) -> list[list[dict]]:
         """`search`, each result as a row (`answer_rows`): per query, a list
         of `{"rank", "score", "id", "path", ..., "exact"}`.
 
         `fingerprints` (one per query, `subic_keras.images.fingerprint`)
-        and `looks` (`subic_keras.search.looks.look`) describe the query
-        pictures: an index of pictures lists exact copies of a query first
-        and orders ties by look (`ImageIndex`, `SubicIndex` with looks); an
-        index of codes alone has no pixels to compare and ignores them.
+        describe the query pictures: an index of pictures lists exact copies
+        of a query first (`ImageIndex`); an index of codes alone has no
+        pixels to compare and ignores them.
         """
         del fingerprints
-        scores, ids = self._answer_search(queries, k, where, looks)
+        scores, ids = self.search(queries, k, where=where)
         return answer_rows(self, scores, ids)
-
-    def _answer_search(self, queries, k, where, looks):
-        """The search behind `answer`; an index that keeps looks uses them."""
-        del looks
-        return self.search(queries, k, where=where)
 
     def describe(self, ids: np.ndarray) -> list[dict]:
         """What the index knows of each item: its id, and its path (None
@@ -248,13 +242,10 @@ class PictureIndex(Searcher):
 
     @property
     @abc.abstractmethod
-    def has_looks(self) -> bool:
-        """Whether each picture's look is kept (`subic_keras.search.looks`)."""
-
-    @property
-    @abc.abstractmethod
-    def look_size(self) -> int:
-        """Bytes of each picture's look (0: none kept)."""
+    def written_with_looks(self) -> bool:
+        """Whether it was read from files of an earlier version that held
+        the pictures' looks, which this version reads past: it is searched
+        by its codes alone."""
 
     @abc.abstractmethod
     def paths(self, ids) -> list[str]:

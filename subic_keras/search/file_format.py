@@ -46,14 +46,15 @@ flag bit 1 is set (an index of image files); after the ids:
     A             a UTF-8 JSON array of n values, each null or a flat
                   object of the item's attributes (`items.check_attributes`)
 
-Version 4 is version 3 with each item's look (`looks`) where header flag
-bit 2 is set, after everything else:
+Version 4 is version 3 with each item's *look* where header flag bit 2
+is set, after everything else: a descriptor of the picture that earlier
+versions ordered tie groups by, since retired for the instance code.
+Files that hold looks are still read, the looks checked and dropped:
 
     size          field
     n*D int8      the looks, in insertion order
-    8   uint64    D, bytes of one look (`looks.LOOK_SIZE` for `looks.look`'s;
-                  at most `looks.MAX_LOOK_SIZE`), last so that it is found
-                  from the end
+    8   uint64    D, bytes of one look (at most 4096), last so that it is
+                  found from the end
 
 Version 5 is version 4 with the grouping of the items' equal codes
 (`native.group_equal`'s: what the native scan scores once per distinct
@@ -84,12 +85,10 @@ scan read out of bounds or rank wrongly. Where codes hardly repeat, or an
 index holds 2**32 items or more, no grouping is written.
 
 `write` writes version 1 when it is given neither metadata nor an item
-table, version 6 with instance codes, version 5 with a grouping, version 4
-with looks, and version 3 otherwise; `read` reads all six (a version 2
+table, version 6 with instance codes, version 5 with a grouping, and
+version 3 otherwise (never looks); `read` reads all six (a version 2
 file's items were added at an unknown time, 0, and have no attributes;
-files before version 4 have no looks, and their indexes order ties in
-insertion order; files before version 5 are grouped on their first
-search).
+files before version 5 are grouped on their first search).
 
 `read` checks the size and the checksum before any byte reaches faiss, so a
 truncated or corrupted file raises `ValueError` naming the path. `write`
@@ -113,7 +112,6 @@ from subic_keras._validation import load_json
 from subic_keras.paths import open_in_folder, open_regular
 from subic_keras.search import packing
 from subic_keras.search.checks import MAX_BLOCK_SIZE, duplicates
-from subic_keras.search.looks import MAX_LOOK_SIZE
 from subic_keras.search.native import checked_groups
 
 MAGIC = b"SUBICIDX"
@@ -142,6 +140,8 @@ _FLAG_ITEMS = 2
 _FLAG_LOOKS = 4
 _FLAG_GROUPS = 8
 _FLAG_INSTANCE = 16
+# The longest look a version 4 file may hold (what its writers allowed).
+_MAX_LOOK_SIZE = 4096
 _LENGTH = struct.Struct("<Q")
 _SHAPE = struct.Struct("<II")
 
@@ -168,19 +168,19 @@ class Header:
 class Items:
     """What versions 2 to 6 record beside the codes and ids: metadata, and
     of each item (an index of image files; None otherwise) its path,
-    fingerprint, time added and attributes, its look (version 4; None
-    otherwise), the grouping of equal codes (version 5; None otherwise),
-    and its instance code (version 6: `(M', K', packed)`, the packed codes
-    `(n, S)` uint8; None otherwise)."""
+    fingerprint, time added and attributes, the grouping of equal codes
+    (version 5; None otherwise), and its instance code (version 6:
+    `(M', K', packed)`, the packed codes `(n, S)` uint8; None otherwise).
+    `earlier_looks` says a file held looks, read past (version 4)."""
 
     metadata: dict
     paths: list[str] | None = None
     fingerprints: np.ndarray | None = None  # uint64 (n,)
     added: np.ndarray | None = None  # float64 (n,)
     attributes: list[dict | None] | None = None
-    looks: np.ndarray | None = None  # int8 (n, D)
     groups: tuple[np.ndarray, np.ndarray] | None = None  # int64 starts, members
     instance: tuple[int, int, np.ndarray] | None = None
+    earlier_looks: bool = False
 
 
 def write(
@@ -199,9 +199,9 @@ def write(
             order, `header.size` rows in all.
         ids: int64 ids `(header.size,)`, in insertion order.
         items: the metadata and item table of version 3 (item columns in
-            insertion order, or None for metadata alone), the looks of
-            version 4, the grouping of version 5 and the instance codes of
-            version 6; `None` writes version 1.
+            insertion order, or None for metadata alone), the grouping of
+            version 5 and the instance codes of version 6; `None` writes
+            version 1.
     """
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         digest = hashlib.sha256()
@@ -210,15 +210,12 @@ def write(
             digest.update(data)
             f.write(data)
 
-        looks = None if items is None else items.looks
         groups = None if items is None else items.groups
         if header.size > MAX_GROUPED_ITEMS:
             groups = None
         flags, version = 0, VERSION_WITH_ITEMS
         if items is not None and items.paths is not None:
             flags |= _FLAG_ITEMS
-        if looks is not None:
-            flags, version = flags | _FLAG_LOOKS, VERSION_WITH_LOOKS
         if groups is not None:
             flags, version = flags | _FLAG_GROUPS, VERSION_WITH_GROUPS
         instance = None if items is None else items.instance
@@ -249,9 +246,6 @@ def write(
             put(np.asarray(items.added).astype("<f8").tobytes())
             attributes = json.dumps(items.attributes, sort_keys=True).encode()
             put(_LENGTH.pack(len(attributes)) + attributes)
-        if looks is not None:
-            put(np.ascontiguousarray(looks, dtype=np.int8).tobytes())
-            put(_LENGTH.pack(looks.shape[1]))
         if groups is not None:
             starts, members = groups
             put(np.asarray(members).astype("<u4").tobytes())
@@ -455,7 +449,7 @@ def _read_items(
 ) -> Items:
     """The item table in `body[start:end]`, every length checked first (a
     grouping is returned as stored, for `native.checked_groups`)."""
-    looks = groups = instance = None
+    groups = instance = None
     if with_instance:  # the last section, its shape at its end
         instance, end = _read_instance(body, start, end, n)
     if with_groups:  # the last section, its count at its end
@@ -471,16 +465,14 @@ def _read_items(
         starts = np.frombuffer(body, "<u4", count=distinct + 1, offset=end)
         end -= 4 * n
         groups = (starts, np.frombuffer(body, "<u4", count=n, offset=end))
-    if with_looks:  # the last section, its size at its end: `end` moves before it
+    if with_looks:  # the last section, its size at its end: read past
         if end - start < _LENGTH.size:
             raise ValueError("the looks are truncated")
         end -= _LENGTH.size
         (size,) = _LENGTH.unpack_from(body, end)
-        if not 1 <= size <= MAX_LOOK_SIZE or size * n > end - start:
+        if not 1 <= size <= _MAX_LOOK_SIZE or size * n > end - start:
             raise ValueError(f"looks of {size} bytes each overrun the file")
         end -= size * n
-        looks = np.frombuffer(body, np.int8, count=size * n, offset=end)
-        looks = looks.reshape(n, size)
 
     def section(offset: int) -> tuple[bytes | bytearray, int]:
         if end - offset < _LENGTH.size:
@@ -503,7 +495,9 @@ def _read_items(
             raise ValueError(
                 f"{end - offset} bytes of trailing data after the metadata"
             )
-        return Items(metadata, looks=looks, groups=groups, instance=instance)
+        return Items(
+            metadata, groups=groups, instance=instance, earlier_looks=with_looks
+        )
     if end - offset < 8 * n + _LENGTH.size:
         raise ValueError("the fingerprints are truncated")
     fingerprints = np.frombuffer(body, dtype="<u8", count=n, offset=offset)
@@ -541,9 +535,9 @@ def _read_items(
         fingerprints.astype(np.uint64),
         added,
         attributes,
-        looks,
         groups,
         instance,
+        with_looks,
     )
 
 

@@ -1,7 +1,7 @@
 """`ImageIndex`: a folder's pictures, searched by picture, answered by path.
 
 An `ImageIndex` is a `PictureIndex` made of parts kept in step: a
-`SubicIndex` of each picture's code, id and look (`looks`), an
+`SubicIndex` of each picture's code and id, an
 `ItemTable` (`items`) of the rest (its path relative to the folder, its
 class, a fingerprint of its decoded pixels, when it was added, the user's
 attributes), and with `instance=` an instance code of each picture
@@ -10,8 +10,7 @@ the paths never drift from the codes; `subic_keras.search.open` reads it.
 
 Ranking is the asymmetric score of `SubicIndex` (paper Sec. 3.3); given
 the query's instance query, an index with instance codes lists its copies
-first and orders equal scores by instance score (`instance_codes`), and
-given the query's look, an index with looks orders them by look (`looks`).
+first and orders equal scores by instance score (`instance_codes`).
 One rule is added for pictures: an exact copy of the query (the same
 pixels at the model's input size, by fingerprint) is listed first, as a
 person who searches with a picture of the folder expects, whatever its
@@ -42,7 +41,6 @@ from subic_keras.search.items import (
     check_table_metadata,
 )
 from subic_keras.search.locks import ReadOnly, ReadWriteLock
-from subic_keras.search.looks import fitting
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.picture_shard_answers import PictureShardAnswers
 from subic_keras.search.subic_index import SubicIndex
@@ -71,11 +69,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         root: the folder the paths are relative to (kept absolute).
         image_shape: the model input `(H, W, C)` the pictures were decoded
             to, recorded so that queries are decoded the same way.
-        index: the `SubicIndex` to hold the codes (default: a new one,
-            with looks as `looks` says).
-        looks: keep each picture's look (`True`: `looks.look`, 108 bytes;
-            or a size, `SubicIndex`'s option), so that searches given the
-            query's look order ties by it.
+        index: the `SubicIndex` to hold the codes (default: a new one).
         instance: `(M', K')`: keep an instance code of that shape of every
             picture beside its class code (`instance_codes`: copies first).
 
@@ -91,11 +85,10 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         root: str | os.PathLike,
         image_shape: Sequence[int] | None = None,
         index: SubicIndex | None = None,
-        looks: bool | int = True,
         instance: tuple[int, int] | None = None,
     ):
         if index is None:
-            index = SubicIndex(num_blocks, block_size, looks=looks)
+            index = SubicIndex(num_blocks, block_size)
         elif (index.num_blocks, index.block_size) != (num_blocks, block_size):
             raise ValueError(
                 f"index holds codes of {index.num_blocks} blocks of "
@@ -138,14 +131,10 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         return self._codes.scanner
 
     @property
-    def has_looks(self) -> bool:
-        """Whether the pictures' looks are kept (`SubicIndex.has_looks`)."""
-        return self._codes.has_looks
-
-    @property
-    def look_size(self) -> int:
-        """Bytes of each picture's look (0: none kept)."""
-        return self._codes.look_size
+    def written_with_looks(self) -> bool:
+        """Whether its file was an earlier version's, with the pictures'
+        looks, which this version reads past (`file_format`)."""
+        return self._codes.written_with_looks
 
     @property
     def model(self) -> dict | None:
@@ -209,12 +198,11 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         paths: Iterable[str],
         fingerprints=None,
         attributes=None,
-        looks=None,
         ids=None,
         instance_codes=None,
     ) -> np.ndarray:
         """Adds pictures, all or nothing: their codes and paths (and pixel
-        fingerprints, attributes, looks, ids and instance codes).
+        fingerprints, attributes, ids and instance codes).
 
         Args:
             codes: codes `(n, M)`, in any form `SubicIndex.add` takes.
@@ -224,8 +212,6 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             attributes: `n` flat objects (or None) of the user's fields,
                 which filters read as `attrs.NAME` (`items` says what they
                 may hold); default: none.
-            looks: `n` looks (`looks.look` of the pictures) for an index
-                with looks; default: zeros (insertion order among ties).
             ids: `n` new int64 ids, each at least the next default one;
                 default: the next ones (ids are never reused).
             instance_codes: `n` instance codes (an index made with `instance`).
@@ -239,8 +225,6 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         """
         paths = check_paths("paths", paths)
         attributes = check_attributes("attributes", attributes, len(paths), paths)
-        if self.has_looks and looks is None:  # `SubicIndex.add` checks them
-            looks = np.zeros((len(paths), self._codes.look_size), np.int8)
         if self._instance is not None:
             instance_codes = self._instance.checked(instance_codes, len(paths))
         elif instance_codes is not None:
@@ -278,7 +262,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
                         f"ids must be >= {self._next_id} (ids are never reused), "
                         f"received {preview(ids)}"
                     )
-            self._codes.add(codes, ids=ids, looks=looks)
+            self._codes.add(codes, ids=ids)
             if self._instance is not None:
                 self._instance.codes.add(instance_codes, ids=ids)
             self._next_id = int(ids.max()) + 1 if len(ids) else self._next_id
@@ -413,7 +397,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             return self._items.ids[self._items.keys().fingerprint_rows(fingerprint)]
 
     def search(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
+        self, queries, k: int, *, where=None, fingerprints=None, **more
     ) -> tuple[np.ndarray, np.ndarray]:
         """`SubicIndex.search`, with exact copies of each query listed first.
 
@@ -424,9 +408,6 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
                 `"path under 'holidays/2024'"`, `"class == 'cat'"`.
             fingerprints: the queries' pixel fingerprints `(nq,)`, or `None`
                 (no exact-copy rule).
-            looks: the query pictures' looks `(nq, VIEWS, LOOK_SIZE)`
-                (`looks.query_look`), or `None`: the order of the codes alone.
-                Ignored by an index without looks.
             instance_queries: `(nq, M'*K')`, the instance model's queries:
                 an index made with `instance` answers by both codes
                 (`instance_codes`); ignored by one without.
@@ -434,44 +415,37 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         Returns:
             `(scores, ids)`, float32 and int64 `(nq, min(k, n))`, `n` the
             pictures the filter keeps: per query, the pictures identical to
-            it (insertion order), then its near copies (by look or by
-            instance code), then the rest by decreasing score (equal scores
-            by look or instance score, else in insertion order).
+            it (insertion order), then its copies by the instance code,
+            then the rest by decreasing score (equal scores by instance
+            score, else in insertion order).
         """
-        scores, ids, *_ = self._ranked(queries, k, where, fingerprints, looks, **more)
+        scores, ids, *_ = self._ranked(queries, k, where, fingerprints, **more)
         return scores, ids
 
     def answer(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
+        self, queries, k: int, *, where=None, fingerprints=None, **more
     ) -> list[list[dict]]:
         """`search` (with its `instance_queries`), each result as a row
         (`base.answer_rows`), exact copies of the query marked `"exact":
-        True`, and by an index with instance codes, copies `"copy": True`;
-        `looks` of another size than the index's are not used
-        (`looks.fitting`)."""
-        looks = fitting(looks, self.look_size)
-        scores, ids, exact, copy = self._ranked(
-            queries, k, where, fingerprints, looks, **more
-        )
+        True`, and by an index with instance codes, copies `"copy": True`."""
+        scores, ids, exact, copy = self._ranked(queries, k, where, fingerprints, **more)
         return answer_rows(self, scores, ids, exact, copy)
 
     def _search(self, queries, k, where):
-        scores, ids, *_ = self._ranked(queries, k, where, None, None)
+        scores, ids, *_ = self._ranked(queries, k, where, None)
         return scores, ids
 
-    def _ranked(self, queries, k, where, fingerprints, looks, instance_queries=None):
+    def _ranked(self, queries, k, where, fingerprints, instance_queries=None):
         """`(scores, ids, exact, copy)`: the search, which results are exact
         copies of the query, and which its copies by the instance code (None
         unless answered by both codes)."""
         k = self._check_k(k)
         where = filters.as_filter(where)
-        if not self.has_looks:
-            looks = None
         with self._lock.read():
             keep = None if where is None else self._items.mask(where)
             copy = None
             if instance_queries is None or self._instance is None:  # by code
-                scores, ids = self._codes.search_kept(queries, k, keep, looks)
+                scores, ids = self._codes.search_kept(queries, k, keep)
             else:
                 part = shard_part(
                     self._codes, self._instance, queries, instance_queries, k, keep,
@@ -507,7 +481,6 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             with self._codes.contents() as (header, chunks, ids):
                 items = dataclasses.replace(
                     items,
-                    looks=self._codes.file_looks(),
                     groups=self._codes.file_groups(),
                     instance=part,
                 )

@@ -30,15 +30,13 @@ class PictureShardAnswers:
         _instance: InstanceCodes | None
 
     def shard_candidates(
-        self, queries, k: int, *, where=None, with_looks: bool = False
-    ) -> dict:
+        self, queries, k: int, *, where=None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`SubicIndex.shard_candidates` among the pictures `where` keeps."""
         where = filters.as_filter(where)
         with self._lock.read():
             keep = None if where is None else self._items.mask(where)
-            return self._codes.shard_candidates(
-                queries, k, keep=keep, with_looks=with_looks
-            )
+            return self._codes.shard_candidates(queries, k, keep=keep)
 
     def shard_both(self, queries, instance_queries, k: int, *, where=None) -> dict:
         """`instance_codes.shard_part` among the pictures `where` keeps: this
@@ -52,13 +50,6 @@ class PictureShardAnswers:
                 self._codes, self._instance, queries, instance_queries, k, keep,
                 self._items.rows, keys=True,
             )  # fmt: skip
-
-    def shard_matching(self, packed: np.ndarray, *, where=None) -> dict:
-        """`SubicIndex.shard_matching` among the pictures `where` keeps."""
-        where = filters.as_filter(where)
-        with self._lock.read():
-            keep = None if where is None else self._items.mask(where)
-            return self._codes.shard_matching(packed, keep=keep)
 
     def shard_copies(self, fingerprints, k: int, *, where=None) -> list:
         """Per query fingerprint, the first `k` pictures `where` keeps whose

@@ -12,10 +12,8 @@ and is served by `subic serve` as one picture index is.
 
 Results are those of one index holding the shards' items in manifest
 order, ties included: every shard sends its best by the codes with
-float64 scores and insertion positions (`shard_candidates`), merged by
-score, then position. With looks, the merged shortlist is refined as one
-index refines it (`looks.refine`): a tie group that goes on beyond it is
-fetched from every shard (`shard_matching`). Of pictures with instance
+float64 scores (`shard_candidates`), merged by score, then manifest and
+insertion order (`sharding.merge_results`). Of pictures with instance
 codes (`instance_codes`), each shard sends its part of the answer of both
 codes (`shard_both`), merged as one index's (`merge_parts`). Of pictures,
 the exact copies of a query come first, from every shard in manifest order.
@@ -45,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from subic_keras.search import filters
-from subic_keras.search import looks as _looks
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import (
     check_fingerprints,
@@ -56,7 +53,6 @@ from subic_keras.search.checks import (
 )
 from subic_keras.search.image_index import ImageIndex, read_file
 from subic_keras.search.instance_codes import merge_parts
-from subic_keras.search.looks import Candidates, check_query_looks, fitting, refine
 from subic_keras.search.manifests import (
     Manifest,
     check_label,
@@ -64,7 +60,7 @@ from subic_keras.search.manifests import (
     read_manifest,
 )
 from subic_keras.search.ray_cluster import ray_module
-from subic_keras.search.sharding import SeenItems, merge_candidates
+from subic_keras.search.sharding import merge_results
 from subic_keras.search.views import exact_first
 
 
@@ -107,20 +103,15 @@ class _Shard:
             "model": index.model,
             "root": index.root if self.pictures else None,
             "image_shape": index.image_shape if self.pictures else None,
-            "look_size": index.look_size,
+            "looks": index.written_with_looks,
             "instance_model": index.instance_model if self.pictures else None,
         }
 
-    def candidates(self, queries, k: int, where, with_looks: bool) -> dict:
-        return self.index.shard_candidates(
-            queries, k, where=where, with_looks=with_looks
-        )
+    def candidates(self, queries, k: int, where) -> tuple:
+        return self.index.shard_candidates(queries, k, where=where)
 
     def both(self, queries, instance_queries, k: int, where) -> dict:
         return self.index.shard_both(queries, instance_queries, k, where=where)
-
-    def matching(self, packed: np.ndarray, where) -> dict:
-        return self.index.shard_matching(packed, where=where)
 
     def copies(self, fingerprints, k: int, where) -> list:
         return self.index.shard_copies(fingerprints, k, where=where)
@@ -304,8 +295,7 @@ class RayIndex(PictureIndex):
         self._instance_model = _one_model(
             self._manifest.shards, [i["instance_model"] for i in infos]
         )
-        sizes = {info["look_size"] for info in infos}
-        self._look_size = sizes.pop() if len(sizes) == 1 else 0
+        self._looks = any(info["looks"] for info in infos)
         repeated = duplicates(np.concatenate(self._all("ids")))
         if repeated.size:
             raise ValueError(f"shards share ids: {preview(repeated)}")
@@ -368,13 +358,10 @@ class RayIndex(PictureIndex):
         return None if self._image_shape is None else tuple(self._image_shape)
 
     @property
-    def has_looks(self) -> bool:
-        """Whether every shard keeps looks of one size (`looks`)."""
-        return self._look_size > 0
-
-    @property
-    def look_size(self) -> int:
-        return self._look_size
+    def written_with_looks(self) -> bool:
+        """Whether a shard's file was an earlier version's, with looks
+        (`ImageIndex.written_with_looks`)."""
+        return self._looks
 
     @property
     def actors(self) -> list:
@@ -393,33 +380,29 @@ class RayIndex(PictureIndex):
     # Searching ----------------------------------------------------------
 
     def search(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
+        self, queries, k: int, *, where=None, fingerprints=None, **more
     ) -> tuple[np.ndarray, np.ndarray]:
         """The search of one index holding the shards' items in manifest
         order (`SubicIndex.search`; of picture shards, `ImageIndex.search`
-        with its `fingerprints`, `looks` and `instance_queries`): the same
-        results, ties included."""
-        scores, ids, *_ = self._ranked(queries, k, where, fingerprints, looks, **more)
+        with its `fingerprints` and `instance_queries`): the same results,
+        ties included."""
+        scores, ids, *_ = self._ranked(queries, k, where, fingerprints, **more)
         return scores, ids
 
     def answer(
-        self, queries, k: int, *, where=None, fingerprints=None, looks=None, **more
+        self, queries, k: int, *, where=None, fingerprints=None, **more
     ) -> list[list[dict]]:
-        looks = fitting(looks, self._look_size)
-        scores, ids, exact, copy = self._ranked(
-            queries, k, where, fingerprints, looks, **more
-        )
+        scores, ids, exact, copy = self._ranked(queries, k, where, fingerprints, **more)
         return answer_rows(self, scores, ids, exact, copy)
 
     def _search(self, queries, k, where):
-        scores, ids, *_ = self._ranked(queries, k, where, None, None)
+        scores, ids, *_ = self._ranked(queries, k, where, None)
         return scores, ids
 
-    def _ranked(self, queries, k, where, fingerprints, looks, instance_queries=None):
+    def _ranked(self, queries, k, where, fingerprints, instance_queries=None):
         """`(scores, ids, exact, copy)`: each shard's best, merged by score
         and then position in manifest order (float64, so that no two sums
-        collapse into one), refined by `looks` as one index refines
-        (`looks.refine`), or with `instance_queries` the answer of both
+        collapse into one), or with `instance_queries` the answer of both
         codes (`instance_codes.merge_parts`; `copy` None without), exact
         copies first."""
         k = self._check_k(k)
@@ -430,38 +413,9 @@ class RayIndex(PictureIndex):
             scores, ids, copy = merge_parts(parts, k)
             exact = self._exact_first(scores, ids, queries, fingerprints, where, copy)
             return scores, ids, exact, copy
-        with_looks = looks is not None and self.has_looks
-        if with_looks:
-            looks = check_query_looks("looks", looks, len(queries), self._look_size)
-        wide = max(k, _looks.SHORTLIST) if with_looks else k
-        parts = self._all("candidates", queries, wide, where, with_looks)
-        offsets = np.cumsum([0] + [part["size"] for part in parts])[:-1]
-        kept = int(sum(part["kept"] for part in parts))
-        merged = merge_candidates(parts, offsets)
-        found = min(k, kept)
-        if with_looks and found:
-            seen = SeenItems(merged)
-
-            def same_codes(positions: np.ndarray) -> np.ndarray:
-                codes = np.unique(seen.packed(positions), axis=0)
-                more = self._all("matching", codes, where)
-                for part, offset in zip(more, offsets):
-                    part["positions"] = part["positions"] + offset
-                seen.add(more)
-                return np.concatenate([part["positions"] for part in more])
-
-            scores, positions = refine(
-                lambda _, width: (merged["scores"][:, :width],
-                                  merged["positions"][:, :width]),
-                Candidates(kept, seen.looks, same_codes),
-                queries,
-                looks,
-                found,
-            )  # fmt: skip
-            ids = seen.ids(positions)
-        else:
-            scores = merged["scores"][:, :found].astype(np.float32)
-            ids = merged["ids"][:, :found]
+        parts = self._all("candidates", queries, k, where)
+        scores, ids = merge_results(parts, k)
+        scores = scores.astype(np.float32)
         exact = self._exact_first(scores, ids, queries, fingerprints, where)
         return scores, ids, exact, None
 

@@ -2,7 +2,7 @@
 
 A sharded search (`sharding.ShardedSubicIndex` in one process, `RayIndex`
 across machines) asks each shard for its best with float64 scores and
-merges them (`sharding.merge_results`, `sharding.merge_candidates`); these
+merges them (`sharding.merge_results`); these
 methods are each shard's side of that exchange, and `shard` splits an
 index into shards in the first place.
 """
@@ -37,13 +37,10 @@ class ShardAnswers:
         _add_chunk: int
         _lock: Any
 
-        @property
-        def has_looks(self) -> bool: ...
-
         def view(self) -> contextlib.AbstractContextManager[View]: ...
         def _mask(self, view: View, where: filters.Filter) -> np.ndarray | None: ...
         def _check_k(self, k) -> int: ...
-        def _checked_search(self, queries, k, where, looks=None, dtype=np.float32): ...
+        def _checked_search(self, queries, k, where, dtype=np.float32): ...
         def _empty_like(self) -> Any: ...
         def __len__(self) -> int: ...
 
@@ -61,56 +58,21 @@ class ShardAnswers:
         return self._checked_search(queries, k, where, dtype=np.float64)
 
     def shard_candidates(
-        self, queries, k: int, *, where=None, keep=None, with_looks: bool = False
-    ) -> dict:
-        """What this index sends as one shard of a sharded search
-        (`RayIndex`): its `k` best by the codes among the items `where` (or
-        `keep`, one boolean per position) keeps, with float64 scores.
-
-        Returns:
-            `{"scores", "positions", "ids", "packed", "looks", "kept",
-            "size"}`: `(nq, w)` float64 scores, insertion positions and
-            ids, `w = min(k, kept)`; with `with_looks` (an index with looks)
-            the candidates' packed codes `(nq, w, code_size)` and looks
-            `(nq, w, D)`, else None; the count of items searched and of all.
-        """
+        self, queries, k: int, *, where=None, keep=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`search_shard` among the items `where` (or `keep`, one boolean per
+        position) keeps: what this index sends as one shard of a `RayIndex`,
+        float64 scores and ids `(nq, min(k, kept))`."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
         where = filters.as_filter(where)
         with self.view() as view:
             if where is not None:
                 keep = self._mask(view, where)
-            kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
             scores, positions = top_positions(
                 view, queries, k, self._query_chunk, keep, np.float64
             )
-            with_looks = with_looks and self.has_looks
-            return {
-                "scores": scores,
-                "positions": positions,
-                "ids": view.ids[positions],
-                "packed": self._store.packed(positions) if with_looks else None,
-                "looks": self._store.looks(positions) if with_looks else None,
-                "kept": kept,
-                "size": len(view.ids),
-            }
-
-    def shard_matching(self, packed: np.ndarray, *, where=None, keep=None) -> dict:
-        """The items of this shard whose packed codes are rows of `packed`,
-        among those `where` (or `keep`) keeps: `{"positions", "ids",
-        "looks"}` (looks None without), positions increasing."""
-        where = filters.as_filter(where)
-        with self.view() as view:
-            if where is not None:
-                keep = self._mask(view, where)
-            positions = self._store.with_codes(np.asarray(packed, np.uint8))
-            if keep is not None:
-                positions = positions[keep[positions]]
-            return {
-                "positions": positions,
-                "ids": view.ids[positions],
-                "looks": self._store.looks(positions) if self.has_looks else None,
-            }
+            return scores, view.ids[positions]
 
     # Sharding -----------------------------------------------------------
 
@@ -136,9 +98,6 @@ class ShardAnswers:
                 shard = self._empty_like()
                 for start in range(lo, hi, self._add_chunk):
                     rows = slice(start, min(hi, start + self._add_chunk))
-                    looks = self._store.looks(rows) if self.has_looks else None
-                    shard._store.append(
-                        self._store.packed(rows), self._store.ids[rows], looks
-                    )
+                    shard._store.append(self._store.packed(rows), self._store.ids[rows])
                 shards.append(shard)
         return shards

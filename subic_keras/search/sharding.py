@@ -15,11 +15,9 @@ whole database:
   `k` best. Ties keep the order of the lists passed, so shards given in
   insertion order merge to exactly the unsharded ranking. (Scores rounded
   to float32, as `search` returns them, may tie where the sums differ.)
-- in Ray actors (`ray_index.RayIndex`), `merge_candidates` merges the
-  shards' candidates with their positions, and `SeenItems` keeps what a
-  refinement by looks has met.
+  Ray actors (`ray_index.RayIndex`) merge their shards' answers so.
 
-All three order by `scanner.best_order` (score, then position across the
+Both order by `scanner.best_order` (score, then position across the
 shards), the order of one scan of the whole database.
 """
 
@@ -238,78 +236,3 @@ def merge_results(
     merged = np.take_along_axis(ids, order, axis=1)
     out_scores[merged < 0] = -np.inf
     return out_scores, merged
-
-
-def merge_candidates(parts: list[dict], offsets: np.ndarray) -> dict:
-    """Shards' candidates (`SubicIndex.shard_candidates`, positions offset
-    by `offsets`) as one list per query: by score (float64), highest first,
-    then by position in shard order, as one index ranks (`RayIndex`)."""
-    positions = np.concatenate(
-        [part["positions"] + offset for part, offset in zip(parts, offsets)], axis=1
-    )
-    scores = np.concatenate([part["scores"] for part in parts], axis=1)
-    order = best_order(scores, positions)
-    merged: dict[str, np.ndarray | None] = {
-        "scores": np.take_along_axis(scores, order, axis=1),
-        "positions": np.take_along_axis(positions, order, axis=1),
-    }
-    for name in ("ids", "packed", "looks"):
-        if parts[0][name] is None:
-            merged[name] = None
-            continue
-        column = np.concatenate([part[name] for part in parts], axis=1)
-        index = order.reshape(*order.shape, *([1] * (column.ndim - 2)))
-        merged[name] = np.take_along_axis(column, index, axis=1)
-    return merged
-
-
-class SeenItems:
-    """The items a sharded refinement has met, by position in manifest
-    order: their ids and looks (and the shortlist's packed codes)."""
-
-    def __init__(self, merged: dict):
-        self._shortlist = _Table(
-            merged["positions"].ravel(),
-            merged["packed"].reshape(-1, merged["packed"].shape[-1]),
-        )
-        self._ids = _Table(merged["positions"].ravel(), merged["ids"].ravel())
-        looks = merged["looks"]
-        self._looks = _Table(
-            merged["positions"].ravel(), looks.reshape(-1, looks.shape[-1])
-        )
-
-    def add(self, parts: list[dict]) -> None:
-        positions = np.concatenate([part["positions"] for part in parts])
-        self._ids.add(positions, np.concatenate([part["ids"] for part in parts]))
-        self._looks.add(positions, np.concatenate([part["looks"] for part in parts]))
-
-    def packed(self, positions: np.ndarray) -> np.ndarray:
-        return self._shortlist.take(positions)
-
-    def ids(self, positions: np.ndarray) -> np.ndarray:
-        return self._ids.take(positions)
-
-    def looks(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The looks' table, and the rows of `positions` in it."""
-        return self._looks.rows, self._looks.where(positions)
-
-
-class _Table:
-    """Rows by key (unique keys, kept sorted)."""
-
-    def __init__(self, keys: np.ndarray, rows: np.ndarray):
-        self.keys, first = np.unique(keys, return_index=True)
-        self.rows = rows[first]
-
-    def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        new = ~np.isin(keys, self.keys)
-        keys, first = np.unique(
-            np.concatenate([self.keys, keys[new]]), return_index=True
-        )
-        self.keys, self.rows = keys, np.concatenate([self.rows, rows[new]])[first]
-
-    def where(self, keys: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.keys, keys)
-
-    def take(self, keys: np.ndarray) -> np.ndarray:
-        return self.rows[self.where(keys)]

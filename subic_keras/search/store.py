@@ -1,9 +1,8 @@
 """`CodeStore`: bit-packed SuBiC codes and their ids, in insertion order.
 
 Exactly what a `.subic` file holds (`file_format`): one row of
-`code_size = ceil(M * log2 K / 8)` bytes per item (`packing`), an int64
-id per row, and, in a store with a `look_size`, each item's look
-(`looks`). Scanners (`scanners`) read it and keep their own layouts of it,
+`code_size = ceil(M * log2 K / 8)` bytes per item (`packing`) and an
+int64 id per row. Scanners (`scanners`) read it and keep their own layouts of it,
 rebuilt when `version` says it changed; the store itself takes no lock (the
 index that owns it does).
 """
@@ -22,17 +21,14 @@ class CodeStore:
     Args:
         num_blocks: `M`.
         block_size: `K`, a power of two.
-        look_size: bytes of the int8 look kept per item (0: none).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, look_size: int = 0):
+    def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.nbits = block_size.bit_length() - 1
         self.code_size = packing.code_size(num_blocks, self.nbits)
         self._packed = np.zeros((0, self.code_size), dtype=np.uint8)
         self._ids = np.zeros(0, dtype=np.int64)
-        self.look_size = look_size
-        self._looks = np.zeros((0, look_size), np.int8) if look_size else None
         self._same: tuple[int, np.ndarray, np.ndarray] | None = None
         self.size = 0
         self.max_id = -1  # the largest id present; default ids continue after it
@@ -59,11 +55,6 @@ class CodeStore:
         if not found.all():
             raise KeyError(f"ids not in the index: {preview(ids[~found])}")
         return positions
-
-    def looks(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
-        """Looks of `rows` (positions); a store with a `look_size` only."""
-        assert self._looks is not None
-        return self._looks[: self.size][rows]
 
     def packed(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """Packed codes of `rows` (positions), a view for a slice."""
@@ -112,11 +103,8 @@ class CodeStore:
             found = found[equal]
         return found.astype(np.int64)
 
-    def append(
-        self, packed: np.ndarray, ids: np.ndarray, looks: np.ndarray | None = None
-    ) -> None:
-        """Appends checked packed codes and ids (as many of each), and their
-        looks in a store with a `look_size`."""
+    def append(self, packed: np.ndarray, ids: np.ndarray) -> None:
+        """Appends checked packed codes and ids (as many of each)."""
         needed = self.size + len(ids)
         if needed > len(self._ids):
             capacity = max(needed, 2 * len(self._ids), 1024)
@@ -125,15 +113,8 @@ class CodeStore:
             grown_ids = np.empty(capacity, dtype=np.int64)
             grown_ids[: self.size] = self._ids[: self.size]
             self._packed, self._ids = grown_packed, grown_ids
-            if self._looks is not None:
-                grown_looks = np.empty((capacity, self.look_size), np.int8)
-                grown_looks[: self.size] = self._looks[: self.size]
-                self._looks = grown_looks
         self._packed[self.size : needed] = packed
         self._ids[self.size : needed] = ids
-        if self._looks is not None:
-            assert looks is not None
-            self._looks[self.size : needed] = looks
         self.size = needed
         if len(ids):
             self.max_id = max(self.max_id, int(ids.max()))
@@ -150,8 +131,6 @@ class CodeStore:
         """Keeps the rows where `mask` is true, in order."""
         self._packed = self.packed()[mask].copy()
         self._ids = self.ids[mask].copy()
-        if self._looks is not None:
-            self._looks = self.looks()[mask].copy()
         self.truncate(len(self._ids))
 
 

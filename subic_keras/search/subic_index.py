@@ -26,21 +26,9 @@ from subic_keras.search.checks import (
 )
 from subic_keras.search.items import IdColumns
 from subic_keras.search.locks import ReadWriteLock
-from subic_keras.search.looks import (
-    check_look_size,
-    check_looks,
-    check_query_looks,
-    fitting,
-)
 from subic_keras.search.shard_answers import ShardAnswers
 from subic_keras.search.store import CodeStore
-from subic_keras.search.views import (
-    View,
-    every_score,
-    refined_top_k,
-    tie_ordered_top_k,
-    top_k,
-)
+from subic_keras.search.views import View, every_score, tie_ordered_top_k, top_k
 from subic_keras.search.writer_records import WriterRecords
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -79,11 +67,6 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
             machine runs.
         shortlist: candidates per query that `"faiss-fastscan"` re-scores,
             at least `k`; `None` means `max(2k, k + 64)`.
-        looks: keep each item's look, given to `add`: `True` for
-            `looks.look` of its picture (108 bytes), or a size in bytes for
-            int8 descriptors of your own (compared by cosine); a search
-            given the queries' looks then orders tie groups (and near
-            copies of the query) by them (`subic_keras.search.looks`).
         add_chunk_size: items encoded and added per step, which bounds the
             temporary memory of `add`.
         search_chunk_size: queries searched per step.
@@ -101,7 +84,6 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         scanner: str = "auto",
         *,
         shortlist: int | None = None,
-        looks: bool | int = False,
         add_chunk_size: int = _DEFAULT_ADD_CHUNK,
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ):
@@ -124,11 +106,13 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         self._add_chunk = check_int("add_chunk_size", add_chunk_size, minimum=1)
         # The base class's: queries per step of search and search_codes.
         self._query_chunk = check_int("search_chunk_size", search_chunk_size, minimum=1)
-        look_size = check_look_size("looks", looks)
-        self._store = CodeStore(num_blocks, block_size, look_size)
+        self._store = CodeStore(num_blocks, block_size)
         self._scanner = scanners.make(name, num_blocks, block_size, shortlist)
         self._lock = ReadWriteLock()
         self._masks = filters.MaskCache()
+        # Read from a file of an earlier version that held its items'
+        # looks, which this version reads past (`file_format`).
+        self.written_with_looks = False
 
     # Properties ---------------------------------------------------------
 
@@ -150,24 +134,14 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         return self._shortlist
 
     @property
-    def has_looks(self) -> bool:
-        """Whether the index keeps its items' looks (the `looks` option)."""
-        return self._store.look_size > 0
-
-    @property
-    def look_size(self) -> int:
-        """Bytes of each item's look (0: the index keeps none)."""
-        return self._store.look_size
-
-    @property
     def code_size(self) -> int:
         """Bytes of one bit-packed code: `ceil(M * log2(K) / 8)`."""
         return self._store.code_size
 
     @property
     def bytes_per_item(self) -> int:
-        """Stored bytes per item: the packed code, its int64 id and its look."""
-        return self._store.code_size + 8 + self._store.look_size
+        """Stored bytes per item: the packed code and its int64 id."""
+        return self._store.code_size + 8
 
     @property
     def lock(self) -> ReadWriteLock:
@@ -187,7 +161,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
 
     # Mutation -----------------------------------------------------------
 
-    def add(self, codes, ids=None, looks=None) -> np.ndarray:
+    def add(self, codes, ids=None) -> np.ndarray:
         """Adds codes to the index.
 
         Everything is validated before the index changes, so a rejected call
@@ -207,9 +181,6 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 per-block argmax (lowest index on ties).
             ids: int64 ids `(n,)`, >= 0 and unique. Default: consecutive ids
                 after the largest id in the index (0 for an empty index).
-            looks: the items' looks, int8 `(n, LOOK_SIZE)` (`looks.look`
-                of their pictures): required by an index made with `looks`,
-                refused by others.
 
         Returns:
             The int64 ids of the added items.
@@ -221,7 +192,6 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         """
         codes, ids = self._checked_additions(codes, ids)
         n = len(codes)
-        looks = self._checked_looks(looks, n)
         with self._lock.write():
             store = self._store
             if ids is None:
@@ -233,35 +203,17 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 clash = ids[np.isin(ids, store.ids)]
                 if clash.size:
                     raise ValueError(f"ids already in the index: {preview(clash)}")
-            self._append(codes, ids, looks)
+            self._append(codes, ids)
         return ids
 
-    def _checked_looks(self, looks, n: int) -> np.ndarray | None:
-        if not self.has_looks:
-            if looks is not None:
-                raise ValueError(
-                    "looks were given to an index that keeps none (made without "
-                    "looks=True, or written before looks existed)"
-                )
-            return None
-        if looks is None:
-            raise ValueError(
-                "looks must be given: this index keeps each item's look "
-                "(`subic_keras.search.looks.look` of its picture)"
-            )
-        return check_looks("looks", looks, n, self.look_size)
-
-    def _append(
-        self, codes: np.ndarray, ids: np.ndarray, looks: np.ndarray | None = None
-    ) -> None:
+    def _append(self, codes: np.ndarray, ids: np.ndarray) -> None:
         """Adds validated codes; undoes a partial add if packing fails."""
         before = self._store.size
         try:
             for start in range(0, len(codes), self._add_chunk):
                 stop = start + self._add_chunk
                 packed = packing.pack(codes[start:stop], self._nbits)
-                part = None if looks is None else looks[start:stop]
-                self._store.append(packed, ids[start:stop], part)
+                self._store.append(packed, ids[start:stop])
         except BaseException:
             if self._store.size > before:
                 self._store.truncate(before)
@@ -319,20 +271,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 out[start : start + len(chunk)] = self._store.codes(chunk)
             return out
 
-    def get_looks(self, ids=None) -> np.ndarray:
-        """The looks `(n, LOOK_SIZE)` of `ids` (default: all, in insertion
-        order), of an index made with `looks`."""
-        if not self.has_looks:
-            raise ValueError("this index keeps no looks (made without looks=True)")
-        if ids is not None:
-            ids = check_ids("ids", ids)
-        with self._lock.read():
-            rows = slice(None) if ids is None else self._store.positions(ids)
-            return self._store.looks(rows).copy()
-
-    def search(
-        self, queries, k: int, *, where=None, looks=None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries, k: int, *, where=None) -> tuple[np.ndarray, np.ndarray]:
         """Asymmetric search: the `k` best codes for each real query `z*`.
 
         `score(z*, c) = sum_m z*[m*K + c_m]`; highest first, equal scores in
@@ -355,11 +294,6 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 every item.
             where: ids, or a filter on `id` (`subic_keras.search.filters`):
                 the exact top `k` among those items.
-            looks: the queries' looks, for an index made with `looks`:
-                `looks.query_look` of the query pictures, `(nq, VIEWS,
-                LOOK_SIZE)`, or one look per query `(nq, D)` (looks of your
-                own); the codes' best are then ordered by them
-                (`looks.refine`).
 
         Returns:
             `(scores, ids)`: float32 and int64 `(nq, min(k, n))`, `n` the
@@ -369,51 +303,34 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
             ValueError: for a bad shape, NaN/inf queries, `k < 1`, or a
                 filter on a field other than `id`.
         """
-        return self._checked_search(queries, k, where, looks)
+        return self._checked_search(queries, k, where)
 
-    def _checked_search(self, queries, k, where, looks=None, dtype=np.float32):
+    def _checked_search(self, queries, k, where, dtype=np.float32):
         """`_search` of arguments checked here (`Searcher.search`'s checks)."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        return self._search(queries, k, filters.as_filter(where), looks, dtype)
+        return self._search(queries, k, filters.as_filter(where), dtype)
 
-    def _answer_search(self, queries, k, where, looks):
-        return self.search(
-            queries, k, where=where, looks=fitting(looks, self.look_size)
-        )
-
-    def _search(self, queries, k, where, looks=None, dtype=np.float32):
+    def _search(self, queries, k, where, dtype=np.float32):
         with self.view() as view:
             keep = None if where is None else self._mask(view, where)
-            return self._top_k(view, queries, k, keep, looks, dtype)
+            return self._top_k(view, queries, k, keep, dtype)
 
     def _mask(self, view: View, where: filters.Filter) -> np.ndarray | None:
         state = (self._store.version, self._store.removals)
         return self._masks.mask(where, IdColumns(view.ids), state)
 
-    def _top_k(
-        self, view: View, queries, k: int, keep, looks, dtype=np.float32, key=None
-    ):
-        """`top_k` (scores of `dtype`), refined by the queries' `looks` where
-        they are given, or equal scores ordered by `key` (`tie_ordered_top_k`)."""
+    def _top_k(self, view: View, queries, k: int, keep, dtype=np.float32, key=None):
+        """`top_k` (scores of `dtype`), or equal scores ordered by `key`
+        (`tie_ordered_top_k`)."""
         if key is not None:
             return tie_ordered_top_k(
                 view, self._store, queries, k, keep, key, self._query_chunk
             )
-        if looks is None:
-            return top_k(view, queries, k, self._query_chunk, keep, dtype)
-        if not self.has_looks:
-            raise ValueError(
-                "looks were given to search an index that keeps none; build it "
-                "with looks (SubicIndex(..., looks=True))"
-            )
-        looks = check_query_looks("looks", looks, len(queries), self.look_size)
-        return refined_top_k(
-            view, self._store, queries, looks, k, keep, native.dots_for(self.scanner)
-        )
+        return top_k(view, queries, k, self._query_chunk, keep, dtype)
 
     def search_kept(
-        self, queries, k: int, keep: np.ndarray | None, looks=None, key=None
+        self, queries, k: int, keep: np.ndarray | None, key=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`search` among the items where `keep` (one boolean per item, in
         insertion order, the order of `get_ids()`) is true: what an index
@@ -430,7 +347,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 )
             if keep is not None:
                 keep = np.asarray(keep, bool)
-            return self._top_k(view, queries, k, keep, looks, key=key)
+            return self._top_k(view, queries, k, keep, key=key)
 
     def scores_at(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Scores (float64) of one query for the items at insertion positions
@@ -465,7 +382,6 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
             self._block_size,
             scanner=self.scanner,
             shortlist=self._shortlist,
-            looks=self.look_size,
             add_chunk_size=self._add_chunk,
             search_chunk_size=self._query_chunk,
         )
@@ -483,15 +399,10 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         """
         with self.contents() as (header, chunks, ids):
             items = None
-            looks, groups = self.file_looks(), self.file_groups()
-            metadata = self.file_metadata()
-            if metadata or looks is not None or groups is not None:
-                items = file_format.Items(metadata, looks=looks, groups=groups)
+            groups, metadata = self.file_groups(), self.file_metadata()
+            if metadata or groups is not None:
+                items = file_format.Items(metadata, groups=groups)
             file_format.write(path, header, chunks, ids, items)
-
-    def file_looks(self) -> np.ndarray | None:
-        """The looks a file of this index holds (inside `contents()`)."""
-        return self._store.looks() if self.has_looks else None
 
     def file_groups(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The grouping of equal codes a file of this index holds (inside
@@ -564,19 +475,18 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         search_chunk_size: int = _DEFAULT_SEARCH_CHUNK,
     ) -> SubicIndex:
         """The index of what `file_format.read(path)` returned (the path
-        names the file in errors), with the looks and the model record of
-        its `items` where it holds them. A file's shortlist applies where
-        the scanner is `"faiss-fastscan"`."""
+        names the file in errors), with the model record of its `items`
+        where it holds one; looks of an earlier version's file are left out
+        (`written_with_looks` says so). A file's shortlist applies where the
+        scanner is `"faiss-fastscan"`."""
         # A scanner this machine cannot run is the caller's error, not the file's.
         name = scanners.resolve(scanner, header.num_blocks, header.block_size)
-        looks = None if items is None else items.looks
         try:
             index = cls(
                 header.num_blocks,
                 header.block_size,
                 scanner=name,
                 shortlist=header.shortlist if name == "faiss-fastscan" else None,
-                looks=0 if looks is None else looks.shape[1],
                 add_chunk_size=add_chunk_size,
                 search_chunk_size=search_chunk_size,
             )
@@ -584,8 +494,9 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
             raise ValueError(
                 f"{os.fspath(path)!r} is not a valid SuBiC index file: {error}"
             ) from error
-        index._store.append(packed, ids, looks)
+        index._store.append(packed, ids)
         if items is not None:
+            index.written_with_looks = items.earlier_looks
             try:
                 index.read_records(items.metadata)
             except ValueError as error:

@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from subic_keras.search.looks import Candidates, refine, without
 from subic_keras.search.store import CodeStore
 
 # The most items of the `k`-th result's tie group beyond the scan's best
@@ -84,36 +83,6 @@ def every_score(
         columns = np.searchsorted(ids, found)
         np.put_along_axis(scores[start : start + len(part)], columns, part, axis=1)
     return scores, ids
-
-
-def refined_top_k(
-    view: View,
-    store: CodeStore,
-    queries: np.ndarray,
-    looks: np.ndarray,
-    k: int,
-    keep: np.ndarray | None,
-    dots,
-) -> tuple[np.ndarray, np.ndarray]:
-    """`top_k` of a view over `store`, its best by the codes ordered by the
-    queries' checked `looks` (`looks.refine`, `dots` the scanner's int8 dot
-    products): float32 scores and ids."""
-    kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
-    if not kept:  # nothing to refine: the empty answer
-        return top_k(view, queries, k, len(queries) or 1, keep)
-
-    def same_codes(positions: np.ndarray) -> np.ndarray:
-        tied = store.same_codes(positions)
-        return tied if keep is None else tied[keep[tied]]
-
-    scores, positions = refine(
-        lambda queries, wide: view.search(queries, wide, keep),
-        Candidates(kept, lambda at: (store.looks(), at), same_codes, dots),
-        queries,
-        looks,
-        min(k, kept),
-    )
-    return scores, view.ids[positions]
 
 
 def tie_ordered_top_k(
@@ -190,6 +159,16 @@ def _with_tie_group(
         np.concatenate([score, np.full(len(tied), bar, score.dtype)]),
         np.concatenate([position, tied]),
     )
+
+
+def without(increasing: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`increasing` (sorted, distinct) without `values`, in order."""
+    at = np.searchsorted(increasing, values)
+    found = at < len(increasing)
+    found[found] = increasing[at[found]] == values[found]
+    keep = np.ones(len(increasing), bool)
+    keep[at[found]] = False
+    return increasing[keep]
 
 
 def exact_first(

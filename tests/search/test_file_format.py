@@ -332,3 +332,52 @@ def test_a_crafted_grouping_is_refused(tmp_path):
     path.write_bytes(bytes(forged))
     with pytest.raises(ValueError, match="overruns the file"):
         SubicIndex.load(path)
+
+
+@pytest.mark.parametrize("kind", ["codes", "pictures", "pictures with instance codes"])
+def test_looks_of_an_earlier_version_are_read_past(rng, tmp_path, kind):
+    """Versions 4 to 6 kept a look of every item (flag bit 2); this one
+    reads past them and searches by the codes alone, and a file saved
+    again is the one it writes itself."""
+    from earlier_files import add_looks
+
+    from subic_keras.search import ImageIndex
+
+    codes = _repeating_codes(rng)  # grouped: a section after the looks
+    if kind == "codes":
+        index = SubicIndex(6, 64)
+        index.add(codes)
+    else:
+        instance = (4, 16) if "instance" in kind else None
+        index = ImageIndex(6, 64, tmp_path, (8, 8, 3), instance=instance)
+        more = {"instance_codes": rng.integers(0, 16, (600, 4))} if instance else {}
+        index.add(codes, [f"a/{i}.png" for i in range(600)], **more)
+    path = tmp_path / "x.subic"
+    index.save(path)
+    written = path.read_bytes()
+    add_looks(path)
+    assert path.read_bytes()[20] & 4 and len(path.read_bytes()) > len(written)
+    loaded = type(index).load(path)
+    assert loaded.written_with_looks and not index.written_with_looks
+    queries = rng.random((3, 6 * 64)).astype(np.float32)
+    for a, b in zip(loaded.search(queries, 30), index.search(queries, 30)):
+        np.testing.assert_array_equal(a, b)
+    loaded.save(path)
+    assert path.read_bytes() == written
+
+
+def test_crafted_looks_of_an_earlier_version_are_refused(rng, tmp_path):
+    from earlier_files import add_looks
+
+    index = SubicIndex(2, 4)
+    index.add(np.stack(np.divmod(np.arange(10), 4), 1))  # distinct: no grouping
+    index.model = {"digest": "0" * 64, "path": None, "file": None}
+    path = tmp_path / "x.subic"
+    index.save(path)
+    add_looks(path, size=108)
+    body = bytearray(path.read_bytes()[:-32])
+    for size in (0, 2**40, 200, 4097):
+        crafted = body[:-8] + size.to_bytes(8, "little")
+        path.write_bytes(bytes(crafted) + hashlib.sha256(crafted).digest())
+        with pytest.raises(ValueError, match="looks of .* bytes each overrun"):
+            SubicIndex.load(path)

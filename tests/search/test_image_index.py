@@ -194,9 +194,9 @@ def _items(paths, metadata=None, attributes=None):
 
 
 def test_crafted_item_tables_are_refused_with_the_reason(filled, tmp_path):
-    # Version 3, without looks: the item table ends the file.
+    # Version 3: the item table ends the file.
     _, codes, fingerprints, _ = filled
-    index = ImageIndex(4, 16, "/photos", (32, 32, 3), looks=False)
+    index = ImageIndex(4, 16, "/photos", (32, 32, 3))
     index.add(codes, _paths(300), fingerprints)
     path = tmp_path / "photos.subic"
     index.save(path)

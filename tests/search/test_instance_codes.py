@@ -23,7 +23,7 @@ def _scores(queries, codes, block_size):
 
 
 def _index(rng, n=N):
-    index = ImageIndex(M, K, "/photos", (32, 32, 3), looks=False, instance=(IM, IK))
+    index = ImageIndex(M, K, "/photos", (32, 32, 3), instance=(IM, IK))
     index.instance.model = dict(RULES)
     codes = rng.integers(0, 2, (n, M))
     instance = rng.integers(0, IK, (n, IM))
@@ -154,7 +154,7 @@ def test_bad_instance_codes_and_queries_are_refused_naming_them(rng):
     with pytest.raises(ValueError, match="instance_codes"):
         index.add([[0, 0, 0, 0]], ["h/1.png"], instance_codes=[[99] * IM])
     assert len(index) == 20 and len(index.instance.codes) == 20
-    plain = ImageIndex(M, K, "/p", looks=False)
+    plain = ImageIndex(M, K, "/p")
     with pytest.raises(ValueError, match="keeps none"):
         plain.add([[0, 0, 0, 0]], ["h/1.png"], instance_codes=instance[:1])
     with pytest.raises(ValueError, match="this index keeps no instance codes"):
@@ -213,7 +213,7 @@ def test_the_view_of_the_instance_codes_is_for_reading(rng):
 def test_equal_instance_codes_in_a_large_tie_group_keep_insertion_order(rng):
     # Every picture has one class code and one instance code: the answer's
     # tie group is all of them, and equal keys leave insertion order.
-    index = ImageIndex(M, K, "/photos", looks=False, instance=(IM, IK))
+    index = ImageIndex(M, K, "/photos", instance=(IM, IK))
     n = 500
     index.add(
         np.zeros((n, M), int), [f"e/{i}.png" for i in range(n)],
@@ -224,7 +224,7 @@ def test_equal_instance_codes_in_a_large_tie_group_keep_insertion_order(rng):
     assert ids[0].tolist() == list(range(7))
     # Every third picture's instance code is the query's: those first, in
     # insertion order.
-    index = ImageIndex(M, K, "/photos", looks=False, instance=(IM, IK))
+    index = ImageIndex(M, K, "/photos", instance=(IM, IK))
     codes = np.ones((n, IM), int)
     codes[::3] = 5
     paths = [f"e/{i}.png" for i in range(n)]
@@ -247,7 +247,7 @@ def test_shards_parts_merge_into_the_answer_of_one_index(rng):
     bounds = [0, 150, 400, N + 1]
     shards = []
     for lo, hi in itertools.pairwise(bounds):
-        shard = ImageIndex(M, K, "/photos", looks=False, instance=(IM, IK))
+        shard = ImageIndex(M, K, "/photos", instance=(IM, IK))
         shard.instance.model = dict(RULES)
         ids = np.arange(lo, hi)
         shard.add(index.get_codes(ids), index.paths(ids), ids=ids,

@@ -84,11 +84,11 @@ def test_failed_add_is_rolled_back(rng, monkeypatch):
     append = store.CodeStore.append
     calls = []
 
-    def flaky(self, packed, ids, looks=None):
+    def flaky(self, packed, ids):
         calls.append(len(packed))
         if len(calls) == 2:
             raise MemoryError("simulated")
-        append(self, packed, ids, looks)
+        append(self, packed, ids)
 
     monkeypatch.setattr(store.CodeStore, "append", flaky)
     with pytest.raises(MemoryError):
