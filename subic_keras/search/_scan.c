@@ -1270,43 +1270,87 @@ done:
     return result;
 }
 
-/* Each of `count` positions' scores sum_m table[m * 2^bits + c_m], its code's
- * num_blocks blocks of `bits` bits read least significant bit first from its
- * row of `width` packed bytes (faiss's bit-string layout), summed in double:
- * the scores of a few items of a large index (a tie group to order) without
- * unpacking their codes first. */
+/* What scores rows of packed codes for one query: `table`, one float32
+ * entry a block value, and for codes of 4- or 8-bit blocks `bytes`, one
+ * double entry a byte value (`width * 256`: entry `b * 256 + v` is the sum
+ * of the blocks byte b holds when its value is v, one block of 8 bits or
+ * two of 4, the second absent past the last block, where padding bits are
+ * zero), so that a row costs one look-up per byte. */
+typedef struct {
+    const float *table;
+    double *bytes; /* NULL: a look-up per block */
+    long long width;
+    int bits, num_blocks;
+} RowScorer;
+
+#define SCORE_AHEAD 16       /* rows whose codes are fetched ahead */
+#define BYTE_TABLES_FROM 128 /* rows from which the byte tables pay for themselves */
+
+static RowScorer row_scorer(const float *table, int bits, int num_blocks, long long width,
+                            long long rows) {
+    RowScorer scorer = {table, NULL, width, bits, num_blocks};
+    if ((bits != 4 && bits != 8) || rows < BYTE_TABLES_FROM) return scorer;
+    double *out = malloc((size_t)width * 256 * sizeof(double));
+    if (!out) return scorer; /* a look-up per block instead */
+    for (long long b = 0; b < width; b++)
+        for (int v = 0; v < 256; v++) {
+            double sum;
+            if (bits == 8)
+                sum = table[(b << 8) + v];
+            else {
+                sum = table[(2 * b << 4) + (v & 15)];
+                if (2 * b + 1 < num_blocks) sum += table[((2 * b + 1) << 4) + (v >> 4)];
+            }
+            out[(b << 8) + v] = sum;
+        }
+    scorer.bytes = out;
+    return scorer;
+}
+
+/* sum_m table[m * 2^bits + c_m] of a row, its code's blocks read least
+ * significant bit first (faiss's bit-string layout), summed in double; by
+ * bytes in four sums that do not wait on one another where it can. */
+static inline double score_row(const RowScorer *s, const uint8_t *row) {
+    if (s->bytes) {
+        const double *bytes = s->bytes;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        long long b = 0;
+        for (; b + 4 <= s->width; b += 4) {
+            s0 += bytes[(b << 8) + row[b]];
+            s1 += bytes[((b + 1) << 8) + row[b + 1]];
+            s2 += bytes[((b + 2) << 8) + row[b + 2]];
+            s3 += bytes[((b + 3) << 8) + row[b + 3]];
+        }
+        for (; b < s->width; b++) s0 += bytes[(b << 8) + row[b]];
+        return (s0 + s1) + (s2 + s3);
+    }
+    const int bits = s->bits;
+    const uint32_t mask = (1u << bits) - 1;
+    double sum = 0.0;
+    long long at = 0;
+    for (int m = 0; m < s->num_blocks; m++, at += bits) {
+        long long byte = at >> 3;
+        /* A block of at most 10 bits spans at most 3 bytes. */
+        uint32_t word = row[byte];
+        if (byte + 1 < s->width) word |= (uint32_t)row[byte + 1] << 8;
+        if (byte + 2 < s->width) word |= (uint32_t)row[byte + 2] << 16;
+        sum += s->table[((long long)m << bits) + ((word >> (at & 7)) & mask)];
+    }
+    return sum;
+}
+
+/* Each of `count` positions' score (`score_row`): the scores of a few items
+ * of a large index (a tie group to order) without unpacking their codes. */
 static void score_rows_c(const uint8_t *packed, long long width, int bits, int num_blocks,
                          const int64_t *positions, long long count, const float *table,
                          double *out) {
-    const uint32_t mask = (1u << bits) - 1;
-    if (bits == 4 || bits == 8) { /* whole nibbles or bytes: no word to assemble */
-        for (long long i = 0; i < count; i++) {
-            const uint8_t *row = packed + positions[i] * width;
-            if (i + 8 < count) __builtin_prefetch(packed + positions[i + 8] * width);
-            double sum = 0.0;
-            if (bits == 8)
-                for (int m = 0; m < num_blocks; m++) sum += table[(m << 8) + row[m]];
-            else
-                for (int m = 0; m < num_blocks; m++)
-                    sum += table[(m << 4) + ((row[m >> 1] >> ((m & 1) << 2)) & 15)];
-            out[i] = sum;
-        }
-        return;
-    }
+    RowScorer scorer = row_scorer(table, bits, num_blocks, width, count);
     for (long long i = 0; i < count; i++) {
-        const uint8_t *row = packed + positions[i] * width;
-        double sum = 0.0;
-        long long at = 0;
-        for (int m = 0; m < num_blocks; m++, at += bits) {
-            long long byte = at >> 3;
-            /* A block of at most 10 bits spans at most 3 bytes. */
-            uint32_t word = row[byte];
-            if (byte + 1 < width) word |= (uint32_t)row[byte + 1] << 8;
-            if (byte + 2 < width) word |= (uint32_t)row[byte + 2] << 16;
-            sum += table[((long long)m << bits) + ((word >> (at & 7)) & mask)];
-        }
-        out[i] = sum;
+        if (i + SCORE_AHEAD < count)
+            __builtin_prefetch(packed + positions[i + SCORE_AHEAD] * width);
+        out[i] = score_row(&scorer, packed + positions[i] * width);
     }
+    free(scorer.bytes);
 }
 
 static PyObject *score_rows(PyObject *self, PyObject *args) {

@@ -366,8 +366,9 @@ def test_the_binding_checks_the_groups():
         native.search(layout, tiles, 2, queries, 1, 1, "portable", bad)
 
 
+@pytest.mark.parametrize("count", [5, 1000])  # a block at a time, a byte at a time
 @pytest.mark.parametrize("block_size", [2, 4, 16, 64, 256, 1024])
-def test_score_rows_equals_a_gather_of_the_codes(rng, block_size, monkeypatch):
+def test_score_rows_equals_a_gather_of_the_codes(rng, block_size, count, monkeypatch):
     from subic_keras.search import packing
 
     num_blocks = 7
@@ -375,7 +376,7 @@ def test_score_rows_equals_a_gather_of_the_codes(rng, block_size, monkeypatch):
     codes = rng.integers(0, block_size, (300, num_blocks))
     packed = packing.pack(codes, nbits)
     table = rng.normal(size=num_blocks * block_size).astype(np.float32)
-    positions = rng.integers(0, 300, 1000)
+    positions = rng.integers(0, 300, count)
     offsets = np.arange(num_blocks) * block_size
     expected = table.astype(np.float64)[codes[positions] + offsets].sum(1)
     got = native.score_rows(packed, positions, table, nbits)
