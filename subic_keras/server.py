@@ -230,11 +230,6 @@ class SearchService:
     def _accept(self, index: PictureIndex) -> _Loaded:
         """`index` checked against the model and the served folder."""
         if isinstance(self.subic, InstanceSubic) and index.instance_model is not None:
-            if not isinstance(index, ImageIndex):
-                raise ValueError(
-                    f"index {self.index_path} keeps instance codes beside class "
-                    "codes in shards; serve it with its class model"
-                )
             index = index.by_instance()  # served by its instance codes alone
         retrieval.check_model_fits(
             index, self.subic, f"index {self.index_path}", self.model_path

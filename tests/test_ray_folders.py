@@ -291,14 +291,42 @@ def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     assert stop.value.code == 2
     assert "lists shards of codes without image paths" in err
     assert len(err.strip().splitlines()) == 1
-    # Shards keep instance codes beside class codes, searched with the class
-    # model only: the instance code alone is refused in one line.
-    query = str(built["root"] / built["paths"][0])
-    with pytest.raises(SystemExit) as stop:
-        main(["search", "instance", str(built["manifest"]), query])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "search it with its class model" in err, err
+
+
+def test_shards_are_searched_by_their_instance_codes_as_one_index(built, capsys):
+    """`subic search instance MANIFEST` (`RayIndex.by_instance`) answers as
+    the one file's instance codes do, and the view is for reading."""
+    single, manifest = built["single"], built["manifest"]
+    queries = [str(built["root"] / built["paths"][i]) for i in (0, 7, 19)]
+    answers = []
+    for index in (str(built["base"] / "photos.subic"), str(manifest)):
+        capsys.readouterr()
+        assert main(["search", "instance", index, *queries, "-k", "8", "--json"]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        answers.append([(r["query"], r["path"], r["score"], r["copy"]) for r in rows])
+    assert answers[0] == answers[1] and len(answers[0]) == 24
+    assert [a[1] for a in answers[1][::8]] == [built["paths"][i] for i in (0, 7, 19)]
+    sharded = open_index(manifest)
+    view = sharded.by_instance()
+    alone = single.by_instance()
+    assert (view.num_blocks, view.block_size) == (alone.num_blocks, alone.block_size)
+    assert view.model["digest"] == alone.model["digest"] and not view.instance_model
+    ids = view.get_ids()[[2, 11, 25]]  # the shards' ids: matched by path
+    paths = view.paths(ids)
+    np.testing.assert_array_equal(
+        view.get_codes(ids), alone.get_codes(alone.ids(paths))
+    )
+    with pytest.raises(ValueError, match="instance codes is for reading"):
+        view.remove(ids[:1])
+    assert len(sharded) == 30  # the view removed nothing
+    # Served by the instance code alone, as the one file is.
+    picture = (built["root"] / built["paths"][7]).read_bytes()
+    served = []
+    for index in (str(built["base"] / "photos.subic"), str(manifest)):
+        service = SearchService("instance", index)
+        rows = service.search_image(picture, 5)["results"]
+        served.append([(r["path"], r["score"], r["exact"]) for r in rows])
+    assert served[0] == served[1] and served[1][0][0] == built["paths"][7]
 
 
 def test_a_planted_progress_file_or_manifest_is_refused_before_any_work(tmp_path):

@@ -133,12 +133,6 @@ def run_search(args) -> int:
     subic = load_model(args.model, instance=True)
     index, where = open_index(args, args.index)
     if isinstance(subic, InstanceSubic) and getattr(index, "instance_model", None):
-        if not isinstance(index, ImageIndex):
-            raise ValueError(
-                f"{where} keeps instance codes beside class codes in shards; search "
-                "it with its class model (the instance codes of one index file "
-                "are searched alone)"
-            )
         index = index.by_instance()  # the instance codes kept beside a class code's
     retrieval.check_model_fits(index, subic, where, args.model)
     names, images, fingerprints = _read_query_images(

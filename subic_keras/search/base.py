@@ -270,6 +270,15 @@ class PictureIndex(Searcher):
         where none are kept."""
         return None
 
+    def by_instance(self) -> PictureIndex:
+        """The same pictures searched by the instance codes kept beside the
+        class codes alone, for reading.
+
+        Raises:
+            ValueError: none are kept.
+        """
+        raise ValueError("this index keeps no instance codes")
+
     @property
     def unavailable(self) -> dict[str, str]:
         """The parts that cannot answer now, each with why (shards on Ray);

@@ -15,8 +15,10 @@ order, ties included: every shard sends its best by the codes with
 float64 scores (`shard_candidates`), merged by score, then manifest and
 insertion order (`sharding.merge_results`). Of pictures with instance
 codes (`instance_codes`), each shard sends its part of the answer of both
-codes (`shard_both`), merged as one index's (`merge_parts`). Of pictures,
-the exact copies of a query come first, from every shard in manifest order.
+codes (`shard_both`), merged as one index's (`merge_parts`), and
+`by_instance()` searches the shards by their instance codes alone. Of
+pictures, the exact copies of a query come first, from every shard in
+manifest order.
 
 Failures. Actors restart when their process or node dies
 (`max_restarts=-1`) and calls to them are retried (`max_task_retries=-1`):
@@ -37,6 +39,7 @@ that hold the ids.
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -105,16 +108,25 @@ class _Shard:
             "image_shape": index.image_shape if self.pictures else None,
             "looks": index.written_with_looks,
             "instance_model": index.instance_model if self.pictures else None,
+            "instance_blocks": self._instance_blocks(),
         }
 
-    def candidates(self, queries, k: int, where) -> tuple:
-        return self.index.shard_candidates(queries, k, where=where)
+    def _instance_blocks(self) -> tuple[int, int] | None:
+        instance = self.index.instance if self.pictures else None
+        return None if instance is None else (instance.num_blocks, instance.block_size)
+
+    def _searched(self, instance: bool) -> Any:
+        """The shard's index, or the view of its instance codes."""
+        return self.index.by_instance() if instance else self.index
+
+    def candidates(self, queries, k: int, where, instance: bool = False) -> tuple:
+        return self._searched(instance).shard_candidates(queries, k, where=where)
 
     def both(self, queries, instance_queries, k: int, where) -> dict:
         return self.index.shard_both(queries, instance_queries, k, where=where)
 
-    def copies(self, fingerprints, k: int, where) -> list:
-        return self.index.shard_copies(fingerprints, k, where=where)
+    def copies(self, fingerprints, k: int, where, instance: bool = False) -> list:
+        return self._searched(instance).shard_copies(fingerprints, k, where=where)
 
     def describe(self, ids: np.ndarray) -> list[dict]:
         """What the shard knows of the ids of `ids` it holds."""
@@ -142,8 +154,8 @@ class _Shard:
     def _present(self, ids: np.ndarray) -> np.ndarray:
         return np.isin(ids, self.index.get_ids())
 
-    def codes(self, ids: np.ndarray) -> np.ndarray:
-        return self.index.get_codes(ids)
+    def codes(self, ids: np.ndarray, instance: bool = False) -> np.ndarray:
+        return self._searched(instance).get_codes(ids)
 
     def add(self, codes: np.ndarray, ids: np.ndarray) -> None:
         present = self._present(ids)
@@ -242,6 +254,7 @@ class RayIndex(PictureIndex):
         timeout: float = 300.0,
     ):
         self._manifest = read_manifest(manifest)
+        self._blocks = (self._manifest.num_blocks, self._manifest.block_size)
         check_shard_files(self._manifest, manifest)
         ray = ray_module(address)
         count = len(self._manifest.shards)
@@ -296,6 +309,8 @@ class RayIndex(PictureIndex):
             self._manifest.shards, [i["instance_model"] for i in infos]
         )
         self._looks = any(info["looks"] for info in infos)
+        self._instance_view = False  # searched by the instance codes (`by_instance`)
+        self._instance_blocks = infos[0]["instance_blocks"]
         repeated = duplicates(np.concatenate(self._all("ids")))
         if repeated.size:
             raise ValueError(f"shards share ids: {preview(repeated)}")
@@ -330,11 +345,11 @@ class RayIndex(PictureIndex):
 
     @property
     def num_blocks(self) -> int:
-        return self._manifest.num_blocks
+        return self._blocks[0]
 
     @property
     def block_size(self) -> int:
-        return self._manifest.block_size
+        return self._blocks[1]
 
     @property
     def model(self) -> dict | None:
@@ -362,6 +377,26 @@ class RayIndex(PictureIndex):
         """Whether a shard's file was an earlier version's, with looks
         (`ImageIndex.written_with_looks`)."""
         return self._looks
+
+    def by_instance(self) -> RayIndex:
+        """The same pictures searched by their instance codes alone (`subic
+        search instance` of shards that keep both), for reading: a
+        `RayIndex` of the same actors, whose `add` and `remove` raise
+        (`ImageIndex.by_instance` of every shard).
+
+        Raises:
+            ValueError: the shards keep no instance codes.
+        """
+        record, blocks = self._instance_model, self._instance_blocks
+        if record is None or blocks is None:
+            raise ValueError("the shards keep no instance codes")
+        view = copy.copy(self)
+        view._instance_view = True
+        view._blocks, view._instance_blocks = tuple(blocks), None
+        view._model, view._instance_model = record, None
+        shape = record.get("input_shape")
+        view._image_shape = shape if isinstance(shape, list) else None
+        return view
 
     @property
     def actors(self) -> list:
@@ -413,7 +448,7 @@ class RayIndex(PictureIndex):
             scores, ids, copy = merge_parts(parts, k)
             exact = self._exact_first(scores, ids, queries, fingerprints, where, copy)
             return scores, ids, exact, copy
-        parts = self._all("candidates", queries, k, where)
+        parts = self._all("candidates", queries, k, where, self._instance_view)
         scores, ids = merge_results(parts, k)
         scores = scores.astype(np.float32)
         exact = self._exact_first(scores, ids, queries, fingerprints, where)
@@ -427,7 +462,9 @@ class RayIndex(PictureIndex):
         if fingerprints is None or self._root is None or not ids.shape[1]:
             return np.zeros(ids.shape, bool)
         fingerprints = check_fingerprints(fingerprints, len(ids))
-        copies = self._all("copies", fingerprints, ids.shape[1], where)
+        copies = self._all(
+            "copies", fingerprints, ids.shape[1], where, self._instance_view
+        )
         # Shards in manifest order hold the copies in insertion order.
         found = [
             [np.concatenate([shard[row][part] for shard in copies]) for part in (1, 2)]
@@ -479,7 +516,8 @@ class RayIndex(PictureIndex):
         for actor, path, part in zip(self._actors, self._manifest.shards, held):
             if len(part):
                 where = np.flatnonzero(np.isin(ids, part))
-                codes[where] = self._get([actor.codes.remote(ids[where])], (path,))[0]
+                asked = actor.codes.remote(ids[where], self._instance_view)
+                codes[where] = self._get([asked], (path,))[0]
                 found[where] = True
         if not found.all():
             raise KeyError(f"ids not in the index: {preview(ids[~found])}")
@@ -520,7 +558,13 @@ class RayIndex(PictureIndex):
 
         Raises:
             KeyError: if an id is held by no shard (none is removed).
+            ValueError: for the view of the instance codes (`by_instance`).
         """
+        if self._instance_view:
+            raise ValueError(
+                "the view of the shards' instance codes is for reading: remove "
+                "pictures from the index itself"
+            )
         ids = np.unique(check_ids("ids", ids))
         held = np.concatenate(self._all("holds", ids)) if len(ids) else ids
         if len(held) != len(ids):
