@@ -61,6 +61,8 @@ def evaluate_paper(run_dir: str, data_dir: str, output: str, env: dict, *extra):
 
 def run_seed(seed: int, args) -> dict:
     blocks = f"-k{args.block_size}" if args.block_size else ""
+    if args.pretrain_epochs:
+        blocks += f"-p{args.pretrain_epochs}"
     run_dir = os.path.join(args.runs_dir, f"cifar10-{args.bits}b{blocks}-s{seed}")
     summary_path = os.path.join(run_dir, "summary.json")
     env = dict(os.environ, SUBIC_CACHE_DIR=os.path.join(run_dir, "cache"))
@@ -81,6 +83,11 @@ def run_seed(seed: int, args) -> dict:
             "--output-dir",
             run_dir,
             *(["--block-size", str(args.block_size)] if args.block_size else []),
+            *(
+                ["--pretrain-epochs", str(args.pretrain_epochs)]
+                if args.pretrain_epochs
+                else []
+            ),
             env=env,
         )
         record["train_wall_seconds"] = round(time.time() - start, 1)
@@ -131,6 +138,12 @@ def main(argv=None) -> dict:
         help="`subic train --block-size` (default: subic train's own)",
     )
     parser.add_argument(
+        "--pretrain-epochs",
+        type=int,
+        default=None,
+        help="`subic train --pretrain-epochs` (default: subic train's own)",
+    )
+    parser.add_argument(
         "--runs-dir", default=os.path.join(HERE, "cache", "train_recipe")
     )
     parser.add_argument("--output", default=RESULTS)
@@ -142,6 +155,7 @@ def main(argv=None) -> dict:
         "command": command("train_recipe"),
         "bits": args.bits,
         "block_size": args.block_size,
+        "pretrain_epochs": args.pretrain_epochs,
         "runs": runs,
         "mean_test_map": float(np.mean(maps)),
         "std_test_map": float(np.std(maps)),

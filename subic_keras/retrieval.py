@@ -95,8 +95,8 @@ def index_folder(
             messages (`model_record`).
         instance: an instance code (`instance.pretrained()`, say) to keep
             of every picture beside a class code's (`search.instance_codes`:
-            copies first). An `index` that
-            keeps instance codes needs the instance code that wrote them.
+            copies first). An `index` that keeps instance codes needs the
+            instance code that wrote them.
         instance_path: its file (or `"instance"`), recorded with its codes
             so that a search can load it (`instance_encoder`; default: none
             recorded, and the command line cannot search with it).
