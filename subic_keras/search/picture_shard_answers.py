@@ -29,14 +29,14 @@ class PictureShardAnswers:
         _codes: SubicIndex
         _instance: InstanceCodes | None
 
-    def shard_candidates(
+    def search_shard(
         self, queries, k: int, *, where=None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`SubicIndex.shard_candidates` among the pictures `where` keeps."""
+        """`SubicIndex.search_shard` among the pictures `where` keeps."""
         where = filters.as_filter(where)
         with self._lock.read():
             keep = None if where is None else self._items.mask(where)
-            return self._codes.shard_candidates(queries, k, keep=keep)
+            return self._codes.search_kept(queries, k, keep, dtype=np.float64)
 
     def shard_both(self, queries, instance_queries, k: int, *, where=None) -> dict:
         """`instance_codes.shard_part` among the pictures `where` keeps: this

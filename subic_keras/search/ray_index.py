@@ -12,7 +12,7 @@ and is served by `subic serve` as one picture index is.
 
 Results are those of one index holding the shards' items in manifest
 order, ties included: every shard sends its best by the codes with
-float64 scores (`shard_candidates`), merged by score, then manifest and
+float64 scores (`search_shard`), merged by score, then manifest and
 insertion order (`sharding.merge_results`). Of pictures with instance
 codes (`instance_codes`), each shard sends its part of the answer of both
 codes (`shard_both`), merged as one index's (`merge_parts`), and
@@ -120,7 +120,7 @@ class _Shard:
         return self.index.by_instance() if instance else self.index
 
     def candidates(self, queries, k: int, where, instance: bool = False) -> tuple:
-        return self._searched(instance).shard_candidates(queries, k, where=where)
+        return self._searched(instance).search_shard(queries, k, where=where)
 
     def both(self, queries, instance_queries, k: int, where) -> dict:
         return self.index.shard_both(queries, instance_queries, k, where=where)

@@ -2,9 +2,9 @@
 
 A sharded search (`sharding.ShardedSubicIndex` in one process, `RayIndex`
 across machines) asks each shard for its best with float64 scores and
-merges them (`sharding.merge_results`); these
-methods are each shard's side of that exchange, and `shard` splits an
-index into shards in the first place.
+merges them (`sharding.merge_results`): `search_shard` is each shard's
+side of that exchange, and `shard` splits an index into shards in the
+first place.
 """
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search import filters
-from subic_keras.search.checks import check_queries
-from subic_keras.search.views import top_positions
 
 if TYPE_CHECKING:
-    import contextlib
-
     from subic_keras.search.store import CodeStore
-    from subic_keras.search.views import View
 
 
 class ShardAnswers:
@@ -31,15 +25,9 @@ class ShardAnswers:
 
     if TYPE_CHECKING:
         _store: CodeStore
-        _num_blocks: int
-        _block_size: int
-        _query_chunk: int
         _add_chunk: int
         _lock: Any
 
-        def view(self) -> contextlib.AbstractContextManager[View]: ...
-        def _mask(self, view: View, where: filters.Filter) -> np.ndarray | None: ...
-        def _check_k(self, k) -> int: ...
         def _checked_search(self, queries, k, where, dtype=np.float32): ...
         def _empty_like(self) -> Any: ...
         def __len__(self) -> int: ...
@@ -56,23 +44,6 @@ class ShardAnswers:
         given in insertion order rank exactly as one index would.
         """
         return self._checked_search(queries, k, where, dtype=np.float64)
-
-    def shard_candidates(
-        self, queries, k: int, *, where=None, keep=None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`search_shard` among the items `where` (or `keep`, one boolean per
-        position) keeps: what this index sends as one shard of a `RayIndex`,
-        float64 scores and ids `(nq, min(k, kept))`."""
-        k = self._check_k(k)
-        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
-        where = filters.as_filter(where)
-        with self.view() as view:
-            if where is not None:
-                keep = self._mask(view, where)
-            scores, positions = top_positions(
-                view, queries, k, self._query_chunk, keep, np.float64
-            )
-            return scores, view.ids[positions]
 
     # Sharding -----------------------------------------------------------
 

@@ -330,7 +330,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         return top_k(view, queries, k, self._query_chunk, keep, dtype)
 
     def search_kept(
-        self, queries, k: int, keep: np.ndarray | None, key=None
+        self, queries, k: int, keep: np.ndarray | None, key=None, dtype=np.float32
     ) -> tuple[np.ndarray, np.ndarray]:
         """`search` among the items where `keep` (one boolean per item, in
         insertion order, the order of `get_ids()`) is true: what an index
@@ -347,7 +347,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
                 )
             if keep is not None:
                 keep = np.asarray(keep, bool)
-            return self._top_k(view, queries, k, keep, key=key)
+            return self._top_k(view, queries, k, keep, dtype, key)
 
     def scores_at(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Scores (float64) of one query for the items at insertion positions
