@@ -240,7 +240,13 @@ def recorded_copy_blocks(record: dict | None, copy_blocks: int | None) -> int:
 
 
 def duplicate_groups(
-    codes: np.ndarray, ids: np.ndarray, block_size: int, copy_blocks: int, k: int = 64
+    codes: np.ndarray,
+    ids: np.ndarray,
+    block_size: int,
+    copy_blocks: int,
+    k: int = 64,
+    *,
+    index=None,
 ) -> list[np.ndarray]:
     """Groups of stored codes that are copies of each other.
 
@@ -257,11 +263,14 @@ def duplicate_groups(
 
     Args:
         codes: int codes `(n, M)`.
-        ids: their ids `(n,)`.
+        ids: their ids `(n,)`, distinct.
         block_size: `K`.
         copy_blocks: the least equal blocks of two copies.
         k: neighbours looked at per item (a group can be larger: it grows
             through its members' neighbours).
+        index: a searcher that holds exactly these ids and codes and scans
+            where they are kept (`RayIndex`: each shard scans its own, in
+            parallel); default: a `SubicIndex` of them, built here.
 
     Returns:
         The groups of two or more ids, each sorted, largest groups first.
@@ -278,15 +287,19 @@ def duplicate_groups(
     if len(codes) < 2:
         return []
     num_blocks = codes.shape[1]
-    index = SubicIndex(num_blocks, block_size)
-    index.add(codes, ids=np.arange(len(codes)))
+    # Pairs are joined by the codes' places; a searcher answers in ids.
+    order = np.argsort(ids, kind="stable")
+    if index is None:
+        index = SubicIndex(num_blocks, block_size)
+        index.add(codes, ids=ids)
     eye = np.eye(block_size, dtype=np.float32)
     parts = []
     for start in range(0, len(codes), 4096):
         part = eye[codes[start : start + 4096]].reshape(-1, num_blocks * block_size)
         equal, found = index.search(part, min(k + 1, len(codes)))
         rows, cols = np.nonzero((equal >= copy_blocks) & (found >= 0))
-        parts.append(np.stack([rows + start, found[rows, cols]]))
+        places = order[np.searchsorted(ids, found[rows, cols], sorter=order)]
+        parts.append(np.stack([rows + start, places]))
     pairs = np.concatenate(parts, axis=1)
     graph = coo_matrix(
         (np.ones(pairs.shape[1], np.int8), (pairs[0], pairs[1])),

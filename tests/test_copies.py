@@ -208,7 +208,8 @@ def test_duplicates_mistakes_are_one_line(photos, tmp_path, capsys):
     # A manifest is refused as what it is, before Ray starts.
     manifest = tmp_path / "photos.shards.json"
     manifest.write_text("{}")
-    assert "received a manifest of shards" in error(str(manifest))
+    assert "is not a valid shard manifest" in error(str(manifest))
+    assert "received a Milvus database" in error(str(tmp_path / "photos.db"))
     with pytest.raises(ValueError, match="reads a .subic file, not"):
         ImageIndex.load(manifest)
 

@@ -329,6 +329,29 @@ def test_shards_are_searched_by_their_instance_codes_as_one_index(built, capsys)
     assert served[0] == served[1] and served[1][0][0] == built["paths"][7]
 
 
+def test_shards_list_the_copies_one_index_lists(built, capsys):
+    """`subic duplicates MANIFEST` (`RayIndex.duplicates`: each shard scans
+    its own instance codes for every picture's) groups as the one file."""
+    single, manifest = built["single"], str(built["manifest"])
+    # Noise pictures are no copies of each other: fewer equal blocks than the
+    # recorded count make groups to compare.
+    alone = single.by_instance()
+    counts = range(alone.num_blocks, 0, -1)
+    blocks = next(b for b in counts if len(single.duplicates(b)) >= 2)
+    want = single.duplicates(blocks)
+    assert 0 < sum(map(len, want)) < 30
+    sharded = open_index(manifest)
+    assert sharded.duplicates(blocks) == want
+    assert sharded.by_instance().duplicates(blocks) == want
+    assert sharded.duplicates() == single.duplicates()
+    capsys.readouterr()
+    argv = ["duplicates", manifest, "--copy-blocks", str(blocks), "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["paths"] for line in out.splitlines()] == want
+    assert f"among 30 pictures of {manifest}" in err
+
+
 def test_a_planted_progress_file_or_manifest_is_refused_before_any_work(tmp_path):
     # A link (to a file outside, or to nowhere) or a FIFO where the build
     # writes its manifest or progress file: refused before the model is

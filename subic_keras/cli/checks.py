@@ -314,16 +314,16 @@ def _train_instance(args) -> None:
 
 
 def _duplicates(args) -> None:
-    if is_manifest(args.index) or is_database(args.index):
-        kind = (
-            "a manifest of shards" if is_manifest(args.index) else "a Milvus database"
-        )
+    _ray_address(args)
+    if is_database(args.index):
         raise ValueError(
-            f"subic duplicates reads one .subic index of a folder, received "
-            f"{kind} ({args.index}); give one of its .subic files, or an index "
-            "built with `subic index build MODEL DIR --output FILE.subic`"
+            "subic duplicates lists pictures of an index of a folder (a .subic "
+            f"file or a manifest of shards); received a Milvus database "
+            f"({args.index}), which holds no pictures' paths"
         )
     check_file(args.index, "index file")
+    if is_manifest(args.index):
+        read_manifest(args.index)  # said before Ray starts
     if args.copy_blocks is not None:
         check_int("--copy-blocks", args.copy_blocks, minimum=1)
 

@@ -391,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the groups of copies in an index of an instance code",
     )
     duplicates.add_argument(
-        "index", help="a .subic index of a folder, built by an instance code"
+        "index",
+        help="an index of a folder that keeps instance codes: a .subic file, or "
+        "a manifest of shards (.shards.json, searched on Ray)",
     )
     duplicates.add_argument(
         "--copy-blocks",
@@ -405,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help='print one JSON object per group ({"paths": [...]}) (default: off)',
     )
+    _add_ray_address(duplicates, "search a shard manifest's shards on")
     duplicates.set_defaults(run="run_duplicates", command_name="duplicates")
 
     serve = commands.add_parser(

@@ -18,6 +18,7 @@ from subic_keras.cli.loading import join_ray, load_model, open_index
 from subic_keras.instance import InstanceSubic
 from subic_keras.paths import open_file
 from subic_keras.search import filters
+from subic_keras.search import uri as search_uri
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.sockets import listen
 
@@ -194,7 +195,11 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 
 
 def run_duplicates(args) -> int:
-    index = ImageIndex.load(args.index)
+    if search_uri.is_manifest(args.index):
+        join_ray(args, args.index)
+        index = search_uri.open(args.index)
+    else:
+        index = ImageIndex.load(args.index)
     groups = index.duplicates(args.copy_blocks)
     if args.json:
         for group in groups:

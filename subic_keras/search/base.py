@@ -257,6 +257,21 @@ class PictureIndex(Searcher):
         """The folders that hold pictures (at any depth), sorted: what
         `path under "FOLDER"` filters on."""
 
+    @abc.abstractmethod
+    def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
+        """Groups of pictures that are copies of each other, by their
+        instance codes (`subic_keras.copies.duplicate_groups`: exact, all
+        pairs): the paths of each group in insertion order, largest first.
+
+        Args:
+            copy_blocks: the least equal blocks of two copies; default: the
+                one the instance code chose on validation, as recorded.
+
+        Raises:
+            ValueError: with no `copy_blocks` given or recorded (codes of a
+                class model: classes, not copies).
+        """
+
     @property
     def holds_pictures(self) -> bool:
         """Whether the items are pictures with paths (a `root`)."""

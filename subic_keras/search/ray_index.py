@@ -499,6 +499,28 @@ class RayIndex(PictureIndex):
         """The folders that hold pictures, sorted (`ImageIndex.folders`)."""
         return sorted(set().union(*self._all("folders")))
 
+    def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
+        """`ImageIndex.duplicates` of the shards as one index: every
+        picture's instance code searched among all shards' (each shard
+        scans its own, in parallel), the pairs joined here.
+
+        Raises:
+            ValueError: shards of codes alone (no pictures), or no
+                `copy_blocks` given or recorded.
+        """
+        from subic_keras.copies import duplicate_groups, recorded_copy_blocks
+
+        if not self.holds_pictures:
+            raise ValueError(
+                "duplicates lists pictures, and these shards hold codes alone"
+            )
+        part = self if self._instance_model is None else self.by_instance()
+        copy_blocks = recorded_copy_blocks(part.model, copy_blocks)
+        ids = part.get_ids()
+        codes = part.get_codes(ids)
+        groups = duplicate_groups(codes, ids, part.block_size, copy_blocks, index=part)
+        return [self.paths(group) for group in groups]
+
     def get_ids(self) -> np.ndarray:
         """Every id, in manifest order, then insertion order."""
         return np.concatenate(self._all("ids"))
