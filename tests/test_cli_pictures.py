@@ -585,7 +585,7 @@ def test_hostile_folders_and_index_files_are_one_line_or_safe(model, tmp_path, c
     for command in (
         ["index", "add", model, output],
         ["search", model, output, str(query)],
-        ["serve", model, output],
+        ["serve", model, output, "--port", "0"],  # any free port: 8000 may be busy
     ):
         _write_metadata(output, metadata)
         err, _ = _error(capsys, *command)

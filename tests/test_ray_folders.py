@@ -286,7 +286,7 @@ def test_picture_shards_refuse_what_one_index_refuses(built, tmp_path, capsys):
     save_shards(codes, tmp_path / "codes.shards.json", 2)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
-        main(["serve", model, str(tmp_path / "codes.shards.json")])
+        main(["serve", model, str(tmp_path / "codes.shards.json"), "--port", "0"])
     err = capsys.readouterr().err
     assert stop.value.code == 2
     assert "lists shards of codes without image paths" in err
