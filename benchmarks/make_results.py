@@ -60,6 +60,10 @@ KNOWN = {
         "Codes that transfer: blocks of 16",
         render_unseen_classes,
     ),
+    "unseen_classes_p16.json": (
+        "Codes that transfer: twice the pre-training",
+        render_unseen_classes,
+    ),
     "search_speed.json": ("Search speed", render_search_speed),
     "filter_speed.json": ("Filtered search", render_filter_speed),
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),
@@ -71,8 +75,16 @@ KNOWN = {
     ),
     "train_overhead.json": ("Training overhead", render_train_overhead),
     "train_recipe.json": ("`subic train` defaults", render_train_recipe),
-    "train_recipe_k16.json": (
-        "`subic train --block-size 16`",
+    "train_recipe_k64.json": (
+        "`subic train --block-size 64`, the earlier default block size",
+        render_train_recipe,
+    ),
+    "train_recipe_p50.json": (
+        "`subic train --block-size 64 --pretrain-epochs 50`, the earlier defaults",
+        render_train_recipe,
+    ),
+    "train_recipe_k16_p50.json": (
+        "`subic train --block-size 16 --pretrain-epochs 50`",
         render_train_recipe,
     ),
     "serve_load.json": ("Serving under load", render_serve_load),
@@ -315,6 +327,16 @@ KNOWN["search_speed_avx512_128.json"] = (
 # The same, each single query timed with the index out of the caches.
 KNOWN["search_speed_cold_128.json"] = (
     "Search speed at 32 blocks of 16 (128 bits), AVX-512, caches swept",
+    KNOWN["search_speed.json"][1],
+)
+# `subic train`'s 48-bit codes: 12 blocks of 16 (today's default) and 8
+# blocks of 64 (the earlier one), measured one after the other.
+KNOWN["search_speed_48b_k16.json"] = (
+    "Search speed at 12 blocks of 16 (48 bits, `subic train`'s default)",
+    KNOWN["search_speed.json"][1],
+)
+KNOWN["search_speed_48b_k64.json"] = (
+    "Search speed at 8 blocks of 64 (48 bits, the earlier default)",
     KNOWN["search_speed.json"][1],
 )
 KNOWN["two_codes.json"] = (

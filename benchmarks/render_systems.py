@@ -200,15 +200,23 @@ def render_train_overhead(data: dict) -> list[str]:
     return lines
 
 
-def _block_size(data: dict) -> str:
-    """The `--block-size` a recipe run was given, if any."""
-    size = data.get("block_size")
-    return f" and `--block-size {size}`" if size else ""
+def _options(data: dict) -> str:
+    """The `--block-size` and `--pretrain-epochs` a recipe run was given,
+    where they are not today's defaults."""
+    from subic_keras.config import Recipe, TrainConfig
+
+    size, epochs = data.get("block_size"), data.get("pretrain_epochs")
+    given = []
+    if size and size != TrainConfig.block_size:
+        given.append(f"`--block-size {size}`")
+    if epochs and epochs != Recipe().pretrain_epochs:
+        given.append(f"`--pretrain-epochs {epochs}`")
+    return "".join(f" and {option}" for option in given)
 
 
 def render_train_recipe(data: dict) -> list[str]:
     lines = [
-        f"`subic train` with its defaults{_block_size(data)} at "
+        f"`subic train` with its defaults{_options(data)} at "
         f"{fmt(data.get('bits'))} bits, then "
         f"`subic evaluate --protocol paper`; {data.get('map_definition', '')}; "
         f"measured on {data.get('machine', {}).get('cpu', 'an unrecorded CPU')}.",
@@ -244,6 +252,13 @@ def render_train_recipe(data: dict) -> list[str]:
         f"Mean mAP {data['mean_test_map']:.4f} ± {data['std_test_map']:.4f} "
         f"over {len(data['runs'])} seed(s); the paper: {fmt(data.get('paper_map'))}."
     )
+    cached = [str(run["seed"]) for run in data["runs"] if run.get("pretrain_cached")]
+    if cached:
+        lines.append(
+            f"Seed(s) {', '.join(cached)} took the pre-trained backbone from a "
+            "cache shared with another block size (`--cache-dir`): their "
+            "training s are SuBiC's stage alone."
+        )
     return lines
 
 

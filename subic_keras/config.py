@@ -77,7 +77,7 @@ class Recipe:
             the whole network from the first epoch.
     """
 
-    pretrain_epochs: int = 50
+    pretrain_epochs: int = 100
     epochs: int = 5
     gamma: float = 0.3
     mu: float = 0.3
@@ -130,8 +130,8 @@ class TrainConfig:
     """Everything `train` needs; the CLI's flags map one to one onto it.
 
     The defaults are the recipe of `subic_keras.recipe` (its docstring says
-    how each was chosen): 48-bit codes of 8 blocks of 64, the backbone
-    pre-trained as a classifier for 50 epochs, then 5 SuBiC epochs with
+    how each was chosen): 48-bit codes of 12 blocks of 16, the backbone
+    pre-trained as a classifier for 100 epochs, then 5 SuBiC epochs with
     `γ = μ = 0.3` ramped in over the first third, selection by validation
     retrieval mAP and the query chosen on validation.
 
@@ -190,8 +190,8 @@ class TrainConfig:
     images: str | None = None
     validation_images: str | None = None
     image_size: int = 32
-    num_blocks: int = 8
-    block_size: int = 64
+    num_blocks: int = 12
+    block_size: int = 16
     gamma: float = _RECIPE.gamma
     mu: float = _RECIPE.mu
     pretrain_epochs: int = _RECIPE.pretrain_epochs

@@ -490,5 +490,17 @@ def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
 def test_a_recipe_run_with_a_block_size_names_it(load_benchmark):
     render = load_benchmark("render_systems").render_train_recipe
     assert "with its defaults at 48 bits" in render(RECIPE)[0]
-    line = render({**RECIPE, "block_size": 16})[0]
-    assert "with its defaults and `--block-size 16` at 48 bits" in line
+    line = render({**RECIPE, "block_size": 64})[0]
+    assert "with its defaults and `--block-size 64` at 48 bits" in line
+    line = render({**RECIPE, "block_size": 64, "pretrain_epochs": 50})[0]
+    assert "and `--block-size 64` and `--pretrain-epochs 50` at" in line
+    assert "--block-size" not in render({**RECIPE, "block_size": 16})[0]
+    assert "--pretrain-epochs" not in render({**RECIPE, "pretrain_epochs": 100})[0]
+
+
+def test_a_recipe_run_on_a_cached_backbone_says_so(load_benchmark):
+    render = load_benchmark("render_systems").render_train_recipe
+    assert not any("cache shared" in line for line in render(RECIPE))
+    runs = [{**RECIPE["runs"][0], "pretrain_cached": True}]
+    lines = render({**RECIPE, "runs": runs})
+    assert "Seed(s) 0 took the pre-trained backbone from a cache" in lines[-1]

@@ -52,7 +52,7 @@ def test_train_defaults_are_the_recipe():
     assert (args.gamma, args.mu) == (recipe.gamma, recipe.mu)
     assert args.batch_size == recipe.batch_size
     assert args.learning_rate == recipe.learning_rate
-    assert (args.num_blocks, args.block_size) == (8, 64)
+    assert (args.num_blocks, args.block_size) == (12, 16)
     assert args.warmup_epochs is None and args.augment is None
 
 

@@ -121,7 +121,7 @@ def workdir(tmp_path_factory, shared_data_dir):
 @pytest.fixture
 def small_cifar10(shared_data_dir, monkeypatch):
     defaults = sk.recipe.train_subic.__kwdefaults__
-    assert defaults["recipe"].pretrain_epochs == 50
+    assert defaults["recipe"].pretrain_epochs == 100
     shorter = dataclasses.replace(defaults["recipe"], pretrain_epochs=10)
     monkeypatch.setitem(defaults, "recipe", shorter)
     full = sk.datasets.load_cifar10

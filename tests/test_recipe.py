@@ -41,7 +41,7 @@ def data():
 
 def test_recipe_defaults_and_errors():
     default = recipe.Recipe()
-    assert (default.pretrain_epochs, default.epochs) == (50, 5)
+    assert (default.pretrain_epochs, default.epochs) == (100, 5)
     assert (default.gamma, default.mu, default.batch_size) == (0.3, 0.3, 200)
     assert default.warmup_epochs == pytest.approx(5 / 3)
     with pytest.raises(ValueError, match="epochs must be >= 1, received 0"):

@@ -54,7 +54,7 @@ def test_standardization_uses_channel_statistics():
 
 def test_a_pretrained_backbone_is_frozen_for_a_fifth_of_the_pretraining():
     pretrained = TrainConfig(backbone="mobilenet_v3_small", weights="imagenet")
-    assert pretrained.recipe().frozen_epochs == 10
+    assert pretrained.recipe().frozen_epochs == 20
     assert TrainConfig(backbone="resnet50", weights=None).recipe().frozen_epochs == 0
     assert (
         TrainConfig(pretrain_epochs=3, backbone="resnet50").recipe().frozen_epochs == 1

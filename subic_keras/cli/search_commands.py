@@ -19,6 +19,7 @@ from subic_keras.instance import InstanceSubic
 from subic_keras.paths import open_file
 from subic_keras.search import filters
 from subic_keras.search import uri as search_uri
+from subic_keras.search.base import PictureIndex
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.sockets import listen
 
@@ -195,9 +196,12 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 
 
 def run_duplicates(args) -> int:
+    index: PictureIndex
     if search_uri.is_manifest(args.index):
         join_ray(args, args.index)
-        index = search_uri.open(args.index)
+        from subic_keras.search.ray_index import RayIndex
+
+        index = RayIndex(args.index)
     else:
         index = ImageIndex.load(args.index)
     groups = index.duplicates(args.copy_blocks)
