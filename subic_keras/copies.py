@@ -287,18 +287,23 @@ def duplicate_groups(
     if len(codes) < 2:
         return []
     num_blocks = codes.shape[1]
-    # Pairs are joined by the codes' places; a searcher answers in ids.
-    order = np.argsort(ids, kind="stable")
+    # Pairs are joined by the codes' places: the index built here answers
+    # in places, a given searcher in ids, mapped back to places.
+    sorter = None
     if index is None:
         index = SubicIndex(num_blocks, block_size)
-        index.add(codes, ids=ids)
+        index.add(codes, ids=np.arange(len(codes)))
+    else:
+        sorter = np.argsort(ids, kind="stable")
     eye = np.eye(block_size, dtype=np.float32)
     parts = []
     for start in range(0, len(codes), 4096):
         part = eye[codes[start : start + 4096]].reshape(-1, num_blocks * block_size)
         equal, found = index.search(part, min(k + 1, len(codes)))
         rows, cols = np.nonzero((equal >= copy_blocks) & (found >= 0))
-        places = order[np.searchsorted(ids, found[rows, cols], sorter=order)]
+        places = found[rows, cols]
+        if sorter is not None:
+            places = sorter[np.searchsorted(ids, places, sorter=sorter)]
         parts.append(np.stack([rows + start, places]))
     pairs = np.concatenate(parts, axis=1)
     graph = coo_matrix(
