@@ -59,11 +59,9 @@ test mAP 0.7555 against 0.7469; on classes held out of training (three
 splits, reduced budget) 0.424 against 0.411, where DSH reaches 0.386, a
 classifier's one-hot prediction 0.297, PQ and OPQ of the same backbone's
 features 0.420 and 0.421 (Sablayrolles et al., ICASSP 2017). Their scan
-costs no more: over 1,000,000 random 48-bit codes, 12 blocks of 16 are
-searched at 13.1, 11.3, 9.1 and 1.85 times faiss's Hamming scan by the
-VBMI, AVX-512BW, AVX2 and portable kernels, 8 blocks of 64 at 13.1, 8.6,
-5.4 and 1.43 times (`search_speed_48b_k16.json`, `search_speed_48b_k64.json`,
-one run after the other on an AMD EPYC of family 26).
+costs no more: at 48 bits, every native kernel searches 12 blocks of 16 at
+least as fast as 8 blocks of 64 ("Search speed at 12 blocks of 16" in
+`benchmarks/results/RESULTS.md`, and docs/search.md).
 """
 
 from __future__ import annotations
