@@ -141,21 +141,33 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
             )
 
             # While a search runs, the old matches are marked stale and the
-            # old prediction is gone.
-            def slow(route):
-                time.sleep(1.0)
-                route.continue_()
+            # old prediction is gone. The request is held until the page has
+            # been read: a handler that sleeps and continues would let the
+            # answer arrive before the read (the handler runs while Python
+            # waits for the page).
+            held = []
 
-            page.route("**/search?**", slow)
+            def hold(route):
+                held.append(route)
+
+            page.route("**/search?**", hold)
             page.set_input_files("#file", str(base / "photos" / paths[40]))
             page.wait_for_function(
                 "document.getElementById('grid').classList.contains('stale')"
             )
             assert page.inner_text("#query-info") == ""
+            assert page.inner_text("#summary") == "searching…"
+            for _ in range(1000):  # the handler runs as Python waits: 10 s at most
+                if held:
+                    break
+                page.wait_for_timeout(10)
+            assert len(held) == 1
+            held[0].continue_()
+            page.unroute("**/search?**")
             page.wait_for_function(
                 "!document.getElementById('grid').classList.contains('stale')"
             )
-            page.unroute("**/search?**")
+            assert "predicted: class " in page.inner_text("#query-info")
             # k beyond the index: bounded by what it holds, not refused.
             page.fill("#k", "5000")
             page.dispatch_event("#k", "change")
