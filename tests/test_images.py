@@ -273,17 +273,20 @@ def test_a_decode_budget_is_shared_and_refuses_what_cannot_fit():
     with pytest.raises(images.ImageTooLargeError, match="more than the 10 MB"):
         with budget.reserve(11 << 20):
             pass
-    order = []
+    order, inside = [], threading.Event()
+    # A budget that waits long enough for any scheduler, for the order.
+    patient = images.DecodeBudget(10 << 20, timeout=30)
 
     def hold(name, seconds):
-        with budget.reserve(6 << 20):
+        with patient.reserve(6 << 20):
             order.append(f"{name} in")
+            inside.set()
             time.sleep(seconds)
             order.append(f"{name} out")
 
     first = threading.Thread(target=hold, args=("first", 0.1))
     first.start()
-    time.sleep(0.02)
+    assert inside.wait(timeout=30)
     hold("second", 0)  # waits for the first: 6 + 6 MB do not fit in 10
     first.join()
     assert order == ["first in", "first out", "second in", "second out"]
