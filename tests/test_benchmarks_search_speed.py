@@ -52,6 +52,10 @@ def test_benchmark_quick_runs_and_writes_json(tmp_path):
             assert row["recall_at_100"] == 1.0
         else:  # exact ties between distinct codes may be cut either way
             assert row["recall_at_100"] >= 0.99
+    # Each scanner's rate over every baseline's.
+    assert {key for key in report["ratios"][0] if key.startswith("qps_over_")} == {
+        f"qps_over_{name}" for name in ("faiss_pq", "hamming", "numpy", "numpy_gather")
+    }
     kernels = [n for n in scanners.available(8, 64) if n.startswith("native-")]
     assert {t["target"].split(":")[0] for t in report["targets"]} == {
         f"random, {bits} bits, K={k}, {kernel}"
