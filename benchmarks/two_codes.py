@@ -9,10 +9,11 @@ alone (`SubicIndex.search` of the instance codes) and the class scan alone,
 on 1,000,000 synthetic pictures, in one process, interleaved, for batches
 of 1, 100 and 1,000 queries (k = 10 and 100):
 
-- class codes of the default class model's shape (8 blocks of 64, 48
-  bits), as a trained model gives them: each picture's code is one of 10
-  class prototypes with each block replaced by a random value with
-  probability `--noise`, so that codes repeat (tie groups of thousands);
+- class codes of `subic train`'s shape (12 blocks of 16, 48 bits;
+  `--class-shape 8,64` for the earlier default), as a trained model gives
+  them: each picture's code is one of 10 class prototypes with each block
+  replaced by a random value with probability `--noise`, so that codes
+  repeat (tie groups of thousands);
   class queries are `max(0, N(0, 1))` plus 3 on a prototype's blocks;
 - instance codes of the shipped instance code's shape (32 blocks of 16,
   128 bits), uniform; instance queries `N(0, 1)`.
@@ -33,16 +34,20 @@ import time
 import numpy as np
 
 from benchmarks import common
+from subic_keras.config import TrainConfig
 from subic_keras.search.image_index import ImageIndex
 
-CLASS_SHAPE = (8, 64)
+CLASS_SHAPE = (TrainConfig.num_blocks, TrainConfig.block_size)
 INSTANCE_SHAPE = (32, 16)
 
 
-def synthetic(n: int, noise: float, seed: int) -> tuple[ImageIndex, np.ndarray]:
-    """An index of `n` synthetic pictures, and the class prototypes."""
+def synthetic(
+    n: int, noise: float, seed: int, shape: tuple[int, int] = CLASS_SHAPE
+) -> tuple[ImageIndex, np.ndarray]:
+    """An index of `n` synthetic pictures with class codes of `shape`, and
+    the class prototypes."""
     rng = np.random.default_rng(seed)
-    (m, k), (im, ik) = CLASS_SHAPE, INSTANCE_SHAPE
+    (m, k), (im, ik) = shape, INSTANCE_SHAPE
     prototypes = rng.integers(0, k, (10, m))
     index = ImageIndex(m, k, "/pictures", instance=(im, ik))
     for start in range(0, n, 100_000):
@@ -55,10 +60,13 @@ def synthetic(n: int, noise: float, seed: int) -> tuple[ImageIndex, np.ndarray]:
     return index, prototypes
 
 
-def queries(prototypes, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Class queries near a prototype each, and instance queries."""
+def queries(
+    prototypes, count: int, seed: int, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Class queries near a prototype each (of blocks of `block_size`), and
+    instance queries."""
     rng = np.random.default_rng(seed)
-    (m, k), (im, ik) = CLASS_SHAPE, INSTANCE_SHAPE
+    (m, k), (im, ik) = (prototypes.shape[1], block_size), INSTANCE_SHAPE
     wanted = np.maximum(rng.normal(size=(count, m * k)), 0).astype(np.float32)
     chosen = prototypes[rng.integers(0, len(prototypes), count)]
     np.put_along_axis(wanted, chosen + np.arange(m) * k, 3.0, axis=1)
@@ -84,12 +92,18 @@ def main(argv=None) -> dict:
         help="comma-separated scanners to force, both codes alike (default: the "
         "best this CPU runs); e.g. native-avx2,native-portable",
     )
+    parser.add_argument(
+        "--class-shape",
+        default=",".join(map(str, CLASS_SHAPE)),
+        help="the class codes' M,K (default: %(default)s, subic train's)",
+    )
     parser.add_argument("--quick", action="store_true", help="20,000 pictures")
     parser.add_argument("--output", default="benchmarks/results/two_codes.json")
     args = parser.parse_args(argv)
     n = 20_000 if args.quick else args.pictures
-    built, prototypes = synthetic(n, args.noise, seed=0)
-    class_queries, instance_queries = queries(prototypes, 1000, seed=1)
+    shape = tuple(int(value) for value in args.class_shape.split(","))
+    built, prototypes = synthetic(n, args.noise, seed=0, shape=shape)
+    class_queries, instance_queries = queries(prototypes, 1000, 1, shape[1])
     distinct = len(np.unique(built.get_codes(), axis=0))
     common.log(f"{n} pictures, {distinct} distinct class codes")
     with tempfile.TemporaryDirectory() as folder:
@@ -103,7 +117,7 @@ def main(argv=None) -> dict:
         **common.run_metadata("two_codes", "numpy", "faiss"),
         "settings": {
             "pictures": n,
-            "class_shape": CLASS_SHAPE,
+            "class_shape": shape,
             "instance_shape": INSTANCE_SHAPE,
             "noise": args.noise,
             "distinct_class_codes": distinct,

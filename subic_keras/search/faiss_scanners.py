@@ -8,7 +8,6 @@ in float32, as the unfiltered `"faiss"` scan, for both.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from subic_keras.search import workers
 from subic_keras.search.scanner import Scanner, best_first, threads
 from subic_keras.search.store import CodeStore
 
@@ -94,8 +94,7 @@ def in_threads(search, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return search(queries[rows])
 
     parts = np.array_split(np.arange(len(queries)), count)
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        found = list(pool.map(run, parts))
+    found = workers.split_run(run, parts)
     return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
 

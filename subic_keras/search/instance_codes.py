@@ -22,33 +22,18 @@ is marked `"copy"`, which says why it is there.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import numpy as np
 
-from subic_keras.search import file_format
+from subic_keras.search import file_format, workers
 from subic_keras.search.checks import (
     check_codes,
     check_model_record,
     check_queries,
 )
-from subic_keras.search.scanner import threads
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.views import put_first
-
-# The threads that scan the instance codes beside the class codes' search
-# (one a core: searches from several threads at once each have one), and
-# the process they were started in (a forked child starts its own).
-_beside: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
-
-
-def _beside_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _beside
-    if _beside is None or _beside[0] != os.getpid():
-        pool = concurrent.futures.ThreadPoolExecutor(threads(), "subic-instance-scan")
-        _beside = (os.getpid(), pool)
-    return _beside[1]
 
 
 class InstanceCodes:
@@ -192,17 +177,14 @@ def shard_part(
     def key(row: int, positions: np.ndarray) -> np.ndarray:
         return instance.codes.scores_at(instance_queries[row], positions)
 
-    if len(queries) < threads():
-        # A scan splits a batch among the cores: fewer queries leave some
-        # idle, and the two searches, read-only, run side by side.
-        near_search = _beside_pool().submit(
-            instance.codes.search_kept, instance_queries, k, keep
-        )
-        scores, ids = codes.search_kept(queries, k, keep, key=key)
-        near, near_ids = near_search.result()
-    else:
-        near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
-        scores, ids = codes.search_kept(queries, k, keep, key=key)
+    # The two searches only read, and run side by side: a batch's class ties
+    # are ordered in Python, one query after another, on one core, while
+    # the instance scan keeps the others busy.
+    class_search = workers.pool("subic-beside").submit(
+        codes.search_kept, queries, k, keep, key=key
+    )
+    near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
+    scores, ids = class_search.result()
     queries = np.asarray(queries, np.float32)  # checked by the search
     part: dict = {"scores": scores, "ids": ids, "near": []}
     if keys:  # what shards are merged by

@@ -40,9 +40,9 @@ faiss's Hamming scan in one process; its results name the CPU.
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import numpy as np
+
+from subic_keras.search import workers
 
 try:
     from subic_keras.search import _scan  # type: ignore[attr-defined]
@@ -214,12 +214,11 @@ def search(
         )
 
     starts = range(0, nq, chunk)
-    if len(starts) == 1 or threads <= 1:
+    if threads <= 1:
         for start in starts:
             run(start)
     else:
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(run, starts))
+        workers.split_run(run, starts)
     return scores, positions
 
 

@@ -10,21 +10,17 @@ on the first search after the store changed (`scanners` lists them).
 from __future__ import annotations
 
 import abc
-import os
 import threading
 
 import numpy as np
 
-from subic_keras.search import native
+from subic_keras.search import native, workers
 from subic_keras.search.store import CodeStore
 
 
 def threads() -> int:
     """Threads a search uses: the cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return workers.cores()
 
 
 def best_order(
