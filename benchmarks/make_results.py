@@ -357,20 +357,27 @@ KNOWN["near_duplicates.json"] = (
     "Copies found first: an instance code",
     _near_duplicates_section,
 )
+# The 128-bit code of 20 epochs that shipped before the one of 60.
+KNOWN["near_duplicates_e20.json"] = (
+    "Copies found first: the 20-epoch instance code shipped before",
+    _near_duplicates_section,
+)
 # The 64-bit code (M = 16) that shipped before the 128-bit one; its command
 # ran when 16 blocks were the benchmark's default (`--num-blocks 16` now).
 KNOWN["near_duplicates_64.json"] = (
     "Copies found first: the 64-bit instance code shipped before",
     _near_duplicates_section,
 )
-# The shipped code trained 20 epochs more (`--start-from instance`).
+# The 20-epoch code, then shipped, trained 20 epochs more (`--start-from
+# instance` named it then).
 KNOWN["near_duplicates_restart.json"] = (
-    "Copies found first: the instance code trained 20 epochs more",
+    "Copies found first: the 20-epoch instance code trained 20 epochs more",
     _near_duplicates_section,
 )
-# The shipped code trained 10 epochs more from a third of the rate.
+# The 20-epoch code, then shipped, trained 10 epochs more from a third of
+# the rate.
 KNOWN["near_duplicates_restart_gentle.json"] = (
-    "Copies found first: the instance code trained 10 epochs more at 3e-4",
+    "Copies found first: the 20-epoch instance code trained 10 epochs more at 3e-4",
     _near_duplicates_section,
 )
 # Trained as the shipped code, in batches of 1,024 pictures (more negatives).

@@ -47,9 +47,17 @@ def copy_margins(queries: np.ndarray, scores: np.ndarray, block_size: int):
     >>> copy_margins(np.array([[2.0, 0.0, 1.0, 3.0]]), np.array([[5.0, 2.0]]), 2)
     array([[ 0., -3.]])
     """
-    queries = np.asarray(queries, np.float64)
-    best = queries.reshape(len(queries), -1, block_size).max(-1).sum(-1)
-    return np.asarray(scores, np.float64) - best[:, None]
+    blocks = np.asarray(queries, np.float64).reshape(len(queries), -1, block_size)
+    best = blocks.max(-1).sum(-1)
+    margins = np.asarray(scores, np.float64) - best[:, None]
+    # Scores are the scan's float32 sums: the query's best code may score a
+    # hair above or below `best`. Within the sums' rounding every margin is
+    # 0, so that all the codes of the query's argmax share one margin.
+    rounding = (
+        blocks.shape[1] * np.finfo(np.float32).eps * np.abs(blocks).max(-1).sum(-1)
+    )
+    margins[margins > -rounding[:, None]] = 0.0
+    return margins
 
 
 def mark(

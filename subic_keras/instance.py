@@ -20,8 +20,8 @@ is the log-likelihood of its code under the query's block probabilities
 likely in every block. Ranked by `sum_m z*_m[c_m]` instead, a code that
 matches most blocks and is impossible in one can outrank the original:
 on CIFAR-10 copies altered by the whole family the log-likelihood finds
-the original first for 0.558 of the queries among 10,000 pictures, the
-sum of probabilities for 0.517 (`benchmarks/near_duplicates.py`).
+the original first for 0.664 of the queries among 10,000 pictures, the
+sum of probabilities for 0.618 (`benchmarks/near_duplicates.py`).
 
 In use (`benchmarks/near_duplicates.py` does this on CIFAR-10):
 

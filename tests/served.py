@@ -34,6 +34,24 @@ def save_model(path, num_blocks: int = 4, block_size: int = 16) -> str:
     return str(path)
 
 
+# The most precise copy rules the shipped instance code's calibration found
+# (benchmarks/results/near_duplicates.json, "calibration", "best"); none of
+# them reached the 99 % the code ships with, so it records none.
+COPY_MARGIN, COPY_BLOCKS = -1.317791, 31
+
+
+def ruled_instance(path) -> str:
+    """The shipped instance code with copy rules (`COPY_MARGIN`,
+    `COPY_BLOCKS`), saved at `path`: what marks copies and lists duplicates
+    by the model's own rules, to test."""
+    from subic_keras.instance import pretrained
+
+    code = pretrained()
+    code.model.copy_margin, code.model.copy_blocks = COPY_MARGIN, COPY_BLOCKS
+    code.save(path)
+    return str(path)
+
+
 def request(port: int, method: str, path: str, body=None, headers=None, chunked=False):
     """`(status, content type, body bytes)` of one HTTP request to loopback."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

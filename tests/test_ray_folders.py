@@ -12,13 +12,20 @@ import shutil
 import numpy as np
 import pytest
 from PIL import Image
-from served import ThreadServer, picture_folder, request, request_json, save_model
+from served import (
+    ThreadServer,
+    picture_folder,
+    request,
+    request_json,
+    ruled_instance,
+    save_model,
+)
 from swapping import outside_folder
 
 from subic_keras import retrieval
 from subic_keras.cli import main
 from subic_keras.export import load_subic
-from subic_keras.instance import pretrained
+from subic_keras.instance import InstanceSubic
 from subic_keras.ray_folders import (
     _finished_shard,
     _paths_digest,
@@ -52,8 +59,10 @@ def built(ray_cluster, tmp_path_factory):
     paths = picture_folder(root, n=30)
     (root / "notes.txt").write_text("not a picture")
     (root / "b" / "empty.jpg").write_bytes(b"")
-    # Both codes, as the command line builds them (the shipped instance code).
-    instance = {"instance": pretrained(), "instance_path": "instance"}
+    # Both codes, as the command line builds them (the shipped instance code,
+    # with copy rules).
+    ruled = ruled_instance(base / "ruled.keras")
+    instance = {"instance": InstanceSubic.load(ruled), "instance_path": ruled}
     single, _ = retrieval.index_folder(
         load_subic(model), root, model_path=model, **instance
     )
@@ -72,7 +81,7 @@ def built(ray_cluster, tmp_path_factory):
     try:
         with pytest.raises(KeyboardInterrupt):
             index_folder_on_ray(
-                model, root, manifest, 3, batch_size=8, instance_model="instance"
+                model, root, manifest, 3, batch_size=8, instance_model=ruled
             )
     finally:
         ImageIndex.save = real_save
@@ -80,11 +89,13 @@ def built(ray_cluster, tmp_path_factory):
     first = sum(len(ImageIndex.load(path)) for path in saved)
     out, err = io.StringIO(), io.StringIO()
     build = ["index", "build", model, str(root), "--output", str(manifest)]
+    build += ["--instance-model", ruled]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main([*build, "--shards", "3", "--batch-size", "8"])
     return {
         "base": base,
         "model": model,
+        "ruled": ruled,
         "root": root,
         "paths": paths,
         "single": single,
@@ -301,7 +312,8 @@ def test_shards_are_searched_by_their_instance_codes_as_one_index(built, capsys)
     answers = []
     for index in (str(built["base"] / "photos.subic"), str(manifest)):
         capsys.readouterr()
-        assert main(["search", "instance", index, *queries, "-k", "8", "--json"]) == 0
+        argv = ["search", built["ruled"], index, *queries, "-k", "8", "--json"]
+        assert main(argv) == 0
         rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         answers.append([(r["query"], r["path"], r["score"], r["copy"]) for r in rows])
     assert answers[0] == answers[1] and len(answers[0]) == 24
@@ -323,7 +335,7 @@ def test_shards_are_searched_by_their_instance_codes_as_one_index(built, capsys)
     picture = (built["root"] / built["paths"][7]).read_bytes()
     served = []
     for index in (str(built["base"] / "photos.subic"), str(manifest)):
-        service = SearchService("instance", index)
+        service = SearchService(built["ruled"], index)
         rows = service.search_image(picture, 5)["results"]
         served.append([(r["path"], r["score"], r["exact"]) for r in rows])
     assert served[0] == served[1] and served[1][0][0] == built["paths"][7]

@@ -22,6 +22,7 @@ from served import (
     picture_folder,
     request,
     request_json,
+    ruled_instance,
     save_model,
 )
 from swapping import link_swapped
@@ -650,14 +651,15 @@ def test_an_index_with_instance_codes_serves_copies_first(tmp_path, shared_data_
     from PIL import Image
 
     from subic_keras.datasets import load_cifar10
-    from subic_keras.instance import pretrained
+    from subic_keras.instance import InstanceSubic
 
     (_, _), (x_test, y_test) = load_cifar10(shared_data_dir)
     root = tmp_path / "photos"
     paths = write_image_folder(x_test[:40], y_test[:40] % 3, root, ["a", "b", "c"])
     model = save_model(tmp_path / "model.keras")
+    ruled = ruled_instance(tmp_path / "ruled.keras")  # marks copies
     index, _ = retrieval.index_folder(
-        load_subic(model), root, instance=pretrained(), instance_path="instance"
+        load_subic(model), root, instance=InstanceSubic.load(ruled), instance_path=ruled
     )
     index.save(tmp_path / "photos.subic")
     service = SearchService(model, str(tmp_path / "photos.subic"))
@@ -672,7 +674,7 @@ def test_an_index_with_instance_codes_serves_copies_first(tmp_path, shared_data_
     # serves the same index by its instance codes.
     loaded = service._state.instance
     assert service.reload()["items"] == 40 and service._state.instance is loaded
-    alone = SearchService("instance", str(tmp_path / "photos.subic"))
+    alone = SearchService(ruled, str(tmp_path / "photos.subic"))
     answer = alone.search_image(copy.getvalue(), 1)
     assert answer["results"][0]["path"] == paths[7] and answer["class_name"] is None
     assert alone.stats()["bits"] == 128 and not alone.stats()["instance_codes"]

@@ -12,7 +12,7 @@ import time
 import urllib.parse
 
 import pytest
-from served import ServeProcess, save_model
+from served import ServeProcess, ruled_instance, save_model
 
 from subic_keras import retrieval
 from subic_keras.config import CLASS_NAMES
@@ -306,7 +306,7 @@ def test_the_page_of_both_codes_marks_copies_and_says_how_ties_are_ordered(
     import keras
     from PIL import Image
 
-    from subic_keras.instance import pretrained
+    from subic_keras.instance import InstanceSubic
 
     sync_playwright = _browser()
     (_, _), (images, labels) = load_cifar10(shared_data_dir, max_per_split=60)
@@ -314,9 +314,10 @@ def test_the_page_of_both_codes_marks_copies_and_says_how_ties_are_ordered(
     # A class model drawn alike in every run: its ties are what is checked.
     keras.utils.set_random_seed(0)
     model = save_model(tmp_path / "model.keras")
+    ruled = ruled_instance(tmp_path / "ruled.keras")  # marks copies
     index, _ = retrieval.index_folder(
-        load_subic(model), tmp_path / "photos", instance=pretrained(),
-        instance_path="instance",
+        load_subic(model), tmp_path / "photos", instance=InstanceSubic.load(ruled),
+        instance_path=ruled,
     )  # fmt: skip
     index.save(tmp_path / "photos.subic")
     # Picture 7 twice as large, recompressed: a copy the instance code marks.

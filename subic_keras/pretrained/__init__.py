@@ -5,7 +5,7 @@
 without labels on CIFAR-10's 50,000 training pictures, each against its
 copies altered by `subic_keras.alterations`, by
 
-    python -m benchmarks.near_duplicates --epochs 20 --num-blocks 32 --ship
+    python -m benchmarks.near_duplicates --epochs 60 --num-blocks 32 --ship
 
 CIFAR-10 (Krizhevsky, 2009) is distributed for research without a
 licence of its own; the weights are the package's, under its Apache-2.0
