@@ -275,6 +275,8 @@ def _only_the_latest_answer_is_shown(page, base, paths):
 def test_the_page_of_an_instance_code_names_copies_not_classes(
     shared_data_dir, tmp_path
 ):
+    from PIL import Image
+
     sync_playwright = _browser()
     (_, _), (images, labels) = load_cifar10(shared_data_dir, max_per_split=60)
     paths = write_image_folder(images[:60], labels[:60], tmp_path / "photos")
@@ -298,6 +300,18 @@ def test_the_page_of_an_instance_code_names_copies_not_classes(
             assert info == "2 copies of this picture found", info
             assert "predicted" not in info
             page.screenshot(path=str(tmp_path / "instance_page.png"))
+            # A mirrored copy: found first, unmarked (the shipped code has
+            # no copy rule), and the page says none is marked.
+            mirrored = tmp_path / "mirrored.png"
+            Image.open(tmp_path / "photos" / paths[9]).transpose(
+                Image.Transpose.FLIP_LEFT_RIGHT
+            ).save(mirrored)
+            page.set_input_files("#file", str(mirrored))
+            page.wait_for_function(
+                f"document.querySelector('#grid .card').dataset.path === {paths[9]!r}"
+            )
+            info = page.inner_text("#query-info")
+            assert info == "the most alike first, none marked as a copy", info
 
 
 def test_the_page_of_both_codes_marks_copies_and_says_how_ties_are_ordered(
