@@ -362,6 +362,11 @@ KNOWN["near_duplicates_e20.json"] = (
     "Copies found first: the 20-epoch instance code shipped before",
     _near_duplicates_section,
 )
+# 256 bits (M = 64), 20 epochs: the bits' effect at the 20-epoch budget.
+KNOWN["near_duplicates_256.json"] = (
+    "Copies found first: a 256-bit instance code, 20 epochs",
+    _near_duplicates_section,
+)
 # The 64-bit code (M = 16) that shipped before the 128-bit one; its command
 # ran when 16 blocks were the benchmark's default (`--num-blocks 16` now).
 KNOWN["near_duplicates_64.json"] = (
