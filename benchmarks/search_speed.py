@@ -69,7 +69,7 @@ from benchmarks.scan_baselines import (
     recall,
 )
 from benchmarks.search_speed_report import print_table, ratios, targets
-from subic_keras.search import SubicIndex, faiss_scanners, scanner, scanners
+from subic_keras.search import SubicIndex, faiss_scanners, scanners, workers
 
 K_NEIGHBOURS = 100
 BATCHES = (1, 100, 1000)
@@ -442,7 +442,7 @@ def main(argv=None) -> dict:
             "faiss_compile_options": faiss.get_compile_options().strip(),
             "scanners": scanners.available(8, 16),
             "faiss_threads": args.threads,
-            "search_threads": scanner.threads(),
+            "search_threads": workers.cores(),
             # OpenMP's wait policy of the run (unset: libgomp spins a while
             # after each parallel region before it sleeps).
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from subic_keras.search import workers
-from subic_keras.search.scanner import Scanner, best_first, threads
+from subic_keras.search.scanner import Scanner, best_first
 from subic_keras.search.store import CodeStore
 
 # faiss's fast scan: 16-bit sums of up to 256 8-bit entries; C int positions.
@@ -70,7 +70,7 @@ def _omp_threads(count: int) -> Iterator[None]:
 
 
 def in_threads(search, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`search(queries)`, a faiss search, split over `threads()` threads of
+    """`search(queries)`, a faiss search, split over `workers.cores()` threads of
     this library, each running faiss with one OpenMP thread.
 
     How the faiss scanners run faiss, so that mixing them with the native
@@ -84,7 +84,7 @@ def in_threads(search, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         The concatenated `(distances, labels)` of the parts.
     """
-    count = threads()
+    count = workers.cores()
     if count == 1 or len(queries) < 2 * count:
         with _omp_threads(1):
             return search(queries)
@@ -94,7 +94,7 @@ def in_threads(search, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return search(queries[rows])
 
     parts = np.array_split(np.arange(len(queries)), count)
-    found = workers.split_run(run, parts)
+    found = workers.split_run(run, parts, count)
     return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
 

@@ -218,7 +218,7 @@ def search(
         for start in starts:
             run(start)
     else:
-        workers.split_run(run, starts)
+        workers.split_run(run, starts, threads)
     return scores, positions
 
 

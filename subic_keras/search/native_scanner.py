@@ -17,8 +17,8 @@ import threading
 
 import numpy as np
 
-from subic_keras.search import native
-from subic_keras.search.scanner import Scanner, threads
+from subic_keras.search import native, workers
+from subic_keras.search.scanner import Scanner
 from subic_keras.search.store import CodeStore
 
 # Rows laid out per step (the temporaries of a layout stay small).
@@ -109,7 +109,7 @@ class NativeScanner(Scanner):
             rows,
             queries,
             k,
-            threads(),
+            workers.cores(),
             self.kernel,
             groups,
             bits,

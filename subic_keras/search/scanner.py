@@ -14,13 +14,8 @@ import threading
 
 import numpy as np
 
-from subic_keras.search import native, workers
+from subic_keras.search import native
 from subic_keras.search.store import CodeStore
-
-
-def threads() -> int:
-    """Threads a search uses: the cores this process may run on."""
-    return workers.cores()
 
 
 def best_order(

@@ -42,8 +42,10 @@ def pool(name: str) -> concurrent.futures.ThreadPoolExecutor:
         return kept[1]
 
 
-def split_run(run: Callable[[Part], Result], parts: Sequence[Part]) -> list[Result]:
-    """`[run(part) for part in parts]` on as many threads as cores: the
+def split_run(
+    run: Callable[[Part], Result], parts: Sequence[Part], threads: int
+) -> list[Result]:
+    """`[run(part) for part in parts]` on up to `threads` threads: the
     calling thread and kept scan threads each take the next part left.
 
     Every part has finished or was never started when it returns or raises
@@ -55,7 +57,7 @@ def split_run(run: Callable[[Part], Result], parts: Sequence[Part]) -> list[Resu
     failed: list[BaseException] = []
 
     def drain() -> None:
-        for at in iter(taken.__next__, None):
+        for at in taken:
             if at >= len(parts) or failed:
                 return
             try:
@@ -64,9 +66,8 @@ def split_run(run: Callable[[Part], Result], parts: Sequence[Part]) -> list[Resu
                 failed.append(error)
                 return
 
-    helpers = min(cores(), len(parts)) - 1
-    threads = pool("subic-scan") if helpers > 0 else None
-    futures = [threads.submit(drain) for _ in range(helpers)] if threads else []
+    helpers = min(threads, len(parts)) - 1
+    futures = [pool("subic-scan").submit(drain) for _ in range(helpers)]
     drain()
     concurrent.futures.wait(futures)
     if failed:
