@@ -310,10 +310,13 @@ def check_model_fits(
         return
     if recorded["digest"] == current["digest"]:
         return
+    # An instance code's copy rules are its record's too: they may be all
+    # that differs (the same weights calibrated again).
     differs = [
-        f"{key} {recorded.get(key)} against {current[key]}"
+        f"{key} {recorded.get(key)} against {current.get(key)}"
         for key in ("num_blocks", "block_size", "input_shape", "query")
-        if key in recorded and recorded[key] != current[key]
+        + ("copy_margin", "copy_blocks")
+        if (key in recorded or key in current) and recorded.get(key) != current.get(key)
     ] or ["their weights differ"]
     wrote = model_writer(recorded, model)
     raise ValueError(

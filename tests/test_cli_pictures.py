@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from served import picture_folder, ruled_instance, save_model
+from served import COPY_MARGIN, picture_folder, ruled_instance, save_model
 
 from subic_keras import copies, images, retrieval
 from subic_keras.cli import main
@@ -691,6 +691,12 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     code.save(other)
     error, _ = _error(capsys, "search", other, output, queries[0])
     assert f"was written by {ruled}" in error, error
+    # The same weights without the copy rules: the message names the rules.
+    unruled = str(tmp_path / "unruled.keras")
+    pretrained().save(unruled)
+    error, _ = _error(capsys, "search", unruled, output, queries[0])
+    assert f"copy_margin {COPY_MARGIN} against None" in error, error
+    assert "weights differ" not in error, error
     # Without an instance code: the class code alone.
     plain = str(tmp_path / "plain.subic")
     argv = ["index", "build", model, str(root), "--output", plain]
