@@ -34,6 +34,8 @@ from subic_keras.weights_digest import weights_digest
 
 # A model that writes an index's codes: a class code or an instance code.
 Encoder = Subic | InstanceSubic
+# What an instance code chose on validation, recorded with it (`copies`).
+COPY_RULES = ("copy_margin", "copy_blocks")
 
 
 def build_index(
@@ -233,8 +235,7 @@ def model_record(
         "query": subic.default_query,
     }
     if isinstance(subic, InstanceSubic) and subic.copy_blocks is not None:
-        config["copy_margin"] = subic.copy_margin
-        config["copy_blocks"] = subic.copy_blocks
+        config.update({rule: getattr(subic, rule) for rule in COPY_RULES})
     digest.update(json.dumps(config, sort_keys=True).encode())
     for weight in subic.train_model.weights:
         value = np.ascontiguousarray(keras.ops.convert_to_numpy(weight))
@@ -312,10 +313,10 @@ def check_model_fits(
         return
     # An instance code's copy rules are its record's too: they may be all
     # that differs (the same weights calibrated again).
+    keys = ("num_blocks", "block_size", "input_shape", "query", *COPY_RULES)
     differs = [
         f"{key} {recorded.get(key)} against {current.get(key)}"
-        for key in ("num_blocks", "block_size", "input_shape", "query")
-        + ("copy_margin", "copy_blocks")
+        for key in keys
         if (key in recorded or key in current) and recorded.get(key) != current.get(key)
     ] or ["their weights differ"]
     wrote = model_writer(recorded, model)

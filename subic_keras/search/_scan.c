@@ -1395,6 +1395,298 @@ static PyObject *score_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Equal scores of a scan's results ordered by a second code's scores (an
+ * instance code's, beside a class code whose codes repeat), then by
+ * position: `views.tie_ordered_top_k` for a batch of queries. A query's
+ * scan gives its best `wide` (k + 1 where the filter keeps that many),
+ * which tell whether the k-th result's tie group goes on past them; where
+ * it does, the rest of it (the positions whose row is one of the rows at
+ * the k-th's score, that the filter keeps and the scan did not return, the
+ * `max_tied` least) joins the candidates, and the best k of them by score,
+ * second score (`score_row`) and position are the answer. */
+typedef struct {
+    double score, key;
+    int64_t position;
+} Tied;
+
+/* qsort's order: higher score first, then higher key, then lower position. */
+static int tied_order(const void *pa, const void *pb) {
+    const Tied *a = pa, *b = pb;
+    if (a->score != b->score) return a->score < b->score ? 1 : -1;
+    if (a->key != b->key) return a->key < b->key ? 1 : -1;
+    return (a->position > b->position) - (a->position < b->position);
+}
+
+static int position_order(const void *pa, const void *pb) {
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    return (a > b) - (a < b);
+}
+
+static int word_order(const void *pa, const void *pb) {
+    uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
+    return (a > b) - (a < b);
+}
+
+typedef struct {
+    const uint8_t *row;
+    long long width;
+} RowRef;
+
+static int row_order(const void *pa, const void *pb) {
+    const RowRef *a = pa, *b = pb;
+    return memcmp(a->row, b->row, (size_t)a->width);
+}
+
+typedef struct {
+    const uint8_t *packed; /* the first code's rows: its tie groups */
+    long long n, width;
+    const int64_t *order;   /* positions by their rows' first 8 bytes, ... */
+    const uint64_t *sorted; /* ... which, read as one word each, increase */
+    const uint8_t *keep;    /* one byte an item; NULL: every item */
+    const uint8_t *second;  /* the second code's rows, at the same positions */
+    long long second_width;
+    int bits, num_blocks;
+    long long max_tied;
+} TieSource;
+
+/* One query's buffers: `wide` for the scan's, the others grown as needed. */
+typedef struct {
+    RowRef *rows;
+    uint64_t *words;
+    int64_t *bar, *found;
+    int64_t *positions; /* the candidates */
+    double *keys;
+    Tied *tied;
+    Item *items;
+    long long capacity;
+} TieBuffers;
+
+static int grow_ties(TieBuffers *b, long long needed) {
+    if (needed <= b->capacity) return 0;
+    long long size = needed > 2 * b->capacity ? needed : 2 * b->capacity;
+    int64_t *positions = realloc(b->positions, (size_t)size * sizeof(int64_t));
+    if (positions) b->positions = positions;
+    double *keys = realloc(b->keys, (size_t)size * sizeof(double));
+    if (keys) b->keys = keys;
+    Tied *tied = realloc(b->tied, (size_t)size * sizeof(Tied));
+    if (tied) b->tied = tied;
+    Item *items = realloc(b->items, (size_t)size * sizeof(Item));
+    if (items) b->items = items;
+    if (!positions || !keys || !tied || !items) return -1;
+    b->capacity = size;
+    return 0;
+}
+
+static uint64_t first_word(const uint8_t *row, long long width) {
+    uint64_t word = 0; /* as `store._keys`: the first 8 bytes, zero-padded */
+    memcpy(&word, row, (size_t)(width < 8 ? width : 8));
+    return word;
+}
+
+static long long first_past(const uint64_t *sorted, long long n, uint64_t word, int equal) {
+    long long lo = 0, hi = n; /* the first entry above `word` (`equal`: at least it) */
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (sorted[mid] < word || (!equal && sorted[mid] == word)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Appends the rest of a tie group (the `count` positions of `b->bar` give
+ * its rows) to the `start` candidates of `b->positions`, increasing; the
+ * new count, or -1 without memory, -2 for a position out of range. */
+static long long rest_of_group(const TieSource *t, TieBuffers *b, long long count,
+                               long long found, long long start) {
+    const long long width = t->width;
+    RowRef *rows = b->rows;
+    long long distinct = 0, words = 0;
+    for (long long i = 0; i < count; i++)
+        rows[i] = (RowRef){t->packed + b->bar[i] * width, width};
+    qsort(rows, (size_t)count, sizeof(RowRef), row_order);
+    for (long long i = 0; i < count; i++)
+        if (!distinct || row_order(&rows[distinct - 1], &rows[i])) rows[distinct++] = rows[i];
+    for (long long i = 0; i < distinct; i++) b->words[i] = first_word(rows[i].row, width);
+    qsort(b->words, (size_t)distinct, sizeof(uint64_t), word_order);
+    for (long long i = 0; i < distinct; i++)
+        if (!words || b->words[words - 1] != b->words[i]) b->words[words++] = b->words[i];
+    long long total = start;
+    for (long long w = 0; w < words; w++) {
+        long long lo = first_past(t->sorted, t->n, b->words[w], 1);
+        long long hi = first_past(t->sorted, t->n, b->words[w], 0);
+        long long next_found = 0; /* a run and `found` both increase: one walk */
+        for (long long at = lo; at < hi; at++) {
+            int64_t position = t->order[at];
+            if (position < 0 || position >= t->n) return -2;
+            while (next_found < found && b->found[next_found] < position) next_found++;
+            if (next_found < found && b->found[next_found] == position) continue;
+            if (t->keep && !t->keep[position]) continue;
+            if (width > 8) { /* a word is a row's first bytes: the rest must match */
+                RowRef probe = {t->packed + position * width, width};
+                if (!bsearch(&probe, rows, (size_t)distinct, sizeof(RowRef), row_order))
+                    continue;
+            }
+            if (grow_ties(b, total + 1)) return -1;
+            b->positions[total++] = position;
+            /* A word's run increases: with one word, its first are the least. */
+            if (words == 1 && total - start == t->max_tied) break;
+        }
+    }
+    if (words > 1)
+        qsort(b->positions + start, (size_t)(total - start), sizeof(int64_t), position_order);
+    return total - start < t->max_tied ? total : start + t->max_tied;
+}
+
+/* One query: its best `k` of the scan's `wide` into `out_*`; 0, or as
+ * `rest_of_group`. */
+static int order_row(const TieSource *t, TieBuffers *b, const float *scores,
+                     const int64_t *positions, long long wide, long long k, const float *table,
+                     float *out_scores, int64_t *out_positions) {
+    int extends = wide > k && scores[k - 1] == scores[k];
+    int ties = extends;
+    for (long long i = 1; i < k && !ties; i++) ties = scores[i] == scores[i - 1];
+    if (!ties) { /* the scan's order stands */
+        memcpy(out_scores, scores, (size_t)k * sizeof(float));
+        memcpy(out_positions, positions, (size_t)k * sizeof(int64_t));
+        return 0;
+    }
+    const float bar = scores[k - 1];
+    if (grow_ties(b, wide)) return -1;
+    memcpy(b->positions, positions, (size_t)wide * sizeof(int64_t));
+    long long count = wide;
+    if (extends) {
+        long long at_bar = 0;
+        for (long long i = 0; i < wide; i++)
+            if (scores[i] == bar) b->bar[at_bar++] = positions[i];
+        memcpy(b->found, positions, (size_t)wide * sizeof(int64_t));
+        qsort(b->found, (size_t)wide, sizeof(int64_t), position_order);
+        count = rest_of_group(t, b, at_bar, wide, wide);
+        if (count < 0) return (int)count;
+    }
+    score_rows_c(t->second, t->second_width, t->bits, t->num_blocks, b->positions, count,
+                 table, b->keys);
+    long long n = 0;
+    if (count <= 4 * k) {
+        for (long long i = 0; i < count; i++)
+            b->tied[n++] = (Tied){i < wide ? scores[i] : bar, b->keys[i], b->positions[i]};
+    } else { /* a long tie group (every candidate at or above the bar) */
+        for (long long i = 0; i < wide && scores[i] > bar; i++)
+            b->tied[n++] = (Tied){scores[i], b->keys[i], b->positions[i]};
+        /* The rest's best `need` by key, then position: a heap of them, the
+           worst at its root, as the scan keeps its k best. */
+        long long need = k - n, size = 0;
+        for (long long i = n; i < count; i++) {
+            Item item = {b->keys[i], b->positions[i]};
+            if (size < need) sift_up(b->items, size++, item);
+            else if (ranks_after(&b->items[0], &item)) sift_down(b->items, size, 0, item);
+        }
+        for (long long i = 0; i < size; i++)
+            b->tied[n++] = (Tied){bar, b->items[i].score, b->items[i].position};
+    }
+    qsort(b->tied, (size_t)n, sizeof(Tied), tied_order);
+    for (long long i = 0; i < k; i++) {
+        out_scores[i] = (float)b->tied[i].score;
+        out_positions[i] = b->tied[i].position;
+    }
+    return 0;
+}
+
+/* Every query of a batch (`order_row`); 0, -1 without memory, -2 for a
+ * position out of range. */
+static int order_ties_c(const TieSource *t, const float *scores, const int64_t *positions,
+                        long long nq, long long wide, long long k, const float *tables,
+                        long long table_size, float *out_scores, int64_t *out_positions) {
+    TieBuffers b = {0};
+    int status = 0;
+    long long size = wide > 0 ? wide : 1;
+    b.rows = malloc((size_t)size * sizeof(RowRef));
+    b.words = malloc((size_t)size * sizeof(uint64_t));
+    b.bar = malloc((size_t)size * sizeof(int64_t));
+    b.found = malloc((size_t)size * sizeof(int64_t));
+    if (!b.rows || !b.words || !b.bar || !b.found || grow_ties(&b, 4 * size)) status = -1;
+    for (long long q = 0; q < nq && !status; q++)
+        status = order_row(t, &b, scores + q * wide, positions + q * wide, wide, k,
+                           tables + q * table_size, out_scores + q * k, out_positions + q * k);
+    free(b.rows);
+    free(b.words);
+    free(b.bar);
+    free(b.found);
+    free(b.positions);
+    free(b.keys);
+    free(b.tied);
+    free(b.items);
+    return status;
+}
+
+static PyObject *order_ties(PyObject *self, PyObject *args) {
+    Py_buffer scores, positions, packed, order, sorted, keep, second, tables, out_scores,
+        out_positions;
+    TieSource t;
+    long long nq, wide, k;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*LLLy*LLy*y*y*y*LiiLy*w*w*", &scores, &positions, &nq,
+                          &wide, &k, &packed, &t.n, &t.width, &order, &sorted, &keep,
+                          &second, &t.second_width, &t.bits, &t.num_blocks, &t.max_tied,
+                          &tables, &out_scores, &out_positions))
+        return NULL;
+    const char *problem = NULL;
+    if (nq < 0 || k < 0 || wide < k || wide > k + 1 || t.n < 0 || t.width < 1 ||
+        t.second_width < 1 || t.bits < 1 || t.bits > 10 || t.num_blocks < 1 ||
+        (long long)t.num_blocks * t.bits > 8 * t.second_width || t.max_tied < 0)
+        problem = "sizes out of range";
+    else if (scores.len != nq * wide * 4 || positions.len != nq * wide * 8)
+        problem = "scores and positions must hold nq * wide float32 and int64";
+    else if (packed.len != t.n * t.width || second.len != t.n * t.second_width)
+        problem = "packed buffers have the wrong size";
+    else if (order.len != t.n * 8 || sorted.len != t.n * 8 ||
+             (keep.len != 0 && keep.len != t.n))
+        problem = "order, sorted and keep must hold one entry an item";
+    const long long table_size = problem ? 0 : (long long)t.num_blocks << t.bits;
+    if (problem)
+        ;
+    else if (tables.len != nq * table_size * 4)
+        problem = "tables must hold nq * num_blocks * 2^bits float32";
+    else if (out_scores.len != nq * k * 4 || out_positions.len != nq * k * 8)
+        problem = "outputs must hold nq * k float32 and int64";
+    if (!problem) {
+        const int64_t *at = positions.buf;
+        for (long long i = 0; i < nq * wide; i++)
+            if (at[i] < 0 || at[i] >= t.n) {
+                problem = "positions out of range";
+                break;
+            }
+    }
+    int status = 0;
+    if (!problem) {
+        t.packed = packed.buf;
+        t.order = order.buf;
+        t.sorted = sorted.buf;
+        t.keep = keep.len ? keep.buf : NULL;
+        t.second = second.buf;
+        Py_BEGIN_ALLOW_THREADS status =
+            order_ties_c(&t, scores.buf, positions.buf, nq, wide, k, tables.buf, table_size,
+                         out_scores.buf, out_positions.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&scores);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&packed);
+    PyBuffer_Release(&order);
+    PyBuffer_Release(&sorted);
+    PyBuffer_Release(&keep);
+    PyBuffer_Release(&second);
+    PyBuffer_Release(&tables);
+    PyBuffer_Release(&out_scores);
+    PyBuffer_Release(&out_positions);
+    if (status == -2) problem = "order holds a position out of range";
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    if (status == -1) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *group(PyObject *self, PyObject *args) {
     Py_buffer rows, first, starts, members;
     long long n, width, limit;
@@ -1544,6 +1836,13 @@ static PyMethodDef methods[] = {
      "out[i] = the float64 sum over blocks m of table[m * 2^bits + c_m], c the code "
      "of packed row positions[i] (n rows of width bytes, blocks of bits bits, least "
      "significant bit first)."},
+    {"order_ties", order_ties, METH_VARARGS,
+     "order_ties(scores, positions, nq, wide, k, packed, n, width, order, sorted, keep, "
+     "second, second_width, bits, num_blocks, max_tied, tables, out_scores, "
+     "out_positions): each query's best k of its scan's best wide (k or k + 1), the "
+     "k-th's tie group completed from packed (rows by their first 8 bytes: order, "
+     "sorted; keep: one byte an item, or empty), equal scores by the score of second's "
+     "row under the query's table, then by position."},
     {"sample_repeats", sample_repeats, METH_VARARGS,
      "sample_repeats(rows, n, width, threshold): (kept, distinct): the rows whose "
      "mixed hash is below threshold, and the distinct ones among them."},

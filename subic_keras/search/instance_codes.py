@@ -174,9 +174,7 @@ def shard_part(
             f"received {len(instance_queries)}"
         )
 
-    def key(row: int, positions: np.ndarray) -> np.ndarray:
-        return instance.codes.scores_at(instance_queries[row], positions)
-
+    key = instance.codes.second_code(instance_queries)
     # The two searches only read, and run side by side: a batch's class ties
     # are ordered in Python, one query after another, on one core, while
     # the instance scan keeps the others busy.
@@ -189,7 +187,9 @@ def shard_part(
     part: dict = {"scores": scores, "ids": ids, "near": []}
     if keys:  # what shards are merged by
         part["positions"] = rows_of(ids.ravel()).reshape(ids.shape)
-        part["keys"] = np.array([key(r, p) for r, p in enumerate(part["positions"])])
+        part["keys"] = np.array(
+            [key.scores(r, p) for r, p in enumerate(part["positions"])]
+        )
     margin = instance.copy_margin
     marked = np.zeros(near.shape, bool)
     if margin is not None:

@@ -265,6 +265,41 @@ def score_rows(
     return out
 
 
+def order_ties(
+    scores: np.ndarray,
+    positions: np.ndarray,
+    k: int,
+    store,
+    keep: np.ndarray | None,
+    second,
+    max_tied: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`views.tie_ordered_top_k` of a batch after its scan, in C with the
+    GIL released: each query's best `k` of its scan's best `wide` (`scores`
+    float32 and `positions`, `(nq, wide)`, `wide` of `k` or `k + 1`), the
+    `k`-th's tie group completed from `store` (the items `keep` keeps, the
+    `max_tied` first), equal scores by `second`'s scores (`views.SecondCode`),
+    then by position. None where `_scan` is unbuilt."""
+    if _scan is None:
+        return None
+    nq, wide = scores.shape
+    order, sorted_words = store.by_first_bytes()
+    packed, rows = store.packed(), np.ascontiguousarray(second.packed, np.uint8)
+    num_blocks = second.queries.shape[1] >> second.nbits
+    out_scores = np.empty((nq, k), np.float32)
+    out_positions = np.empty((nq, k), np.int64)
+    kept = b"" if keep is None else np.ascontiguousarray(keep, np.uint8)
+    _scan.order_ties(
+        np.ascontiguousarray(scores, np.float32),
+        np.ascontiguousarray(positions, np.int64), nq, wide, k,
+        np.ascontiguousarray(packed, np.uint8), len(packed), packed.shape[1],
+        order, sorted_words, kept, rows, rows.shape[1], second.nbits, num_blocks,
+        max_tied, np.ascontiguousarray(second.queries, np.float32),
+        out_scores, out_positions,
+    )  # fmt: skip
+    return out_scores, out_positions
+
+
 def repeat_estimate(rows: np.ndarray) -> float:
     """The share of `rows` that are distinct, estimated from every row: the
     rows whose hash falls below a threshold are a sample of the distinct

@@ -83,11 +83,7 @@ class CodeStore:
         """
         if not len(packed):
             return np.zeros(0, np.int64)
-        if self._same is None or self._same[0] != self.version:
-            keys = _keys(self.packed())
-            order = np.argsort(keys, kind="stable")
-            self._same = (self.version, order, keys[order])
-        _, order, sorted_keys = self._same
+        order, sorted_keys = self.by_first_bytes()
         wanted = np.unique(_keys(packed))
         lo = np.searchsorted(sorted_keys, wanted, side="left")
         hi = np.searchsorted(sorted_keys, wanted, side="right")
@@ -102,6 +98,16 @@ class CodeStore:
             equal = (rows[found][:, None] == packed[None]).all(-1).any(-1)
             found = found[equal]
         return found.astype(np.int64)
+
+    def by_first_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The positions (int64) by their codes' first 8 bytes read as one
+        uint64 (`_keys`), equal ones in increasing positions, and those
+        words, increasing: sorted once per version of the store."""
+        if self._same is None or self._same[0] != self.version:
+            keys = _keys(self.packed())
+            order = np.argsort(keys, kind="stable")
+            self._same = (self.version, order, keys[order])
+        return self._same[1], self._same[2]
 
     def append(self, packed: np.ndarray, ids: np.ndarray) -> None:
         """Appends checked packed codes and ids (as many of each)."""

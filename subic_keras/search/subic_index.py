@@ -28,7 +28,13 @@ from subic_keras.search.items import IdColumns
 from subic_keras.search.locks import ReadWriteLock
 from subic_keras.search.shard_answers import ShardAnswers
 from subic_keras.search.store import CodeStore
-from subic_keras.search.views import View, every_score, tie_ordered_top_k, top_k
+from subic_keras.search.views import (
+    SecondCode,
+    View,
+    every_score,
+    tie_ordered_top_k,
+    top_k,
+)
 from subic_keras.search.writer_records import WriterRecords
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -335,7 +341,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         """`search` among the items where `keep` (one boolean per item, in
         insertion order, the order of `get_ids()`) is true: what an index
         with its own item table (`ImageIndex`) filters with; `keep=None`
-        searches every item. `key(row, positions)`, where given, orders equal
+        searches every item. `key` (a `views.SecondCode`), where given, orders equal
         scores (`views.tie_ordered_top_k`)."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)
@@ -348,6 +354,13 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
             if keep is not None:
                 keep = np.asarray(keep, bool)
             return self._top_k(view, queries, k, keep, dtype, key)
+
+    def second_code(self, queries: np.ndarray) -> SecondCode:
+        """Its codes and `queries` (checked), as what orders another index's
+        equal scores (`search_kept(key=...)`, the same items at the same
+        positions), under the lock of a search that holds it still."""
+        queries = check_queries("queries", queries, self._num_blocks, self._block_size)
+        return SecondCode(self._store.packed(), self._nbits, queries)
 
     def scores_at(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Scores (float64) of one query for the items at insertion positions

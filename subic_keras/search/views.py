@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from subic_keras.search import native
 from subic_keras.search.store import CodeStore
 
 # The most items of the `k`-th result's tie group beyond the scan's best
@@ -33,6 +34,22 @@ class View:
     search: Callable[
         [np.ndarray, int, np.ndarray | None], tuple[np.ndarray, np.ndarray]
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondCode:
+    """A second code of a search's items, which orders its equal scores:
+    their packed codes `(n, code_size)` at the same positions (blocks of
+    `nbits` bits), and one query of it per query, `(nq, M'·K')`. An item's
+    key is its score `sum_m l_m[c_m]` (Eq. 10), higher first."""
+
+    packed: np.ndarray
+    nbits: int
+    queries: np.ndarray
+
+    def scores(self, row: int, positions: np.ndarray) -> np.ndarray:
+        """The keys (float64) of query `row` for the items at `positions`."""
+        return native.score_rows(self.packed, positions, self.queries[row], self.nbits)
 
 
 def top_k(
@@ -91,21 +108,25 @@ def tie_ordered_top_k(
     queries: np.ndarray,
     k: int,
     keep: np.ndarray | None,
-    key: Callable[[int, np.ndarray], np.ndarray],
+    key: SecondCode,
     chunk: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`top_k` of a view over `store` (`chunk` queries a scan), equal scores
-    ordered by `key(row, positions)` (higher first; a second code's score of
-    the items, for query `row`), then by position: float32 scores and ids.
+    ordered by `key`'s scores (higher first), then by position: float32
+    scores and ids.
 
     The scan's best `k + 1` tell whether the `k`-th result's tie group goes
     on beyond them; where it does, the rest of it (the items of its codes,
-    up to `MAX_TIED` more) is ordered with them.
+    up to `MAX_TIED` more) is ordered with them: in C for the whole batch
+    (`native.order_ties`), or one query at a time here where it is unbuilt.
     """
     kept = len(view.ids) if keep is None else int(np.count_nonzero(keep))
     k = min(k, kept)
     wide = min(kept, k + 1)
     scores, positions = top_positions(view, queries, wide, chunk, keep)
+    ordered = native.order_ties(scores, positions, k, store, keep, key, MAX_TIED)
+    if ordered is not None:
+        return ordered[0], view.ids[ordered[1]]
     out_scores = scores[:, :k].copy()
     out_positions = positions[:, :k].copy()
     for row in range(len(queries) if k else 0):
@@ -115,7 +136,7 @@ def tie_ordered_top_k(
             continue  # no tie among the best k: the scan's order stands
         if extends:
             score, position = _with_tie_group(store, score, position, k, keep)
-        key_values = key(row, position)
+        key_values = key.scores(row, position)
         if len(position) > 4 * k:  # the best k first, then their order
             chosen = _best_tied(score, position, key_values, k)
             score, position = score[chosen], position[chosen]
