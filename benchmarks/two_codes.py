@@ -16,7 +16,8 @@ of 1, 100 and 1,000 queries (k = 10 and 100):
   repeat (tie groups of thousands);
   class queries are `max(0, N(0, 1))` plus 3 on a prototype's blocks;
 - instance codes of the shipped instance code's shape (32 blocks of 16,
-  128 bits), uniform; instance queries `N(0, 1)`.
+  128 bits; `--instance-shape 64,16` for 256), uniform; instance queries
+  `N(0, 1)`.
 
 Example:
 
@@ -42,12 +43,16 @@ INSTANCE_SHAPE = (32, 16)
 
 
 def synthetic(
-    n: int, noise: float, seed: int, shape: tuple[int, int] = CLASS_SHAPE
+    n: int,
+    noise: float,
+    seed: int,
+    shape: tuple[int, int] = CLASS_SHAPE,
+    instance_shape: tuple[int, int] = INSTANCE_SHAPE,
 ) -> tuple[ImageIndex, np.ndarray]:
-    """An index of `n` synthetic pictures with class codes of `shape`, and
-    the class prototypes."""
+    """An index of `n` synthetic pictures with class codes of `shape` and
+    instance codes of `instance_shape`, and the class prototypes."""
     rng = np.random.default_rng(seed)
-    (m, k), (im, ik) = shape, INSTANCE_SHAPE
+    (m, k), (im, ik) = shape, instance_shape
     prototypes = rng.integers(0, k, (10, m))
     index = ImageIndex(m, k, "/pictures", instance=(im, ik))
     for start in range(0, n, 100_000):
@@ -61,12 +66,16 @@ def synthetic(
 
 
 def queries(
-    prototypes, count: int, seed: int, block_size: int
+    prototypes,
+    count: int,
+    seed: int,
+    block_size: int,
+    instance_shape: tuple[int, int] = INSTANCE_SHAPE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Class queries near a prototype each (of blocks of `block_size`), and
-    instance queries."""
+    instance queries of `instance_shape`."""
     rng = np.random.default_rng(seed)
-    (m, k), (im, ik) = (prototypes.shape[1], block_size), INSTANCE_SHAPE
+    (m, k), (im, ik) = (prototypes.shape[1], block_size), instance_shape
     wanted = np.maximum(rng.normal(size=(count, m * k)), 0).astype(np.float32)
     chosen = prototypes[rng.integers(0, len(prototypes), count)]
     np.put_along_axis(wanted, chosen + np.arange(m) * k, 3.0, axis=1)
@@ -97,13 +106,21 @@ def main(argv=None) -> dict:
         default=",".join(map(str, CLASS_SHAPE)),
         help="the class codes' M,K (default: %(default)s, subic train's)",
     )
+    parser.add_argument(
+        "--instance-shape",
+        default=",".join(map(str, INSTANCE_SHAPE)),
+        help="the instance codes' M,K (default: %(default)s, the shipped code's)",
+    )
     parser.add_argument("--quick", action="store_true", help="20,000 pictures")
     parser.add_argument("--output", default="benchmarks/results/two_codes.json")
     args = parser.parse_args(argv)
     n = 20_000 if args.quick else args.pictures
     shape = tuple(int(value) for value in args.class_shape.split(","))
-    built, prototypes = synthetic(n, args.noise, seed=0, shape=shape)
-    class_queries, instance_queries = queries(prototypes, 1000, 1, shape[1])
+    instance_shape = tuple(int(value) for value in args.instance_shape.split(","))
+    built, prototypes = synthetic(n, args.noise, 0, shape, instance_shape)
+    class_queries, instance_queries = queries(
+        prototypes, 1000, 1, shape[1], instance_shape
+    )
     distinct = len(np.unique(built.get_codes(), axis=0))
     common.log(f"{n} pictures, {distinct} distinct class codes")
     with tempfile.TemporaryDirectory() as folder:
@@ -118,7 +135,7 @@ def main(argv=None) -> dict:
         "settings": {
             "pictures": n,
             "class_shape": shape,
-            "instance_shape": INSTANCE_SHAPE,
+            "instance_shape": instance_shape,
             "noise": args.noise,
             "distinct_class_codes": distinct,
             "rounds": args.rounds,
