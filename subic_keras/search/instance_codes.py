@@ -176,8 +176,8 @@ def shard_part(
 
     key = instance.codes.second_code(instance_queries)
     # The two searches only read, and run side by side: a batch's class ties
-    # are ordered in Python, one query after another, on one core, while
-    # the instance scan keeps the others busy.
+    # are ordered on one core (in C, the GIL released), while the instance
+    # scan keeps the others busy.
     class_search = workers.pool("subic-beside").submit(
         codes.search_kept, queries, k, keep, key=key
     )

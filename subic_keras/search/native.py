@@ -40,9 +40,15 @@ faiss's Hamming scan in one process; its results name the CPU.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from subic_keras.search import workers
+
+if TYPE_CHECKING:  # (views imports this module)
+    from subic_keras.search.store import CodeStore
+    from subic_keras.search.views import SecondCode
 
 try:
     from subic_keras.search import _scan  # type: ignore[attr-defined]
@@ -269,9 +275,9 @@ def order_ties(
     scores: np.ndarray,
     positions: np.ndarray,
     k: int,
-    store,
+    store: CodeStore,
     keep: np.ndarray | None,
-    second,
+    second: SecondCode,
     max_tied: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """`views.tie_ordered_top_k` of a batch after its scan, in C with the
