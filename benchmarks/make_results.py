@@ -169,6 +169,16 @@ def near_duplicates_table(data: dict) -> list[str]:
             + f"; copies of pictures outside the 10k database marked: "
             f"{marks['10k']['queries_outside_marked']:.3f} of them.",
         ]
+        if "wrong_marks" in marks["10k"]:  # (recorded from the 256-bit code on)
+            lines[-1] += " Marks of another picture than the original " + (
+                "; ".join(
+                    f"at {name}: {len(m['wrong_marks'])}"
+                    + "".join(f" ({a}, {b})" for a, b in m["wrong_marks"][:10])
+                    for name, m in marks.items()
+                )
+                + " (test picture copied, database picture marked; the "
+                "database's training pictures numbered from 10,000)."
+            )
     return lines
 
 
@@ -324,6 +334,11 @@ KNOWN["search_speed_avx512_128.json"] = (
     "Search speed at 32 blocks of 16 (128 bits), AVX-512",
     KNOWN["search_speed.json"][1],
 )
+# The shipped instance code's shape, 256 bits (M = 64, K = 16).
+KNOWN["search_speed_avx512_256.json"] = (
+    "Search speed at 64 blocks of 16 (256 bits), AVX-512",
+    KNOWN["search_speed.json"][1],
+)
 # The same, each single query timed with the index out of the caches.
 KNOWN["search_speed_cold_128.json"] = (
     "Search speed at 32 blocks of 16 (128 bits), AVX-512, caches swept",
@@ -355,6 +370,12 @@ def _near_duplicates_section(data: dict) -> list[str]:
 
 KNOWN["near_duplicates.json"] = (
     "Copies found first: an instance code",
+    _near_duplicates_section,
+)
+# The 128-bit code of 60 epochs (M = 32) that shipped before the 256-bit
+# one; its command ran when 32 blocks were the benchmark's default.
+KNOWN["near_duplicates_128.json"] = (
+    "Copies found first: the 128-bit instance code shipped before",
     _near_duplicates_section,
 )
 # The 128-bit code of 20 epochs that shipped before the one of 60.

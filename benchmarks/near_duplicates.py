@@ -1,7 +1,7 @@
 """Find the picture itself: an instance code against the look and perceptual hashes.
 
-Trains an instance code (`subic_keras.instance`; by default 128 bits,
-M = 32, K = 16, as the one that ships; the paper's instance codes have 64,
+Trains an instance code (`subic_keras.instance`; by default 256 bits,
+M = 64, K = 16, as the one that ships; the paper's instance codes have 64,
 Sec. 4) on CIFAR-10's training pictures without labels, each against its
 own copies altered by `subic_keras.alterations`, then searches for the
 originals of 1,000 altered test pictures:
@@ -96,7 +96,7 @@ def code_arguments(
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = code_arguments(__doc__, epochs=10, num_blocks=32)
+    parser = code_arguments(__doc__, epochs=10, num_blocks=64)
     parser.add_argument(
         "--ship",
         action="store_true",
@@ -239,7 +239,10 @@ def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
     whole-family queries: the share of marks that are the original
     (precision), of originals marked (recall), and, for copies of training
     pictures that the 10k database does not hold, the share of queries
-    given a mark (all wrong)."""
+    given a mark (all wrong). Each wrong mark is listed, as the test
+    picture copied and the marked picture of the database (test pictures
+    first, then training pictures from 10,000), to be looked at: CIFAR-10
+    holds some photographs more than once."""
     found = {}
     queried = code.query(queries)
     for db_name, index in indexes.items():
@@ -248,9 +251,14 @@ def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
             code.copy_margin - 1e-6
         )
         right = marked & (ids == chosen[:, None])
+        rows, columns = np.nonzero(marked & ~right)
         found[db_name] = {
             "precision": round(float(right.sum() / max(1, marked.sum())), 4),
             "recall": round(float(right.any(1).mean()), 4),
+            "wrong_marks": [
+                [int(chosen[row]), int(ids[row, column])]
+                for row, column in zip(rows, columns)
+            ],
         }
     outside = alterations.alter_batch(x_train[: len(queries)], seed + 3)
     queried = code.query(outside)

@@ -15,9 +15,9 @@ of 1, 100 and 1,000 queries (k = 10 and 100):
   replaced by a random value with probability `--noise`, so that codes
   repeat (tie groups of thousands);
   class queries are `max(0, N(0, 1))` plus 3 on a prototype's blocks;
-- instance codes of the shipped instance code's shape (32 blocks of 16,
-  128 bits; `--instance-shape 64,16` for 256), uniform; instance queries
-  `N(0, 1)`.
+- instance codes of the shipped instance code's shape (64 blocks of 16,
+  256 bits; `--instance-shape 32,16` for the 128 bits shipped before),
+  uniform; instance queries `N(0, 1)`.
 
 Example:
 
@@ -39,7 +39,7 @@ from subic_keras.config import TrainConfig
 from subic_keras.search.image_index import ImageIndex
 
 CLASS_SHAPE = (TrainConfig.num_blocks, TrainConfig.block_size)
-INSTANCE_SHAPE = (32, 16)
+INSTANCE_SHAPE = (64, 16)
 
 
 def synthetic(

@@ -14,12 +14,12 @@ def test_quick_run_times_both_codes_on_every_scanner_asked(tmp_path):
     output = tmp_path / "two_codes.json"
     result = two_codes.main(
         ["--quick", "--rounds", "1", "--scanners", "native-portable,faiss",
-         "--instance-shape", "64,16", "--output", str(output)]
+         "--instance-shape", "32,16", "--output", str(output)]
     )  # fmt: skip
     assert json.loads(output.read_text()) == json.loads(json.dumps(result))
     assert result["command"].startswith("python -m benchmarks.two_codes")
     assert result["settings"]["pictures"] == 20_000
-    assert result["settings"]["instance_shape"] == (64, 16)
+    assert result["settings"]["instance_shape"] == (32, 16)
     assert [row["scanner"] for row in result["rows"]] == ["native-portable"] * 6 + [
         "faiss"
     ] * 6

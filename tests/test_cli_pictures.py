@@ -634,10 +634,9 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     output = str(tmp_path / "photos.subic")
     assert main(["index", "build", model, str(root), "--output", output]) == 0
     index = ImageIndex.load(output)
-    assert index.instance.num_blocks == 32
+    assert index.instance.num_blocks == 64
     assert index.instance_model["file"] == "instance"
-    # The shipped code chose no copy rule 99 % precise: with rules, to check
-    # that copies come first.
+    # The shipped code with its rules, as a file of its own.
     ruled = ruled_instance(tmp_path / "ruled.keras")
     output = str(tmp_path / "ruled.subic")
     argv = ["index", "build", model, str(root), "--output", output]
@@ -693,7 +692,9 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     assert f"was written by {ruled}" in error, error
     # The same weights without the copy rules: the message names the rules.
     unruled = str(tmp_path / "unruled.keras")
-    pretrained().save(unruled)
+    code = pretrained()
+    code.model.copy_margin = code.model.copy_blocks = None
+    code.save(unruled)
     error, _ = _error(capsys, "search", unruled, output, queries[0])
     assert f"copy_margin {COPY_MARGIN} against None" in error, error
     assert "weights differ" not in error, error

@@ -677,4 +677,4 @@ def test_an_index_with_instance_codes_serves_copies_first(tmp_path, shared_data_
     alone = SearchService(ruled, str(tmp_path / "photos.subic"))
     answer = alone.search_image(copy.getvalue(), 1)
     assert answer["results"][0]["path"] == paths[7] and answer["class_name"] is None
-    assert alone.stats()["bits"] == 128 and not alone.stats()["instance_codes"]
+    assert alone.stats()["bits"] == 256 and not alone.stats()["instance_codes"]

@@ -300,8 +300,8 @@ def test_the_page_of_an_instance_code_names_copies_not_classes(
             assert info == "2 copies of this picture found", info
             assert "predicted" not in info
             page.screenshot(path=str(tmp_path / "instance_page.png"))
-            # A mirrored copy: found first, unmarked (the shipped code has
-            # no copy rule), and the page says none is marked.
+            # A mirrored copy: found first, unmarked (the shipped code's
+            # strict rule does not mark it), and the page says none is.
             mirrored = tmp_path / "mirrored.png"
             Image.open(tmp_path / "photos" / paths[9]).transpose(
                 Image.Transpose.FLIP_LEFT_RIGHT

@@ -400,8 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the least equal blocks of two copies (default: the number the "
-        "instance code chose on validation, recorded in the index; the code "
-        "that ships chose none: try 30 of its 32)",
+        "instance code chose on validation, recorded in the index: 61 of 64 "
+        "for the one that ships)",
     )
     duplicates.add_argument(
         "--json",
