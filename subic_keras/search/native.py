@@ -40,15 +40,15 @@ faiss's Hamming scan in one process; its results name the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from subic_keras.search import workers
 
-if TYPE_CHECKING:  # (views imports this module)
+if TYPE_CHECKING:
     from subic_keras.search.store import CodeStore
-    from subic_keras.search.views import SecondCode
 
 try:
     from subic_keras.search import _scan  # type: ignore[attr-defined]
@@ -271,6 +271,22 @@ def score_rows(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class SecondCode:
+    """A second code of a search's items, which orders its equal scores:
+    their packed codes `(n, code_size)` at the same positions (blocks of
+    `nbits` bits), and one query of it per query, `(nq, M'·K')`. An item's
+    key is its score `sum_m l_m[c_m]` (Eq. 10), higher first."""
+
+    packed: np.ndarray
+    nbits: int
+    queries: np.ndarray
+
+    def scores(self, row: int, positions: np.ndarray) -> np.ndarray:
+        """The keys (float64) of query `row` for the items at `positions`."""
+        return score_rows(self.packed, positions, self.queries[row], self.nbits)
+
+
 def order_ties(
     scores: np.ndarray,
     positions: np.ndarray,
@@ -284,7 +300,7 @@ def order_ties(
     GIL released: each query's best `k` of its scan's best `wide` (`scores`
     float32 and `positions`, `(nq, wide)`, `wide` of `k` or `k + 1`), the
     `k`-th's tie group completed from `store` (the items `keep` keeps, the
-    `max_tied` first), equal scores by `second`'s scores (`views.SecondCode`),
+    `max_tied` first), equal scores by `second`'s scores (`SecondCode`),
     then by position. None where `_scan` is unbuilt."""
     if _scan is None:
         return None

@@ -26,15 +26,10 @@ from subic_keras.search.checks import (
 )
 from subic_keras.search.items import IdColumns
 from subic_keras.search.locks import ReadWriteLock
+from subic_keras.search.native import SecondCode
 from subic_keras.search.shard_answers import ShardAnswers
 from subic_keras.search.store import CodeStore
-from subic_keras.search.views import (
-    SecondCode,
-    View,
-    every_score,
-    tie_ordered_top_k,
-    top_k,
-)
+from subic_keras.search.views import View, every_score, tie_ordered_top_k, top_k
 from subic_keras.search.writer_records import WriterRecords
 
 _DEFAULT_ADD_CHUNK = 65_536
@@ -341,7 +336,7 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         """`search` among the items where `keep` (one boolean per item, in
         insertion order, the order of `get_ids()`) is true: what an index
         with its own item table (`ImageIndex`) filters with; `keep=None`
-        searches every item. `key` (a `views.SecondCode`), where given, orders equal
+        searches every item. `key` (a `native.SecondCode`), where given, orders equal
         scores (`views.tie_ordered_top_k`)."""
         k = self._check_k(k)
         queries = check_queries("queries", queries, self._num_blocks, self._block_size)

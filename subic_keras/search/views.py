@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from subic_keras.search import native
+from subic_keras.search.native import SecondCode
 from subic_keras.search.store import CodeStore
 
 # The most items of the `k`-th result's tie group beyond the scan's best
@@ -34,22 +35,6 @@ class View:
     search: Callable[
         [np.ndarray, int, np.ndarray | None], tuple[np.ndarray, np.ndarray]
     ]
-
-
-@dataclasses.dataclass(frozen=True)
-class SecondCode:
-    """A second code of a search's items, which orders its equal scores:
-    their packed codes `(n, code_size)` at the same positions (blocks of
-    `nbits` bits), and one query of it per query, `(nq, M'·K')`. An item's
-    key is its score `sum_m l_m[c_m]` (Eq. 10), higher first."""
-
-    packed: np.ndarray
-    nbits: int
-    queries: np.ndarray
-
-    def scores(self, row: int, positions: np.ndarray) -> np.ndarray:
-        """The keys (float64) of query `row` for the items at `positions`."""
-        return native.score_rows(self.packed, positions, self.queries[row], self.nbits)
 
 
 def top_k(
