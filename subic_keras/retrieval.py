@@ -312,12 +312,14 @@ def check_model_fits(
     if recorded["digest"] == current["digest"]:
         return
     # An instance code's copy rules are its record's too: they may be all
-    # that differs (the same weights calibrated again).
+    # that differs (the same weights calibrated again). A rule absent from a
+    # record is none chosen; another key absent, not recorded.
     keys = ("num_blocks", "block_size", "input_shape", "query", *COPY_RULES)
     differs = [
         f"{key} {recorded.get(key)} against {current.get(key)}"
         for key in keys
-        if (key in recorded or key in current) and recorded.get(key) != current.get(key)
+        if (key in recorded or key in COPY_RULES)
+        and recorded.get(key) != current.get(key)
     ] or ["their weights differ"]
     wrote = model_writer(recorded, model)
     raise ValueError(

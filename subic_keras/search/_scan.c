@@ -1555,6 +1555,7 @@ static int order_row(const TieSource *t, TieBuffers *b, const float *scores,
     memcpy(b->positions, positions, (size_t)wide * sizeof(int64_t));
     long long count = wide;
     if (extends) {
+        if (!t->order) return -3; /* the caller said no tie group goes on */
         long long at_bar = 0;
         for (long long i = 0; i < wide; i++)
             if (scores[i] == bar) b->bar[at_bar++] = positions[i];
@@ -1638,7 +1639,7 @@ static PyObject *order_ties(PyObject *self, PyObject *args) {
         problem = "scores and positions must hold nq * wide float32 and int64";
     else if (packed.len != t.n * t.width || second.len != t.n * t.second_width)
         problem = "packed buffers have the wrong size";
-    else if (order.len != t.n * 8 || sorted.len != t.n * 8 ||
+    else if (order.len != sorted.len || (order.len != 0 && order.len != t.n * 8) ||
              (keep.len != 0 && keep.len != t.n))
         problem = "order, sorted and keep must hold one entry an item";
     const long long table_size = problem ? 0 : (long long)t.num_blocks << t.bits;
@@ -1659,8 +1660,8 @@ static PyObject *order_ties(PyObject *self, PyObject *args) {
     int status = 0;
     if (!problem) {
         t.packed = packed.buf;
-        t.order = order.buf;
-        t.sorted = sorted.buf;
+        t.order = order.len ? order.buf : NULL; /* NULL: no group goes on */
+        t.sorted = sorted.len ? sorted.buf : NULL;
         t.keep = keep.len ? keep.buf : NULL;
         t.second = second.buf;
         Py_BEGIN_ALLOW_THREADS status =
@@ -1679,6 +1680,7 @@ static PyObject *order_ties(PyObject *self, PyObject *args) {
     PyBuffer_Release(&out_scores);
     PyBuffer_Release(&out_positions);
     if (status == -2) problem = "order holds a position out of range";
+    if (status == -3) problem = "a tie group goes on past the scan: order is needed";
     if (problem) {
         PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
@@ -1841,7 +1843,8 @@ static PyMethodDef methods[] = {
      "second, second_width, bits, num_blocks, max_tied, tables, out_scores, "
      "out_positions): each query's best k of its scan's best wide (k or k + 1), the "
      "k-th's tie group completed from packed (rows by their first 8 bytes: order, "
-     "sorted; keep: one byte an item, or empty), equal scores by the score of second's "
+     "sorted, both empty where no group goes on; keep: one byte an item, or empty), "
+     "equal scores by the score of second's "
      "row under the query's table, then by position."},
     {"sample_repeats", sample_repeats, METH_VARARGS,
      "sample_repeats(rows, n, width, threshold): (kept, distinct): the rows whose "

@@ -305,7 +305,10 @@ def order_ties(
     if _scan is None:
         return None
     nq, wide = scores.shape
-    order, sorted_words = store.by_first_bytes()
+    # The codes sorted by first bytes (once per version of the store) only
+    # where a query's `k`-th result's tie group goes on past its scan.
+    goes_on = wide > k and bool(np.any(scores[:, k - 1] == scores[:, k]))
+    order, sorted_words = store.by_first_bytes() if goes_on else (b"", b"")
     packed, rows = store.packed(), np.ascontiguousarray(second.packed, np.uint8)
     num_blocks = second.queries.shape[1] >> second.nbits
     out_scores = np.empty((nq, k), np.float32)

@@ -102,3 +102,18 @@ def test_the_tie_binding_refuses_what_would_read_out_of_bounds(rng):
         native.order_ties(scores, positions * 0, 2, store, np.ones(49, bool), key, 10)
     with pytest.raises(ValueError, match="sizes out of range"):  # wide > k + 1
         native.order_ties(scores, positions * 0, 1, store, None, key, 10)
+    # A group that goes on past the scan needs the codes sorted by their
+    # first bytes; where none does, they are not sorted (nor passed).
+    with pytest.raises(ValueError, match="order is needed"):
+        _scan = native._scan
+        packed = store.packed()
+        _scan.order_ties(
+            scores, positions * 0, 9, 3, 2, packed, len(packed), packed.shape[1],
+            b"", b"", b"", key.packed, key.packed.shape[1], key.nbits, 8, 10,
+            key.queries, np.empty((9, 2), np.float32), np.empty((9, 2), np.int64),
+        )  # fmt: skip
+    distinct = SubicIndex(2, 16)
+    distinct.add(np.stack(np.divmod(np.arange(50), 16), axis=1))
+    queries = rng.normal(size=(9, 32)).astype(np.float32)  # no equal scores
+    distinct.search_kept(queries, 3, None, key=key)
+    assert distinct._store._same is None
