@@ -178,9 +178,9 @@ def instance_encoder(index: Searcher) -> InstanceSubic | None:
     """
     from subic_keras.export import load_encoder
 
-    record = index.instance_model if isinstance(index, PictureIndex) else None
+    record = index.instance_model
     if record is None:
-        return None  # (a Milvus collection keeps none)
+        return None
     name = INSTANCE if record.get("file") == INSTANCE else record.get("path")
     if not isinstance(name, str):
         raise ValueError("the index's instance codes record no model file to load")

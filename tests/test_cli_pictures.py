@@ -98,6 +98,50 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
         }
 
 
+def test_a_milvus_collection_of_both_codes_answers_as_the_index(
+    model, folder, tmp_path
+):
+    """A Milvus collection holding a picture index's two codes, with its
+    models' records, loads the same instance code and gives the same
+    answer: copies first (each query picture finds itself), then the class
+    ranking, equal class scores by instance score."""
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    from subic_keras.search.milvus import MilvusIndex
+
+    root, paths = folder
+    output = str(root.parent / "photos.subic")
+    main(["index", "build", model, str(root), "--output", output])
+    index, subic = search_open(output), load_subic(model)
+    view = index.by_instance()
+    collection = MilvusIndex(
+        str(tmp_path / "codes.db"),
+        "photos",
+        index.num_blocks,
+        index.block_size,
+        model=index.model,
+        instance=(view.num_blocks, view.block_size),
+        instance_model=index.instance_model,
+    )
+    collection.add(
+        index.get_codes(), ids=index.get_ids(), instance_codes=view.get_codes()
+    )
+    instance = retrieval.instance_encoder(collection)
+    assert instance is not None
+    shape = retrieval.input_shape(subic)
+    pixels = np.stack([images.read_image(str(root / p), shape) for p in paths[:6]])
+    queries = subic.query(pixels)
+    instance_queries = instance.query(instance.own_pictures(pixels))
+    want = index.answer(queries, 24, instance_queries=instance_queries)
+    got = collection.answer(queries, 24, instance_queries=instance_queries)
+    assert [[(m["id"], m["copy"]) for m in rows] for rows in got] == [
+        [(m["id"], m["copy"]) for m in rows] for rows in want
+    ]
+    by_id = dict(zip(index.get_ids().tolist(), index.get_paths()))
+    assert [by_id[rows[0]["id"]] for rows in got] == paths[:6]
+    assert all(rows[0]["copy"] for rows in got)
+    collection.close()
+
+
 def test_search_within_a_folder_or_a_filter(model, folder, capsys):
     root, paths = folder
     output = str(root.parent / "photos.subic")

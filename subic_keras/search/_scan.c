@@ -478,39 +478,85 @@ SUBIC_AVX2 static inline __m256i table16_avx2(const uint8_t *t) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
 }
 
-/* 4-bit sub-codes, two per byte: one pshufb per sub-code, 128 items at a
-   time (each table load serves four code loads). A byte's two look-ups (at
-   most qmax = 127 each, `choose`) are added in bytes and widened at once:
-   no count of look-ups to keep. */
-SUBIC_AVX2 static void tile_nibbles_avx2(Query *q, const Database *db, const uint8_t *cols,
-                                    int64_t valid, int64_t start) {
+/* Adds a byte column of 32 * `blocks` items, at `codes`, to the sums of
+   `nq` queries: its low nibbles index the sub-code whose tables start at
+   byte `at` of each query's `qlut`, its high ones the next sub-code's
+   (`pair`; without, the last of an odd count, whose high nibbles are
+   zero). The look-ups are all made before any sum is widened: so ordered,
+   GCC keeps two queries' sums in registers. */
+SUBIC_AVX2 ALWAYS_INLINE static inline void nibble_column_avx2(Query *qs, int nq, int blocks,
+                                                               SumsAvx2 s[2][4],
+                                                               const uint8_t *codes,
+                                                               int64_t at, int table,
+                                                               int pair) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m256i t0[2], t1[2];
+    for (int j = 0; j < nq; j++) {
+        t0[j] = table16_avx2(qs[j].qlut + at);
+        if (pair) t1[j] = table16_avx2(qs[j].qlut + at + table);
+    }
+    __m256i r[2][4];
+    for (int h = 0; h < blocks; h++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + 32 * h));
+        __m256i low = _mm256_and_si256(v, low4);
+        __m256i up = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int j = 0; j < nq; j++) {
+            r[j][h] = _mm256_shuffle_epi8(t0[j], low);
+            if (pair) r[j][h] = _mm256_add_epi8(r[j][h], _mm256_shuffle_epi8(t1[j], up));
+        }
+    }
+    for (int j = 0; j < nq; j++)
+        for (int h = 0; h < blocks; h++) widen_avx2(&s[j][h].lo, &s[j][h].hi, r[j][h]);
+}
+
+/* 4-bit sub-codes, two per byte: one pshufb per sub-code and query, for
+   `nq` consecutive queries (1 or 2) that share every code load, taking its
+   nibbles apart once for all of them. 128 / nq items at a time (each table
+   load serves 4 / nq code loads), which keeps the sums in the 16
+   registers. A byte's two look-ups (at most qmax = 127 each, `choose`) are
+   added in bytes and widened at once: no count of look-ups to keep. */
+SUBIC_AVX2 ALWAYS_INLINE static inline void nibbles_avx2(Query *qs, int nq, int blocks,
+                                                         const Database *db,
+                                                         const uint8_t *cols, int64_t valid,
+                                                         int64_t start) {
     const int64_t tile = db->tile;
     const int groups = db->groups, table = db->table;
-    const __m256i low4 = _mm256_set1_epi8(15);
-    for (int64_t i = 0; i < valid; i += 128) {
-        SumsAvx2 s[4];
-        for (int h = 0; h < 4; h++)
-            s[h].lo = s[h].hi = s[h].bytes = _mm256_setzero_si256(), s[h].count = 0;
+    for (int64_t i = 0; i < valid; i += 32 * blocks) {
+        SumsAvx2 s[2][4];
+        for (int j = 0; j < nq; j++)
+            for (int h = 0; h < blocks; h++)
+                s[j][h].lo = s[j][h].hi = s[j][h].bytes = _mm256_setzero_si256(),
+                s[j][h].count = 0;
         for (int g = 0; g < groups; g += 2) {
-            const uint8_t *t = q->qlut + (int64_t)g * table;
-            /* An odd last sub-code's byte has a zero upper nibble: a zero
-               table adds nothing for it. */
-            __m256i t0 = table16_avx2(t),
-                    t1 = g + 1 < groups ? table16_avx2(t + table) : _mm256_setzero_si256();
-            prefetch_next(db, cols, (g >> 1) * tile + i);
-            prefetch_next(db, cols, (g >> 1) * tile + i + 64);
-            for (int h = 0; h < 4; h++) {
-                __m256i v = _mm256_loadu_si256(
-                    (const __m256i *)(cols + (g >> 1) * tile + i + 32 * h));
-                __m256i up = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                widen_avx2(&s[h].lo, &s[h].hi,
-                           _mm256_add_epi8(_mm256_shuffle_epi8(t0, _mm256_and_si256(v, low4)),
-                                           _mm256_shuffle_epi8(t1, up)));
-            }
+            for (int at = 0; at < 32 * blocks; at += 64)
+                prefetch_next(db, cols, (g >> 1) * tile + i + at);
+            /* Two branches, so that the loop's look-ups need no test. */
+            if (g + 1 < groups)
+                nibble_column_avx2(qs, nq, blocks, s, cols + (g >> 1) * tile + i,
+                                   (int64_t)g * table, table, 1);
+            else
+                nibble_column_avx2(qs, nq, blocks, s, cols + (g >> 1) * tile + i,
+                                   (int64_t)g * table, table, 0);
         }
-        if (q->threshold > 65535) return;
-        for (int h = 0; h < 4; h++) finish_avx2(q, db, cols, &s[h], i + 32 * h, valid, start);
+        int scanning = 0;
+        for (int j = 0; j < nq; j++) {
+            if (qs[j].threshold > 65535) continue;
+            scanning = 1;
+            for (int h = 0; h < blocks; h++)
+                finish_avx2(&qs[j], db, cols, &s[j][h], i + 32 * h, valid, start);
+        }
+        if (!scanning) return;
     }
+}
+
+SUBIC_AVX2 static void tile_nibbles_avx2(Query *q, const Database *db, const uint8_t *cols,
+                                         int64_t valid, int64_t start) {
+    nibbles_avx2(q, 1, 4, db, cols, valid, start);
+}
+
+SUBIC_AVX2 static void tile_nibbles2_avx2(Query *qs, const Database *db, const uint8_t *cols,
+                                          int64_t valid, int64_t start) {
+    nibbles_avx2(qs, 2, 2, db, cols, valid, start);
 }
 
 /* Entry `v` of 16-entry sub-tables `t` (`count` of them, 16 bytes apart)
@@ -634,42 +680,76 @@ SUBIC_AVX512 static inline void finish_avx512(Query *q, const Database *db,
     }
 }
 
-/* 4-bit sub-codes, two per byte, 64 items at a time: vpshufb on 512 bits
-   (AVX-512BW). The nibble layout has 16-entry tables, 8 times fewer
-   entries to build per query than 8-bit sub-codes of two blocks: it is
-   the AVX-512BW kernel's layout for K = 2, 4 and 16, and the VBMI
-   kernel's below `SMALL_DATABASE` codes. */
+/* `nibble_column_avx2` on 512 bits, for 128 items: a zero table for an odd
+   last sub-code (one test per column costs nothing measurable here). */
+SUBIC_AVX512 ALWAYS_INLINE static inline void nibble_column_avx512(Query *qs, int nq,
+                                                                   SumsAvx512 s[4][2],
+                                                                   const uint8_t *codes,
+                                                                   int64_t at, int table,
+                                                                   int pair) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    __m512i t0[4], t1[4];
+    for (int j = 0; j < nq; j++) {
+        const uint8_t *t = qs[j].qlut + at;
+        t0[j] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
+        t1[j] = pair ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(t + table)))
+                     : _mm512_setzero_si512();
+    }
+    for (int h = 0; h < 2; h++) {
+        __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * h));
+        __m512i low = _mm512_and_si512(v, low4);
+        __m512i up = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        for (int j = 0; j < nq; j++)
+            s[j][h].bytes = _mm512_add_epi8(_mm512_shuffle_epi8(t0[j], low),
+                                            _mm512_shuffle_epi8(t1[j], up));
+    }
+    for (int j = 0; j < nq; j++)
+        for (int h = 0; h < 2; h++) widen_avx512(&s[j][h]);
+}
+
+/* 4-bit sub-codes, two per byte, 128 items at a time: vpshufb on 512 bits
+   (AVX-512BW), for `nq` consecutive queries (1 or 4) sharing every code
+   load as in `nibbles_avx2` (the 32 registers hold four queries' sums).
+   The nibble layout has 16-entry tables, 8 times fewer entries to build
+   per query than 8-bit sub-codes of two blocks: it is the AVX-512BW
+   kernel's layout for K = 2, 4 and 16, and the VBMI kernel's in small
+   databases and for long codes (`native.Layout.for_kernel`). */
+SUBIC_AVX512 ALWAYS_INLINE static inline void nibbles_avx512(Query *qs, int nq,
+                                                             const Database *db,
+                                                             const uint8_t *cols,
+                                                             int64_t valid, int64_t start) {
+    const int64_t tile = db->tile;
+    const int groups = db->groups, table = db->table;
+    for (int64_t i = 0; i < valid; i += 128) {
+        SumsAvx512 s[4][2];
+        for (int j = 0; j < nq; j++) s[j][0] = s[j][1] = zero_avx512();
+        for (int g = 0; g < groups; g += 2) {
+            nibble_column_avx512(qs, nq, s, cols + (g >> 1) * tile + i, (int64_t)g * table,
+                                 table, g + 1 < groups);
+            prefetch_next(db, cols, (g >> 1) * tile + i);
+            prefetch_next(db, cols, (g >> 1) * tile + i + 64);
+        }
+        int scanning = 0;
+        for (int j = 0; j < nq; j++) {
+            if (qs[j].threshold > 65535) continue;
+            scanning = 1;
+            for (int h = 0; h < 2; h++)
+                finish_avx512(&qs[j], db, cols, &s[j][h], i + 64 * h, valid, start);
+        }
+        if (!scanning) return;
+    }
+}
+
 SUBIC_AVX512 static void tile_nibbles_avx512(Query *q, const Database *db,
                                              const uint8_t *cols, int64_t valid,
                                              int64_t start) {
-    const int64_t tile = db->tile;
-    const int groups = db->groups, table = db->table;
-    const __m512i low4 = _mm512_set1_epi8(15);
-    for (int64_t i = 0; i < valid; i += 128) {
-        SumsAvx512 s[2] = {zero_avx512(), zero_avx512()};
-        for (int g = 0; g < groups; g += 2) {
-            const uint8_t *t = q->qlut + (int64_t)g * table;
-            /* As in `tile_nibbles_avx2`: a byte's two look-ups added, then
-               widened; a zero table for an odd last sub-code. */
-            __m512i t0 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
-            __m512i t1 = g + 1 < groups ? _mm512_broadcast_i32x4(_mm_loadu_si128(
-                                              (const __m128i *)(t + table)))
-                                        : _mm512_setzero_si512();
-            prefetch_next(db, cols, (g >> 1) * tile + i);
-            prefetch_next(db, cols, (g >> 1) * tile + i + 64);
-            for (int h = 0; h < 2; h++) {
-                __m512i v = _mm512_loadu_si512(
-                    (const void *)(cols + (g >> 1) * tile + i + 64 * h));
-                __m512i up = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                s[h].bytes = _mm512_add_epi8(
-                    _mm512_shuffle_epi8(t0, _mm512_and_si512(v, low4)),
-                    _mm512_shuffle_epi8(t1, up));
-                widen_avx512(&s[h]);
-            }
-        }
-        if (q->threshold > 65535) return;
-        for (int h = 0; h < 2; h++) finish_avx512(q, db, cols, &s[h], i + 64 * h, valid, start);
-    }
+    nibbles_avx512(q, 1, db, cols, valid, start);
+}
+
+SUBIC_AVX512 static void tile_nibbles4_avx512(Query *qs, const Database *db,
+                                              const uint8_t *cols, int64_t valid,
+                                              int64_t start) {
+    nibbles_avx512(qs, 4, db, cols, valid, start);
 }
 
 /* `split_lookup_avx2` on 512 bits: the blend tree takes its choices from
@@ -912,7 +992,9 @@ static int cpu_runs(int kernel) {
 
 /* The tile function of `kernel` for `db`'s sub-codes (16-bit ones, and any
    the kernel has no SIMD path for, are bounded in portable C), and its
-   largest quantised entry `*qmax`.
+   largest quantised entry `*qmax`; `*together`, where the kernel has one,
+   scans `*shared` consecutive queries in one pass, sharing their code
+   loads (NULL: each query alone).
 
    Items whose bound reaches the bar are scored exactly, and the bound's
    slack is G steps of range / qmax, so a smaller qmax lets more items
@@ -924,13 +1006,17 @@ static int cpu_runs(int kernel) {
    for 8-bit sub-codes, its look-ups being cheap and refining not.
    Sums are 16-bit: G * qmax must stay below 2^16, and the x86 nibble
    kernels add a byte's two look-ups in a byte: qmax at most 127 there. */
-static TileKernel choose(const Database *db, int kernel, int *qmax) {
+static TileKernel choose(const Database *db, int kernel, int *qmax, TileKernel *together,
+                         int *shared) {
     /* Tiles hold a multiple of 64 items (the binding checks). */
     TileKernel chosen = db->bits == 8 ? tile_bytes_scalar : tile_scalar;
     int wanted = 255;
+    *together = NULL, *shared = 1;
 #if SUBIC_X86
     if (kernel == KERNEL_AVX2 && db->tile % 64 == 0) {
-        if (db->bits == 4 && db->tile % 128 == 0) chosen = tile_nibbles_avx2, wanted = 127;
+        if (db->bits == 4 && db->tile % 128 == 0)
+            chosen = tile_nibbles_avx2, *together = tile_nibbles2_avx2, *shared = 2,
+            wanted = 127;
         if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx2, wanted = 63;
         if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx2, wanted = 15;
         if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx2, wanted = 15;
@@ -938,7 +1024,9 @@ static TileKernel choose(const Database *db, int kernel, int *qmax) {
         if (db->bits == 8 && db->groups > 16) wanted = 63;
     }
     if (kernel == KERNEL_AVX512BW && db->tile % 64 == 0) {
-        if (db->bits == 4 && db->tile % 128 == 0) chosen = tile_nibbles_avx512, wanted = 127;
+        if (db->bits == 4 && db->tile % 128 == 0)
+            chosen = tile_nibbles_avx512, *together = tile_nibbles4_avx512, *shared = 4,
+            wanted = 127;
         if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx512, wanted = 127;
         if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx512, wanted = 15;
         if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx512, wanted = 15;
@@ -947,7 +1035,8 @@ static TileKernel choose(const Database *db, int kernel, int *qmax) {
     if (kernel == KERNEL_VBMI && db->bits == 8 && db->tile % 128 == 0)
         chosen = tile_bytes_vbmi;
     if (kernel == KERNEL_VBMI && db->bits == 4 && db->tile % 128 == 0)
-        chosen = tile_nibbles_avx512, wanted = 127;
+        chosen = tile_nibbles_avx512, *together = tile_nibbles4_avx512, *shared = 4,
+        wanted = 127;
 #endif
 #if SUBIC_NEON
     if (kernel == KERNEL_NEON && db->tile % 16 == 0) {
@@ -973,7 +1062,9 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
                double *scores_out, int64_t *positions_out) {
     Database layout = *database;
     const Database *db = &layout;
-    const TileKernel kernel = choose(db, kernel_id, &layout.qmax);
+    TileKernel together; /* scans `shared` consecutive queries in one pass */
+    int shared;
+    const TileKernel kernel = choose(db, kernel_id, &layout.qmax, &together, &shared);
     layout.per_byte = 255 / layout.qmax;
     const int64_t lut_size = (int64_t)db->groups * db->table;
     const int64_t num_tiles = (db->n + db->tile - 1) / db->tile;
@@ -1016,8 +1107,15 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
             int64_t start = t * db->tile;
             int64_t valid = db->n - start < db->tile ? db->n - start : db->tile;
             if (db->row_bits && none_set(db->row_bits + start / 8, (valid + 7) / 8)) continue;
-            for (int j = 0; j < count; j++)
+            for (int j = 0; j < count;) {
+                if (together && j + shared <= count) {
+                    together(&queries[j], db, cols, valid, start);
+                    j += shared;
+                    continue;
+                }
                 if (queries[j].threshold <= 65535) kernel(&queries[j], db, cols, valid, start);
+                j++;
+            }
         }
         for (int j = 0; j < count; j++) {
             Query *q = &queries[j];

@@ -49,6 +49,39 @@ def check_server_uri(uri: str) -> str:
     return uri
 
 
+def check_location(uri: str | os.PathLike, collection) -> str:
+    """`uri` as a string, where it and `collection` can name a collection:
+    a Milvus Lite path ending in `.db` that is no symbolic link, or a server
+    address (`check_server_uri`), and a non-empty name.
+
+    Raises:
+        ValueError: naming what is wrong.
+        FileExistsError: a symbolic link at the path.
+    """
+    uri = os.fspath(uri)
+    if not isinstance(collection, str) or not collection:
+        raise ValueError(
+            f"collection must be a non-empty string, received {collection!r}"
+        )
+    if is_local(uri) and not uri.endswith(".db"):
+        raise ValueError(
+            "uri must be a Milvus Lite path ending in .db or a server URL "
+            f"such as http://localhost:19530, received {uri!r}"
+        )
+    if not is_local(uri):
+        check_server_uri(uri)
+    elif os.path.islink(uri):
+        # Milvus Lite writes its database (and files beside it) where a link
+        # leads; the package never writes through one.
+        raise FileExistsError(
+            17,
+            "a symbolic link where the Milvus Lite database goes; it is never "
+            "written through: give the database's own path",
+            uri,
+        )
+    return uri
+
+
 def check_database_exists(uri: str | os.PathLike, collection: str) -> None:
     """Raises `ValueError` where `uri` is a Milvus Lite path with no database
     (opening one: Milvus Lite would make an empty database there), or a

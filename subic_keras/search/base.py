@@ -89,6 +89,14 @@ class Searcher(abc.ABC):
         (`retrieval.model_record`)."""
         return None
 
+    @property
+    def instance_model(self) -> dict | None:
+        """The record of the instance model whose codes are kept beside the
+        class codes (`instance_codes`), so that `answer` takes its queries
+        as `instance_queries` ({} for codes added without a record); None
+        where none are kept."""
+        return None
+
     def search(self, queries, k: int, *, where=None) -> tuple[np.ndarray, np.ndarray]:
         """Asymmetric search: the `k` best items for each real query `z*`.
 
@@ -276,14 +284,6 @@ class PictureIndex(Searcher):
     def holds_pictures(self) -> bool:
         """Whether the items are pictures with paths (a `root`)."""
         return self.root is not None
-
-    @property
-    def instance_model(self) -> dict | None:
-        """The record of the instance model whose codes are kept beside the
-        class codes (`instance_codes`), so that `answer` takes its queries
-        as `instance_queries` ({} for codes added without a record); None
-        where none are kept."""
-        return None
 
     def by_instance(self) -> PictureIndex:
         """The same pictures searched by the instance codes kept beside the

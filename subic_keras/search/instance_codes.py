@@ -108,8 +108,7 @@ class InstanceCodes:
     @property
     def copy_margin(self) -> float | None:
         """The least copy margin of a copy (None: the model chose none)."""
-        value = (self.model or {}).get("copy_margin")
-        return float(value) if isinstance(value, (int, float)) else None
+        return copy_margin_of(self.model)
 
     def checked(self, codes, n: int) -> np.ndarray:
         """`codes` of `n` items, checked before an index changes."""
@@ -132,6 +131,40 @@ class InstanceCodes:
             empty = np.zeros((0, header.code_size), np.uint8)
             packed = np.concatenate([empty, *chunks])
         return self.num_blocks, self.block_size, packed
+
+
+def checked_instance_queries(
+    instance_queries, count: int, num_blocks: int, block_size: int
+) -> np.ndarray:
+    """`instance_queries` checked: `(count, M'*K')` float32, finite."""
+    instance_queries = check_queries(
+        "instance_queries", instance_queries, num_blocks, block_size
+    )
+    if len(instance_queries) != count:
+        raise ValueError(
+            f"instance_queries must hold one query per query ({count}), "
+            f"received {len(instance_queries)}"
+        )
+    return instance_queries
+
+
+def copy_margin_of(record: dict | None) -> float | None:
+    """The least copy margin of a copy that an instance model's record
+    holds (None: the model chose none)."""
+    value = (record or {}).get("copy_margin")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def copy_marks(
+    instance_queries: np.ndarray, near: np.ndarray, block_size: int, margin
+) -> np.ndarray:
+    """Which of the instance scores `near` `(nq, width)` the copy rule marks
+    (`margin`, the model's `copy_margin`; None: none)."""
+    from subic_keras.copies import copy_margins
+
+    if margin is None:
+        return np.zeros(near.shape, bool)
+    return copy_margins(instance_queries, near, block_size) >= margin - 1e-6
 
 
 def shard_part(
@@ -163,16 +196,9 @@ def shard_part(
         rows_of: ids to their insertion positions.
         keys: return the results' instance scores (to merge shards by).
     """
-    from subic_keras.copies import copy_margins
-
-    instance_queries = check_queries(
-        "instance_queries", instance_queries, instance.num_blocks, instance.block_size
+    instance_queries = checked_instance_queries(
+        instance_queries, len(queries), instance.num_blocks, instance.block_size
     )
-    if len(instance_queries) != len(queries):
-        raise ValueError(
-            f"instance_queries must hold one query per query ({len(queries)}), "
-            f"received {len(instance_queries)}"
-        )
 
     key = instance.codes.second_code(instance_queries)
     # The two searches only read, and run side by side: a batch's class ties
@@ -190,12 +216,9 @@ def shard_part(
         part["keys"] = np.array(
             [key.scores(r, p) for r, p in enumerate(part["positions"])]
         )
-    margin = instance.copy_margin
-    marked = np.zeros(near.shape, bool)
-    if margin is not None:
-        marked = copy_margins(instance_queries, near, instance.block_size) >= (
-            margin - 1e-6
-        )
+    marked = copy_marks(
+        instance_queries, near, instance.block_size, instance.copy_margin
+    )
     at = rows_of(near_ids.ravel()).reshape(near_ids.shape)
     class_scores = np.zeros(near.shape, np.float32)  # of the marked only
     for row in np.flatnonzero(marked.any(axis=1)):

@@ -55,20 +55,22 @@ from typing import Any
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search import filters, milvus_schema
+from subic_keras.search import filters, milvus_answers, milvus_schema
 from subic_keras.search.addresses import (
     check_database_exists,
-    check_server_uri,
+    check_location,
     is_local,
 )
-from subic_keras.search.base import Searcher
+from subic_keras.search.base import Searcher, answer_rows
 from subic_keras.search.checks import (
     check_block_size,
     check_ids,
     check_model_record,
     check_num_blocks,
+    check_queries,
     preview,
 )
+from subic_keras.search.instance_codes import checked_instance_queries, copy_margin_of
 from subic_keras.search.milvus_client import (
     MilvusError as MilvusError,
 )
@@ -160,27 +162,7 @@ class MilvusIndex(Searcher):
         pymilvus = pymilvus_module()
         model = check_model_record("model", model)
         instance_model = check_model_record("instance_model", instance_model)
-        uri = os.fspath(uri)
-        if not isinstance(collection, str) or not collection:
-            raise ValueError(
-                f"collection must be a non-empty string, received {collection!r}"
-            )
-        if is_local(uri) and not uri.endswith(".db"):
-            raise ValueError(
-                "uri must be a Milvus Lite path ending in .db or a server URL "
-                f"such as http://localhost:19530, received {uri!r}"
-            )
-        if not is_local(uri):
-            check_server_uri(uri)
-        elif os.path.islink(uri):
-            # Milvus Lite writes its database (and files beside it) where
-            # a link leads; the package never writes through one.
-            raise FileExistsError(
-                17,
-                "a symbolic link where the Milvus Lite database goes; it is never "
-                "written through: give the database's own path",
-                uri,
-            )
+        uri = check_location(uri, collection)
         self._shards = (
             None if shards is None else check_int("shards", shards, minimum=1)
         )
@@ -500,6 +482,39 @@ class MilvusIndex(Searcher):
                 )
         return sorted(rows, key=lambda row: row["seq"])
 
+    def answer(
+        self, queries, k: int, *, where=None, fingerprints=None, instance_queries=None
+    ) -> list[list[dict]]:
+        """`search`, each result as a row (`base.answer_rows`); with
+        `instance_queries` `(nq, M'*K')` (the instance model's), by a
+        collection keeping instance codes, the answer of both codes as an
+        `ImageIndex` gives it (`milvus_answers`), copies marked `"copy"`."""
+        instance = self.instance
+        if instance_queries is None or instance is None or self._view:
+            return super().answer(queries, k, where=where, fingerprints=fingerprints)
+        queries = check_queries("queries", queries, self.num_blocks, self.block_size)
+        instance_queries = checked_instance_queries(
+            instance_queries, len(queries), *instance
+        )
+        by_class = self.search(queries, k, where=where)
+        by_instance = self.by_instance().search(instance_queries, k, where=where)
+        wanted = np.unique(np.concatenate([by_class[1], by_instance[1]], axis=None))
+        with milvus_errors(self._uri, self._name):
+            stored = milvus_answers.read_stored(
+                self._client, self._name, wanted[wanted >= 0], self._recorded
+            )
+        scores, ids, copy = milvus_answers.answer_both(
+            queries,
+            instance_queries,
+            by_class,
+            by_instance,
+            stored,
+            (self.block_size, instance[1]),
+            copy_margin_of(self.instance_model),
+            k,
+        )
+        return answer_rows(self, scores, ids, None, copy)
+
     def get_ids(self) -> np.ndarray:
         """The ids, in insertion order."""
         rows = self._rows(["id"])
@@ -512,14 +527,9 @@ class MilvusIndex(Searcher):
             KeyError: if any id is not present.
         """
         rows = self._rows(["id", self._vectors])
-        dtype = np.uint8 if self.block_size <= 256 else np.uint16
-        codes = np.zeros((len(rows), self.num_blocks), dtype=dtype)
-        offsets = np.arange(self.num_blocks) * self.block_size
-        for i, row in enumerate(rows):
-            codes[i] = (
-                np.sort(np.fromiter(row[self._vectors].keys(), dtype=np.int64))
-                - offsets
-            )
+        codes = milvus_schema.codes_of(
+            [row[self._vectors] for row in rows], self.num_blocks, self.block_size
+        )
         if ids is None:
             return codes
         ids = check_ids("ids", ids)
@@ -547,21 +557,9 @@ class MilvusIndex(Searcher):
         ids = np.full((len(queries), width), -1, dtype=np.int64)
         if not width or not len(queries):
             return scores, ids
-        # Milvus takes non-negative sparse weights only. Every code holds one
-        # entry per block, so raising a block's entries by a constant raises
-        # every item's score by it: each block with negative entries is
-        # shifted so that its least entry is 0, the ranking is unchanged, and
-        # the shifts are taken off the scores again (float64 shifts, so a
-        # class-posterior query is served exactly as SubicIndex serves it).
-        blocks = np.asarray(queries, np.float64).reshape(
-            len(queries), self.num_blocks, self.block_size
+        sparse, offsets = milvus_schema.sparse_queries(
+            queries, self.num_blocks, self.block_size
         )
-        shifts = np.minimum(blocks.min(axis=2, keepdims=True), 0.0)
-        shifted = (blocks - shifts).reshape(len(queries), -1)
-        offsets = shifts.sum(axis=(1, 2))
-        sparse = [
-            {int(j): float(row[j]) for j in np.flatnonzero(row)} for row in shifted
-        ]
         asked = [i for i, entries in enumerate(sparse) if entries]
         for start in range(0, len(asked), 256):
             rows = asked[start : start + 256]

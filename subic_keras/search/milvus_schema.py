@@ -184,6 +184,38 @@ def _columns(codes: np.ndarray, block_size: int) -> np.ndarray:
     return codes.astype(np.int64) + np.arange(codes.shape[1]) * block_size
 
 
+def codes_of(vectors: list[dict], num_blocks: int, block_size: int) -> np.ndarray:
+    """Integer codes `(n, M)` of stored sparse vectors (`columns`' inverse)."""
+    dtype = np.uint8 if block_size <= 256 else np.uint16
+    codes = np.zeros((len(vectors), num_blocks), dtype=dtype)
+    offsets = np.arange(num_blocks) * block_size
+    for i, vector in enumerate(vectors):
+        codes[i] = np.sort(np.fromiter(vector.keys(), dtype=np.int64)) - offsets
+    return codes
+
+
+def sparse_queries(
+    queries: np.ndarray, num_blocks: int, block_size: int
+) -> tuple[list[dict[int, float]], np.ndarray]:
+    """Checked queries `(nq, M*K)` as Milvus's sparse vectors, and the
+    offsets to add to the scores Milvus returns for them.
+
+    Milvus takes non-negative sparse weights only. Every code holds one
+    entry per block, so raising a block's entries by a constant raises every
+    item's score by it: each block with negative entries is shifted so that
+    its least entry is 0, the ranking is unchanged, and the shifts are taken
+    off the scores again (float64 shifts, so a class-posterior query is
+    served exactly as `SubicIndex` serves it).
+    """
+    blocks = np.asarray(queries, np.float64).reshape(
+        len(queries), num_blocks, block_size
+    )
+    shifts = np.minimum(blocks.min(axis=2, keepdims=True), 0.0)
+    shifted = (blocks - shifts).reshape(len(queries), -1)
+    sparse = [{int(j): float(row[j]) for j in np.flatnonzero(row)} for row in shifted]
+    return sparse, shifts.sum(axis=(1, 2))
+
+
 def _shape(properties: dict, blocks: str, size: str) -> tuple[int, int]:
     try:
         num_blocks, block_size = int(properties[blocks]), int(properties[size])

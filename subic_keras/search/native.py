@@ -13,15 +13,18 @@ Kernels (`kernels()` lists those this CPU runs, best first):
 
 - `"vbmi"` (AVX-512 VBMI): `vpermb` looks up 64 sub-codes of up to 8 bits
   at once (8, 4 or 2 blocks a byte for `K` = 2, 4, 16; two for `K` = 8;
-  one for `K` = 32 ... 256). Below `SMALL_DATABASE` codes, `K` = 2, 4 and
-  16 take 4-bit sub-codes instead, looked up by 512-bit `vpshufb`: their
-  tables have 8 times fewer entries to build per query, which outweighs
-  the slower scan in small databases but not in large ones.
+  one for `K` = 32 ... 256). Below `SMALL_DATABASE` codes, and for codes
+  of 256 bits or more, `K` = 2, 4 and 16 take 4-bit sub-codes instead,
+  looked up by 512-bit `vpshufb` as `"avx512bw"` does: their tables have 8
+  times fewer entries to build per query, which outweighs the slower scan
+  in small databases, and four queries share each load of long codes.
 - `"avx512bw"` (AVX-512BW without VBMI: Skylake-SP, Cascade Lake): the
   `"avx2"` kernel's look-ups on 512 bits, 64 sub-codes at once, the blend
-  tree's choices read into mask registers by `vptestmb`.
+  tree's choices read into mask registers by `vptestmb`; four queries of
+  a batch share each load of 4-bit sub-codes.
 - `"avx2"`: `pshufb` on 16-entry tables for 4-bit sub-codes (two per byte,
-  for `K` = 2, 4, 16), and for 5- to 8-bit sub-codes on the table's
+  for `K` = 2, 4, 16; two queries of a batch share each load of them), and
+  for 5- to 8-bit sub-codes on the table's
   16-entry sub-tables, of which a blend tree on the high bits keeps one
   (the split-table look-up of PQ Fast Scan and Quicker ADC).
 - `"neon"` (aarch64): `tbl` on one register for 4-bit sub-codes, on four
@@ -92,17 +95,20 @@ class Layout:
         `block_size` values.
 
         Nibbles (two sub-codes per byte) where the kernel looks 16-entry
-        tables up in one instruction (for VBMI, in small databases), bytes
-        elsewhere (the portable kernel makes half as many look-ups on bytes).
+        tables up in one instruction (for VBMI, in small databases and for
+        codes of 256 bits or more, where four queries sharing each load of
+        nibbles beat its 256-entry look-ups on bytes), bytes elsewhere (the
+        portable kernel makes half as many look-ups on bytes).
         """
         nbits = block_size.bit_length() - 1
         if nbits > 8:
             return cls(num_blocks, block_size, nbits, 16)
+        long_codes = num_blocks * nbits >= 256
         nibble_kernels = (
             "avx2",
             "avx512bw",
             "neon",
-            *(("vbmi",) if rows < SMALL_DATABASE else ()),
+            *(("vbmi",) if rows < SMALL_DATABASE or long_codes else ()),
         )
         nibbles = kernel in nibble_kernels and 4 % nbits == 0
         return cls(num_blocks, block_size, nbits, 4 if nibbles else 8)

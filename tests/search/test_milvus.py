@@ -405,3 +405,62 @@ def test_a_forged_instance_shape_is_named(uri):
         milvus_schema.read({**base, "subic.format": "3"}, "collection 'x'")
     version_1 = milvus_schema.read({**base, "subic.format": "1"}, "collection 'x'")
     assert version_1.instance is None
+
+
+def test_answers_by_both_codes_as_an_image_index_does(rng, uri):
+    # Copies first by the instance code's copy rule, then the class ranking,
+    # equal class scores by instance score: as `ImageIndex` answers, which
+    # `shard_part` and `merge_parts` make here from the same codes.
+    from subic_keras.search.instance_codes import (
+        InstanceCodes,
+        merge_parts,
+        shard_part,
+    )
+
+    n = 400
+    codes = rng.integers(0, 4, (n, 2))  # 16 class codes: many ties
+    instance_codes = distinct_codes(rng, n, 8, 32)
+    ids = rng.permutation(10_000)[:n]
+    record = {"digest": "d" * 64, "file": "instance", "copy_margin": -0.5}
+    remote = MilvusIndex(uri, "answer", 2, 4, instance=(8, 32), instance_model=record)
+    remote.add(codes, ids=ids, instance_codes=instance_codes)
+    classes = SubicIndex(2, 4)
+    classes.add(codes, ids=ids)
+    instance = InstanceCodes(8, 32, record)
+    instance.codes.add(instance_codes, ids=ids)
+    # Entries of a few exact binary values: class scores tie exactly.
+    queries = rng.choice([0.25, 0.5, 1.0], size=(6, 8)).astype(np.float32)
+    instance_queries = relu_queries(rng, 6, 8, 32)
+    for row, item in enumerate([5, 77, 300]):  # copies of three items
+        instance_queries[row] *= 0.05
+        instance_queries[row, np.arange(8) * 32 + instance_codes[item]] += 3.0
+    position = {int(item): at for at, item in enumerate(ids)}
+
+    def rows_of(found):
+        return np.array([position.get(int(i), -1) for i in found])
+
+    part = shard_part(classes, instance, queries, instance_queries, n, None, rows_of)
+    want_scores, want_ids, want_copy = merge_parts([part], n)
+    answers = remote.answer(queries, n, instance_queries=instance_queries)
+    got_ids = np.array([[match["id"] for match in rows] for rows in answers])
+    got_copy = np.array([[match["copy"] for match in rows] for rows in answers])
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_copy, want_copy)
+    assert got_copy[:3, 0].all() and got_copy.sum() == 3  # the planted copies
+    assert [rows[0]["id"] for rows in answers[:3]] == [ids[5], ids[77], ids[300]]
+    np.testing.assert_allclose(
+        [[match["score"] for match in rows] for rows in answers],
+        want_scores,
+        rtol=1e-5,
+    )
+    # The class scores' ties were ordered by instance score, not as stored.
+    plain = remote.search(queries, n)[1]
+    assert (plain[3:] != got_ids[3:]).any()
+    # Without instance queries: the class code's answer alone.
+    alone = remote.search(queries, 5)[1]
+    assert [[m["id"] for m in rows] for rows in remote.answer(queries, 5)] == (
+        alone.tolist()
+    )
+    with pytest.raises(ValueError, match="instance_queries"):
+        remote.answer(queries, 5, instance_queries=instance_queries[:2])
+    remote.close()

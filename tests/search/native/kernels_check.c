@@ -80,7 +80,11 @@ int main(void) {
     static const int shapes[][2] = {{1, 2},  {3, 4},   {13, 8},  {8, 16},  {5, 16},
                                     {16, 16}, {6, 32}, {8, 64},  {3, 128}, {8, 256},
                                     {17, 256}, {4, 1024}};
-    const int nq = 8, n = 2500;
+    /* 11 queries: a full group of 8 (scanned two or four at a time by the
+       x86 nibble kernels), then 3 (a pair and one alone on AVX2, three alone
+       on AVX-512). */
+    enum { nq = 11 };
+    const int n = 2500;
     int checked = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int M = shapes[s][0], K = shapes[s][1];
@@ -92,8 +96,8 @@ int main(void) {
             Database db = make_database(n, M, K, bits, &tiles);
             float *z = malloc(sizeof(float) * nq * M * K);
             make_queries(z, nq, M * K);
-            double want_scores[8 * 50], got_scores[8 * 50];
-            int64_t want[8 * 50], got[8 * 50];
+            double want_scores[nq * 50], got_scores[nq * 50];
+            int64_t want[nq * 50], got[nq * 50];
             /* Unfiltered, then with a filter keeping every third row of the
                first tile and none of the second (a tile skipped whole). */
             uint8_t bits_of_rows[(2500 + 7) / 8] = {0};
