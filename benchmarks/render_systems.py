@@ -285,7 +285,14 @@ def render_serve_load(data: dict) -> list[str]:
         f"same run, in-process `SubicIndex.search` of one query took "
         f"{fmt(single['p50_ms'])} ms (p50), {fmt(single['p99_ms'])} ms (p99); "
         f"a query request's p50 at one client is "
-        f"{fmt(goals['query_p50_over_in_process_p50'])}x that.",
+        f"{fmt(goals['query_p50_over_in_process_p50'])}x that"
+        + (
+            f", of which {fmt(goals['query_p50_outside_server_ms'])} ms were spent "
+            "outside the server's own work (HTTP on loopback, uvicorn, the thread "
+            "pool, JSON)."
+            if "query_p50_outside_server_ms" in goals
+            else "."
+        ),
         "",
     ]
     lines += table(

@@ -53,10 +53,13 @@ def _summary_filter_speed(data: dict) -> tuple[str, str]:
 
 def _summary_serve_load(data: dict) -> tuple[str, str]:
     goals = data["goals"]
+    outside = goals.get("query_p50_outside_server_ms")
     return (
         f"`subic serve`, {data['items']:,} codes",
         f"a query request {goals['query_p50_over_in_process_p50']}x in-process "
-        f"search; {goals['image_requests_per_second']} picture requests/s",
+        "search"
+        + (f" ({outside} ms of it HTTP and JSON)" if outside is not None else "")
+        + f"; {goals['image_requests_per_second']} picture requests/s",
     )
 
 

@@ -67,6 +67,6 @@ class PictureShardAnswers:
             rows = keys.fingerprint_rows(value) if value else np.zeros(0, np.int64)
             if keep is not None:
                 rows = rows[keep[rows]]
-            ids = self._items.ids[rows[:k]]
-            found.append((rows[:k], ids, self._codes.get_codes(ids)))
+            rows = rows[:k]  # the class codes' positions too
+            found.append((rows, self._items.ids[rows], self._codes.codes_at(rows)))
         return found

@@ -362,6 +362,12 @@ class SubicIndex(WriterRecords, ShardAnswers, SearchBackend):
         (1-D), under the lock of a search that holds the index still."""
         return native.score_rows(self._store.packed(), positions, query, self._nbits)
 
+    def codes_at(self, positions: np.ndarray) -> np.ndarray:
+        """Integer codes `(n, M)` (int64) of the items at insertion positions
+        (1-D), under the lock of a search that holds the index still: no
+        look-up of ids (`get_codes` sorts them all)."""
+        return self._store.codes(np.asarray(positions, np.int64))
+
     def _scan(self, queries: np.ndarray, k: int, keep: np.ndarray | None = None):
         """The scanner's top `k` scores and positions (locked)."""
         return self._scanner.search(self._store, queries, k, keep)
