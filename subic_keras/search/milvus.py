@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search import filters, milvus_answers, milvus_schema
+from subic_keras.search import filters, milvus_answers, milvus_client, milvus_schema
 from subic_keras.search.addresses import (
     check_database_exists,
     check_location,
@@ -75,12 +75,12 @@ from subic_keras.search.milvus_client import (
     MilvusError as MilvusError,
 )
 from subic_keras.search.milvus_client import (
+    get_rows,
     milvus_errors,
     pymilvus_module,
 )
 
 MAX_K = 16_384  # Milvus's topk limit
-_BATCH = 10_000  # rows per insert, delete or lookup request
 
 
 # One lock per collection of this process: writers through any number of
@@ -349,7 +349,7 @@ class MilvusIndex(Searcher):
                 self._name,
                 filter=f"seq >= {next_seq}",
                 output_fields=["id", "seq"],
-                limit=_BATCH,
+                limit=milvus_client.BATCH,
             )
             if not orphans:
                 break
@@ -361,13 +361,8 @@ class MilvusIndex(Searcher):
 
     def _present(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` the collection holds."""
-        found: list[int] = []
-        for start in range(0, len(ids), _BATCH):
-            rows = self._client.get(
-                self._name, ids=ids[start : start + _BATCH].tolist(), output_fields=[]
-            )
-            found.extend(int(row["id"]) for row in rows)
-        return np.array(found, dtype=np.int64)
+        rows = get_rows(self._client, self._name, ids, [])
+        return np.array([int(row["id"]) for row in rows], dtype=np.int64)
 
     def add(self, codes, ids=None, *, instance_codes=None) -> np.ndarray:
         """Adds codes (`check_codes` forms) with new, unique ids.
@@ -412,8 +407,8 @@ class MilvusIndex(Searcher):
             return ids
         inserted = 0
         try:
-            for start in range(0, n, _BATCH):
-                stop = min(n, start + _BATCH)
+            for start in range(0, n, milvus_client.BATCH):
+                stop = min(n, start + milvus_client.BATCH)
                 rows = [
                     {
                         "id": int(ids[i]),
@@ -462,9 +457,9 @@ class MilvusIndex(Searcher):
                 raise KeyError(
                     f"ids not in collection {self._name!r}: {preview(missing)}"
                 )
-            for start in range(0, len(ids), _BATCH):
+            for start in range(0, len(ids), milvus_client.BATCH):
                 self._client.delete(
-                    self._name, ids=ids[start : start + _BATCH].tolist()
+                    self._name, ids=ids[start : start + milvus_client.BATCH].tolist()
                 )
         return len(ids)
 
@@ -474,10 +469,10 @@ class MilvusIndex(Searcher):
         """Every row, in insertion order, read in ranges of the counter."""
         rows: list[dict[str, Any]] = []
         with milvus_errors(self._uri, self._name):
-            for start in range(0, self._counters()[1], _BATCH):
+            for start in range(0, self._counters()[1], milvus_client.BATCH):
                 rows += self._client.query(
                     self._name,
-                    filter=f"seq >= {start} and seq < {start + _BATCH}",
+                    filter=f"seq >= {start} and seq < {start + milvus_client.BATCH}",
                     output_fields=["seq", *output_fields],
                 )
         return sorted(rows, key=lambda row: row["seq"])

@@ -23,8 +23,7 @@ import numpy as np
 
 from subic_keras.search import milvus_schema
 from subic_keras.search.instance_codes import copy_marks, merge_parts
-
-_BATCH = 10_000  # ids per request (as `milvus` reads and writes)
+from subic_keras.search.milvus_client import get_rows
 
 
 class Stored(NamedTuple):
@@ -42,13 +41,7 @@ def read_stored(
     """Both codes and the insertion order of those of `ids` (unique, >= 0)
     that `collection` (keeping instance codes) holds."""
     fields = [milvus_schema.CODE, milvus_schema.INSTANCE_CODE]
-    rows: list[dict[str, Any]] = []
-    for start in range(0, len(ids), _BATCH):
-        rows += client.get(
-            collection,
-            ids=ids[start : start + _BATCH].tolist(),
-            output_fields=["seq", *fields],
-        )
+    rows = get_rows(client, collection, ids, ["seq", *fields])
     rows.sort(key=lambda row: row["id"])
     codes = [
         milvus_schema.codes_of([row[field] for row in rows], *recorded.shape(instance))

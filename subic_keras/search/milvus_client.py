@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+BATCH = 10_000  # rows per insert, delete or lookup request
 
 
 class MilvusError(OSError):
@@ -46,3 +51,18 @@ def milvus_errors(uri: str, collection: str) -> Iterator[None]:
         raise MilvusError(
             f"Milvus at {uri!r}, collection {collection!r}: {message}"
         ) from error
+
+
+def get_rows(
+    client: Any, collection: str, ids: np.ndarray, output_fields: list[str]
+) -> list[dict[str, Any]]:
+    """The rows of those of `ids` that `collection` holds (with their `id`
+    and `output_fields`), asked for `BATCH` ids at a time."""
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(ids), BATCH):
+        rows += client.get(
+            collection,
+            ids=ids[start : start + BATCH].tolist(),
+            output_fields=output_fields,
+        )
+    return rows

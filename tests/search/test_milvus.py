@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from search_reference import distinct_codes, relu_queries
 
-from subic_keras.search import SubicIndex
+from subic_keras.search import SubicIndex, milvus_client
 
 pymilvus = pytest.importorskip("pymilvus", reason="the [milvus] extra")
 milvus = pytest.importorskip("subic_keras.search.milvus")
@@ -139,7 +139,7 @@ def test_unreachable_server():
 def test_failed_insert_leaves_the_collection_as_it_was(rng, uri, monkeypatch):
     remote = MilvusIndex(uri, "codes", 4, 16)
     remote.add(rng.integers(0, 16, (10, 4)))
-    monkeypatch.setattr(milvus, "_BATCH", 7)
+    monkeypatch.setattr(milvus_client, "BATCH", 7)
     calls = []
     insert = remote._client.insert
 
