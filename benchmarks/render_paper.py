@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.markdown import runnable, table
+from subic_keras.config import TrainConfig
 
 _PAPER_BITS = (12, 24, 36, 48)
 
@@ -291,9 +292,14 @@ def render_unseen_classes(data: dict) -> list[str]:
     settings = data["settings"]
     means = data["mean_map"]
     columns = sorted(means, key=lambda key: (int(key.split()[1]), key))
+
+    def epochs(key: str) -> str:  # None: subic train's default
+        value = settings[key]
+        return f"{value}" if value is not None else f"{getattr(TrainConfig, key)}"
+
     lines = [
         f"Budget: {settings['budget']} (pre-training epochs "
-        f"{settings['pretrain_epochs']}, SuBiC epochs {settings['epochs']}, "
+        f"{epochs('pretrain_epochs')}, SuBiC epochs {epochs('epochs')}, "
         f"blocks of K = {settings.get('block_size', 64)}); "
         f"unseen: classes held out of training, splits {settings['splits']} "
         "averaged (`protocols.held_out_classes`); paper: a model of every class "

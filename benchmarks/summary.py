@@ -149,17 +149,29 @@ def _summary_unseen_classes(data: dict) -> tuple[str, str]:
     return (
         f"mAP on CIFAR-10 classes held out of training (unseen), {bits} bits, "
         + (
-            "`subic train` defaults"
+            "`subic train`'s defaults"
             if settings["pretrain_epochs"] is None and settings["epochs"] is None
             else f"{settings['pretrain_epochs']} pre-training + {settings['epochs']} "
-            f"SuBiC epochs, splits {settings['splits']}"
+            "SuBiC epochs"
+        )
+        + f", K = {settings.get('block_size', 64)}"
+        + (
+            f", split {settings['splits'][0]}"
+            if len(settings["splits"]) == 1
+            else f", splits {settings['splits']}"
         ),
         f"SuBiC z {rows['subic_z']:.3f}, one-hot classifier "
         f"{rows['one_hot_classifier']:.3f}, "
         + (f"DSH {rows['dsh']:.3f}, " if "dsh" in rows else "")
         + f"PQ {rows['pq']:.3f}, OPQ "
-        f"{rows['opq']:.3f}; standard protocol: SuBiC "
-        f"{paper.get('subic_z', float('nan')):.3f}, one-hot classifier "
+        f"{rows['opq']:.3f}; standard protocol: SuBiC z "
+        f"{paper.get('subic_z', float('nan')):.3f}, "
+        + (
+            f"class posterior {paper['subic_class_posterior']:.3f}, "
+            if "subic_class_posterior" in paper
+            else ""
+        )
+        + "one-hot classifier "
         f"{paper.get('one_hot_classifier', float('nan')):.3f}"
         + _expected_ties(data.get("mean_map_expected", {}).get(key)),
     )
@@ -201,6 +213,8 @@ _SUMMARIES = {
     "cifar10_retrieval.json": _summary_cifar10,
     "unseen_classes.json": _summary_unseen_classes,
     "unseen_classes_splits.json": _summary_unseen_classes,
+    "unseen_classes_k16.json": _summary_unseen_classes,
+    "unseen_classes_full.json": _summary_unseen_classes,
     "train_recipe.json": _summary_train_recipe,
     "search_speed.json": _summary_search_speed,
     "filter_speed.json": _summary_filter_speed,
@@ -217,8 +231,12 @@ _SUMMARIES = {
 
 
 # Files whose row another file gives better where it is there: the unseen
-# classes averaged over three splits, not one.
-_SUPERSEDED = {"unseen_classes.json": "unseen_classes_splits.json"}
+# classes averaged over three splits, not one, and with subic train's blocks
+# of 16, not of 64.
+_SUPERSEDED = {
+    "unseen_classes.json": "unseen_classes_splits.json",
+    "unseen_classes_splits.json": "unseen_classes_k16.json",
+}
 
 
 def _summary_rows(results: dict) -> list[list]:

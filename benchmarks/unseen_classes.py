@@ -73,7 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--splits", default="0,1,2", help="unseen-class splits")
     parser.add_argument("--bits", default="24,48", help="code lengths")
     parser.add_argument(
-        "--block-size", type=int, default=64, help="SuBiC's K (default: %(default)s)"
+        "--block-size",
+        type=int,
+        default=TrainConfig.block_size,
+        help="SuBiC's K (default: subic train's, %(default)s)",
     )
     parser.add_argument("--pretrain-epochs", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)

@@ -437,24 +437,44 @@ def test_a_reference_alone_reads_as_recalls_by_family(make_results, tmp_path):
 
 
 def test_the_unseen_row_reads_three_splits_where_they_were_run(make_results, tmp_path):
-    def unseen(splits, value):
+    def unseen(splits, value, block_size=64, epochs=(8, 3)):
         rows = {"subic_z": value, "one_hot_classifier": 0.3, "pq": 0.2, "opq": 0.2}
         return {
-            "settings": {"splits": splits, "pretrain_epochs": 8, "epochs": 3},
+            "settings": {
+                "splits": splits,
+                "pretrain_epochs": epochs[0],
+                "epochs": epochs[1],
+                "block_size": block_size,
+                "budget": "reduced" if epochs[0] else "subic train's defaults",
+            },
             "mean_map": {"unseen 48": rows, "paper 48": rows},
         }
 
+    def summary() -> str:
+        results = make_results._read_results(str(tmp_path))[0]
+        return make_results.render_summary(results)
+
     (tmp_path / "unseen_classes.json").write_text(json.dumps(unseen([0], 0.25)))
-    summary = make_results.render_summary(make_results._read_results(str(tmp_path))[0])
-    assert "splits [0] | SuBiC z 0.250" in summary
+    assert "K = 64, split 0 | SuBiC z 0.250" in summary()
     splits = unseen([0, 1, 2], 0.375)
     (tmp_path / "unseen_classes_splits.json").write_text(json.dumps(splits))
-    results = make_results._read_results(str(tmp_path))[0]
-    summary = make_results.render_summary(results)
-    assert "splits [0, 1, 2] | SuBiC z 0.375" in summary and "0.250" not in summary
+    assert "splits [0, 1, 2] | SuBiC z 0.375" in summary()
+    assert "0.250" not in summary()
     assert "### Codes that transfer: three splits" in make_results.make_results(
         str(tmp_path)
     )
+    # subic train's blocks of 16 over the same splits supersede blocks of 64;
+    # a run at subic train's whole budget is a row of its own.
+    k16 = unseen([0, 1, 2], 0.4375, block_size=16)
+    (tmp_path / "unseen_classes_k16.json").write_text(json.dumps(k16))
+    full = unseen([0], 0.5, block_size=16, epochs=(None, None))
+    (tmp_path / "unseen_classes_full.json").write_text(json.dumps(full))
+    rows = summary()
+    assert "K = 16, splits [0, 1, 2] | SuBiC z 0.438" in rows
+    assert "`subic train`'s defaults, K = 16, split 0 | SuBiC z 0.500" in rows
+    assert "0.375" not in rows
+    document = make_results.make_results(str(tmp_path))
+    assert "(pre-training epochs 100, SuBiC epochs 5, blocks of K = 16)" in document
 
 
 def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):

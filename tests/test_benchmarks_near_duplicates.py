@@ -40,3 +40,35 @@ def test_start_from_goes_on_training_that_code_under_its_own_cache_key(tmp_path)
     args.start_from = str(tmp_path / "other.keras")
     near_duplicates.trained(args, pictures)
     assert len(list((tmp_path / "cache").glob("*.keras"))) == 2
+
+
+def test_network_outputs_rank_alike_up_to_a_constant_of_each_block():
+    rng = np.random.default_rng(0)
+    items = rng.normal(size=(50, 4 * 8)).astype(np.float32)
+    # A block's outputs are log-probabilities up to a constant of the block:
+    # item 7 shifted block by block is still item 7, first.
+    shifts = np.repeat(rng.normal(scale=20.0, size=(1, 4)), 8, axis=1)
+    query = items[7:8] + shifts
+    ranked = near_duplicates.cosine_ranked(
+        near_duplicates.centred_outputs(items, 8),
+        near_duplicates.centred_outputs(query, 8),
+        3,
+    )
+    assert ranked.shape == (1, 3) and ranked[0, 0] == 7
+    # Unit rows: the plain cosine of uncentred outputs would not find it.
+    plain = items / np.linalg.norm(items, axis=1, keepdims=True)
+    moved = query / np.linalg.norm(query)
+    assert near_duplicates.cosine_ranked(plain, moved, 1)[0, 0] != 7
+
+
+def test_the_feature_peer_is_the_data_directorys_extractor_where_it_is(tmp_path):
+    args = argparse.Namespace(extractor=None, data_dir=None)
+    assert near_duplicates.extractor_path(args) is None
+    args.data_dir = str(tmp_path)
+    assert near_duplicates.extractor_path(args) is None  # not there
+    path = tmp_path / near_duplicates.EXTRACTOR
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    assert near_duplicates.extractor_path(args) == str(path)
+    args.extractor = "other.tflite"
+    assert near_duplicates.extractor_path(args) == "other.tflite"
