@@ -419,6 +419,7 @@ def test_evaluate_on_the_classes_a_model_was_trained_without(
     # As `subic train --exclude-classes 2,4,6` records it.
     model = keras.saving.load_model(digits_model)
     model.data_source = {**model.data_source, "held_out_classes": "2,4,6"}
+    model.default_query = "class_posterior"  # as validation may choose
     held = tmp_path / "held.keras"
     model.save(held)
     out = tmp_path / "unseen.json"
@@ -429,6 +430,16 @@ def test_evaluate_on_the_classes_a_model_was_trained_without(
     result = json.loads(out.read_text())
     assert result["protocol"] == "unseen" and result["num_queries"] == 30
     assert result["num_database"] < 200  # three classes of the test split
+    # The class posterior scores by classes these pictures are not of: the
+    # paper's z unless asked, as the other protocols keep the saved query.
+    assert result["query"] == "fc0"
+    asked = tmp_path / "asked.json"
+    argv += ["--query", "class_posterior", "--output", str(asked)]
+    assert main(argv) == 0
+    assert json.loads(asked.read_text())["query"] == "class_posterior"
+    paper = tmp_path / "paper.json"
+    assert main(["evaluate", str(held), "--output", str(paper)]) == 0
+    assert json.loads(paper.read_text())["query"] == "class_posterior"
 
 
 def _load_model(path):

@@ -62,7 +62,9 @@ def _add_query_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the query of asymmetric search: fc0, the paper's z, or "
         "class_posterior, FC1's kernel times the query's class posterior "
-        "(default: the query chosen on validation and saved with the model)",
+        "(default: the query chosen on validation and saved with the model; "
+        "fc0 on the unseen protocol, whose classes the class posterior does "
+        "not know)",
     )
 
 
