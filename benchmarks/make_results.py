@@ -68,6 +68,10 @@ KNOWN = {
         "Codes that transfer: subic train's defaults",
         render_unseen_classes,
     ),
+    "unseen_classes_full_splits.json": (
+        "Codes that transfer: subic train's defaults, two splits",
+        render_unseen_classes,
+    ),
     "search_speed.json": ("Search speed", render_search_speed),
     "filter_speed.json": ("Filtered search", render_filter_speed),
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),

@@ -475,6 +475,12 @@ def test_the_unseen_row_reads_three_splits_where_they_were_run(make_results, tmp
     assert "0.375" not in rows
     document = make_results.make_results(str(tmp_path))
     assert "(pre-training epochs 100, SuBiC epochs 5, blocks of K = 16)" in document
+    # More splits at the whole budget replace the one split's row.
+    both = unseen([0, 1], 0.5625, block_size=16, epochs=(None, None))
+    (tmp_path / "unseen_classes_full_splits.json").write_text(json.dumps(both))
+    rows = summary()
+    assert "`subic train`'s defaults, K = 16, splits [0, 1] | SuBiC z 0.562" in rows
+    assert "0.500" not in rows
 
 
 def test_unseen_classes_show_both_tie_counts(make_results, tmp_path):
