@@ -236,22 +236,28 @@ def hamming_ranked(database: np.ndarray, queries: np.ndarray, k: int) -> np.ndar
     """The `k` nearest rows of `database` to each query by Hamming distance
     (ties in database order)."""
     db = database.astype(np.int16)
+
+    def alike(rows: slice) -> np.ndarray:  # minus the Hamming distance
+        q = queries[rows].astype(np.int16)
+        return -(q @ (1 - db).T + (1 - q) @ db.T)
+
+    return _ranked(alike, len(queries), k, 100)
+
+
+def _ranked(alike, count: int, k: int, batch: int) -> np.ndarray:
+    """The `k` columns of `alike(rows)` highest in each row (ties in column
+    order), for `count` queries taken `batch` rows at a time."""
     out = []
-    for start in range(0, len(queries), 100):
-        q = queries[start : start + 100].astype(np.int16)
-        distances = q @ (1 - db).T + (1 - q) @ db.T
-        out.append(np.argsort(distances, axis=1, kind="stable")[:, :k])
+    for start in range(0, count, batch):
+        scores = alike(slice(start, start + batch))
+        out.append(np.argsort(-scores, axis=1, kind="stable")[:, :k])
     return np.concatenate(out)
 
 
 def cosine_ranked(items: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """The `k` rows of `items` nearest each query by cosine (rows of unit
     length), 100 queries at a time."""
-    out = []
-    for start in range(0, len(queries), 100):
-        alike = queries[start : start + 100] @ items.T
-        out.append(np.argsort(-alike, axis=1, kind="stable")[:, :k])
-    return np.concatenate(out)
+    return _ranked(lambda rows: queries[rows] @ items.T, len(queries), k, 100)
 
 
 def centred_outputs(outputs: np.ndarray, block_size: int) -> np.ndarray:
@@ -278,11 +284,12 @@ def extractor_path(args) -> str | None:
 
 def looks_ranked(query_looks, item_looks, k: int) -> np.ndarray:
     """The `k` items most alike each query by look, 50 queries at a time."""
-    out = []
-    for start in range(0, len(query_looks), 50):
-        alike = looks.similarity(query_looks[start : start + 50], item_looks)
-        out.append(np.argsort(-alike, axis=1, kind="stable")[:, :k])
-    return np.concatenate(out)
+    return _ranked(
+        lambda rows: looks.similarity(query_looks[rows], item_looks),
+        len(query_looks),
+        k,
+        50,
+    )
 
 
 def copy_marks(code, indexes, queries, chosen, x_train, seed) -> dict:
