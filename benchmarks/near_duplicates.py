@@ -127,7 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="benchmarks/results/near_duplicates.json",
         help="where the JSON goes (default: %(default)s)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.extractor is not None and not os.path.isfile(args.extractor):
+        # Found now, not after an hour of training.
+        parser.error(f"--extractor must be a LiteRT file, received {args.extractor!r}")
+    return args
 
 
 def trained(

@@ -4,6 +4,7 @@ import argparse
 
 import keras
 import numpy as np
+import pytest
 
 from benchmarks import near_duplicates
 from subic_keras import instance
@@ -72,3 +73,12 @@ def test_the_feature_peer_is_the_data_directorys_extractor_where_it_is(tmp_path)
     assert near_duplicates.extractor_path(args) == str(path)
     args.extractor = "other.tflite"
     assert near_duplicates.extractor_path(args) == "other.tflite"
+
+
+def test_a_missing_extractor_is_refused_before_any_training(capsys):
+    with pytest.raises(SystemExit) as stop:
+        near_duplicates.parse_args(["--data-dir", "d", "--extractor", "no.tflite"])
+    assert stop.value.code == 2
+    assert "--extractor must be a LiteRT file, received 'no.tflite'" in (
+        capsys.readouterr().err
+    )
