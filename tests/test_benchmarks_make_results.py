@@ -342,6 +342,36 @@ def test_readme_summary_reads_its_figures_from_the_jsons(make_results, tmp_path)
     assert "Folder against arrays" in full
 
 
+def test_the_instance_scan_row_reads_each_kernel_by_batch(make_results, tmp_path):
+    def ratio(method, batch, value):
+        return {
+            "data": "random",
+            "bits": 256,
+            "num_blocks": 64,
+            "block_size": 16,
+            "method": method,
+            "batch": batch,
+            "qps_over_hamming": value,
+        }
+
+    speed = {
+        "machine": {"cpu": "Some CPU", "simd_flags": ["avx2"]},
+        "settings": {"num_items": 1_000_000},
+        "ratios": [
+            ratio("native-avx2", 1, 1.234),
+            ratio("native-avx2", 1000, 1.456),
+            ratio("faiss", 1000, 0.111),
+        ],
+    }
+    (tmp_path / "search_speed_avx2_256.json").write_text(json.dumps(speed))
+    results = make_results._read_results(str(tmp_path))[0]
+    summary = make_results.render_summary(results)
+    row = next(line for line in summary.splitlines() if "instance scan" in line)
+    assert "256 bits, 64 blocks of 16" in row and "batches of 1,000 / 1" in row
+    assert "avx2 1.46x / 1.23x" in row and "0.11" not in row
+    assert "Some CPU, AVX2, no AVX-512" in row
+
+
 def test_near_duplicates_reads_as_one_row_and_a_table(make_results, tmp_path):
     def recall(value):
         return {"recall@1": value, "recall@10": value}

@@ -549,6 +549,60 @@ SUBIC_AVX2 ALWAYS_INLINE static inline void nibbles_avx2(Query *qs, int nq, int 
     }
 }
 
+/* `nibble_column_avx2` for four queries and 32 items: the 16 registers
+   hold the four queries' sums, not their tables, which are loaded where
+   each is used, once. */
+SUBIC_AVX2 ALWAYS_INLINE static inline void nibble_column4_avx2(Query *qs, __m256i lo[4],
+                                                                __m256i hi[4],
+                                                                const uint8_t *codes,
+                                                                int64_t at, int table,
+                                                                int pair) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m256i v = _mm256_loadu_si256((const __m256i *)codes);
+    __m256i low = _mm256_and_si256(v, low4);
+    __m256i up = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *t = qs[j].qlut + at;
+        __m256i r = _mm256_shuffle_epi8(table16_avx2(t), low);
+        if (pair) r = _mm256_add_epi8(r, _mm256_shuffle_epi8(table16_avx2(t + table), up));
+        widen_avx2(&lo[j], &hi[j], r);
+    }
+}
+
+/* Four consecutive queries sharing every code load, 32 items at a time:
+   the nibbles taken apart once for four queries rather than two, for a
+   second table load per query (load ports are less busy than the
+   shuffle and shift ports both need). On an AVX2-only EPYC (family 25)
+   one core scanned 12 to 24 % more queries a second than two queries a
+   load, at 64 to 256 bits. */
+SUBIC_AVX2 static void tile_nibbles4_avx2(Query *qs, const Database *db, const uint8_t *cols,
+                                          int64_t valid, int64_t start) {
+    const int64_t tile = db->tile;
+    const int groups = db->groups, table = db->table;
+    for (int64_t i = 0; i < valid; i += 32) {
+        __m256i lo[4], hi[4];
+        for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_si256();
+        for (int g = 0; g < groups; g += 2) {
+            if (!(i & 63)) prefetch_next(db, cols, (g >> 1) * tile + i);
+            /* Two branches, so that the loop's look-ups need no test. */
+            if (g + 1 < groups)
+                nibble_column4_avx2(qs, lo, hi, cols + (g >> 1) * tile + i, (int64_t)g * table,
+                                    table, 1);
+            else
+                nibble_column4_avx2(qs, lo, hi, cols + (g >> 1) * tile + i, (int64_t)g * table,
+                                    table, 0);
+        }
+        int scanning = 0;
+        for (int j = 0; j < 4; j++) {
+            if (qs[j].threshold > 65535) continue;
+            scanning = 1;
+            SumsAvx2 s = {lo[j], hi[j], _mm256_setzero_si256(), 0};
+            finish_avx2(&qs[j], db, cols, &s, i, valid, start);
+        }
+        if (!scanning) return;
+    }
+}
+
 SUBIC_AVX2 static void tile_nibbles_avx2(Query *q, const Database *db, const uint8_t *cols,
                                          int64_t valid, int64_t start) {
     nibbles_avx2(q, 1, 4, db, cols, valid, start);
@@ -994,7 +1048,8 @@ static int cpu_runs(int kernel) {
    the kernel has no SIMD path for, are bounded in portable C), and its
    largest quantised entry `*qmax`; `*together`, where the kernel has one,
    scans `*shared` consecutive queries in one pass, sharing their code
-   loads (NULL: each query alone).
+   loads (NULL: each query alone), and `*pair` two, where fewer than
+   `*shared` are left (NULL: none).
 
    Items whose bound reaches the bar are scored exactly, and the bound's
    slack is G steps of range / qmax, so a smaller qmax lets more items
@@ -1007,16 +1062,16 @@ static int cpu_runs(int kernel) {
    Sums are 16-bit: G * qmax must stay below 2^16, and the x86 nibble
    kernels add a byte's two look-ups in a byte: qmax at most 127 there. */
 static TileKernel choose(const Database *db, int kernel, int *qmax, TileKernel *together,
-                         int *shared) {
+                         int *shared, TileKernel *pair) {
     /* Tiles hold a multiple of 64 items (the binding checks). */
     TileKernel chosen = db->bits == 8 ? tile_bytes_scalar : tile_scalar;
     int wanted = 255;
-    *together = NULL, *shared = 1;
+    *together = *pair = NULL, *shared = 1;
 #if SUBIC_X86
     if (kernel == KERNEL_AVX2 && db->tile % 64 == 0) {
         if (db->bits == 4 && db->tile % 128 == 0)
-            chosen = tile_nibbles_avx2, *together = tile_nibbles2_avx2, *shared = 2,
-            wanted = 127;
+            chosen = tile_nibbles_avx2, *together = tile_nibbles4_avx2, *shared = 4,
+            *pair = tile_nibbles2_avx2, wanted = 127;
         if (db->bits == 8 && db->table == 64) chosen = tile_split64_avx2, wanted = 63;
         if (db->bits == 8 && db->table == 128) chosen = tile_split128_avx2, wanted = 15;
         if (db->bits == 8 && db->table == 256) chosen = tile_split256_avx2, wanted = 15;
@@ -1062,9 +1117,9 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
                double *scores_out, int64_t *positions_out) {
     Database layout = *database;
     const Database *db = &layout;
-    TileKernel together; /* scans `shared` consecutive queries in one pass */
+    TileKernel together, pair; /* scan `shared` (two) consecutive queries in one pass */
     int shared;
-    const TileKernel kernel = choose(db, kernel_id, &layout.qmax, &together, &shared);
+    const TileKernel kernel = choose(db, kernel_id, &layout.qmax, &together, &shared, &pair);
     layout.per_byte = 255 / layout.qmax;
     const int64_t lut_size = (int64_t)db->groups * db->table;
     const int64_t num_tiles = (db->n + db->tile - 1) / db->tile;
@@ -1111,6 +1166,11 @@ static int run(const Database *database, const float *z, int64_t nq, int kernel_
                 if (together && j + shared <= count) {
                     together(&queries[j], db, cols, valid, start);
                     j += shared;
+                    continue;
+                }
+                if (pair && j + 2 <= count) {
+                    pair(&queries[j], db, cols, valid, start);
+                    j += 2;
                     continue;
                 }
                 if (queries[j].threshold <= 65535) kernel(&queries[j], db, cols, valid, start);

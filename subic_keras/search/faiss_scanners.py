@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from subic_keras.search import workers
-from subic_keras.search.scanner import Scanner, best_first
+from subic_keras.search.order import best_first
+from subic_keras.search.scanner import Scanner
 from subic_keras.search.store import CodeStore
 
 # faiss's fast scan: 16-bit sums of up to 256 8-bit entries; C int positions.

@@ -201,14 +201,22 @@ def shard_part(
     )
 
     key = instance.codes.second_code(instance_queries)
-    # The two searches only read, and run side by side: a batch's class ties
-    # are ordered on one core (in C, the GIL released), while the instance
-    # scan keeps the others busy.
-    class_search = workers.pool("subic-beside").submit(
-        codes.search_kept, queries, k, keep, key=key
-    )
-    near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
-    scores, ids = class_search.result()
+    if len(queries) < workers.cores():
+        # Fewer queries than cores: the instance scan splits its rows among
+        # them all, and the short class search follows it (a single query
+        # over 1,000,000 pictures: 3.2 ms against 3.4 side by side at k = 10,
+        # 3.4 against 3.8 at k = 100, on a 2-core AVX2-only EPYC).
+        near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
+        scores, ids = codes.search_kept(queries, k, keep, key=key)
+    else:
+        # The two searches only read, and run side by side: a batch's class
+        # ties are ordered on one core (in C, the GIL released), while the
+        # instance scan keeps the others busy.
+        class_search = workers.pool("subic-beside").submit(
+            codes.search_kept, queries, k, keep, key=key
+        )
+        near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
+        scores, ids = class_search.result()
     queries = np.asarray(queries, np.float32)  # checked by the search
     part: dict = {"scores": scores, "ids": ids, "near": []}
     if keys:  # what shards are merged by

@@ -18,24 +18,6 @@ from subic_keras.search import native
 from subic_keras.search.store import CodeStore
 
 
-def best_order(
-    scores: np.ndarray, positions: np.ndarray, k: int | None = None
-) -> np.ndarray:
-    """The columns of each row by score, highest first, equal scores by
-    position; its first `k`: the one order every scan and every merge of
-    shards' results gives (`best_first`, `sharding`)."""
-    return np.lexsort((positions, -scores), axis=-1)[:, :k]
-
-
-def best_first(scores: np.ndarray, positions: np.ndarray, k: int | None = None):
-    """Each row by score, highest first, equal scores by position; its first `k`."""
-    order = best_order(scores, positions, k)
-    return (
-        np.take_along_axis(scores, order, axis=1),
-        np.take_along_axis(positions, order, axis=1),
-    )
-
-
 class Scanner(abc.ABC):
     """Ranks a `CodeStore`; keeps a layout of it in step with its versions."""
 

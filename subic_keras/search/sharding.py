@@ -17,7 +17,7 @@ whole database:
   to float32, as `search` returns them, may tie where the sums differ.)
   Ray actors (`ray_index.RayIndex`) merge their shards' answers so.
 
-Both order by `scanner.best_order` (score, then position across the
+Both order by `order.best_order` (score, then position across the
 shards), the order of one scan of the whole database.
 """
 
@@ -32,7 +32,7 @@ from subic_keras._validation import check_int
 from subic_keras.search.base import Searcher
 from subic_keras.search.checks import duplicates, preview
 from subic_keras.search.items import IdColumns
-from subic_keras.search.scanner import best_first, best_order
+from subic_keras.search.order import best_first, best_order
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.views import View, top_k
 

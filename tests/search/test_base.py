@@ -6,7 +6,7 @@ import pytest
 
 from subic_keras.search import ImageIndex, RayIndex, SubicIndex
 from subic_keras.search.base import PictureIndex, Searcher
-from subic_keras.search.scanner import best_first, best_order
+from subic_keras.search.order import best_first, best_order
 
 
 def test_both_picture_indexes_are_one_interface(tmp_path):

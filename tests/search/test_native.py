@@ -125,6 +125,34 @@ def test_after_remove_and_add(rng, kernel, block_size):
 
 
 @needs_native
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("repeats", [False, True])
+def test_fewer_queries_than_threads_split_the_rows(rng, kernel, repeats, monkeypatch):
+    """A single query scans ranges of rows on several threads and merges
+    their top k: the same answer as one scan, equal codes by position
+    across ranges, with a filter and with `k` beyond a range's items."""
+    monkeypatch.setattr(native, "_RANGE_BYTES", 512 * 8)  # rows of 8 bytes
+    # 9 tiles of codes, or 3 of distinct codes, each about 3 times
+    distinct = random_codes(rng, 3000 if repeats else 9000, 16, 16)
+    codes = distinct[rng.permutation(9000) % len(distinct)]
+    index = SubicIndex(16, 16, f"native-{kernel}")
+    ids = index.add(codes)
+    queries = adversarial_queries(rng, 16, 16)
+    split, merge = [], native.best_first
+    monkeypatch.setattr(native, "best_first", lambda *a: split.append(1) or merge(*a))
+    monkeypatch.setattr(native.workers, "cores", lambda: 3)
+    for k in (1, 100, 5000):
+        for query in queries:
+            check(index, query[None], codes, ids, k)
+    assert len(split) == 3 * len(queries)
+    keep = rng.random(len(codes)) < 0.2
+    scores, found = index.search_kept(queries[:1], 50, keep)
+    want_scores, want_ids = brute_search(queries[:1], codes[keep], ids[keep], 50, 16)
+    np.testing.assert_array_equal(found, want_ids)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-6, atol=1e-30)
+
+
+@needs_native
 def test_sharded(rng):
     codes = random_codes(rng, 6000, 8, 64)
     index = SubicIndex(8, 64)

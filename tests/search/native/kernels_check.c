@@ -80,9 +80,9 @@ int main(void) {
     static const int shapes[][2] = {{1, 2},  {3, 4},   {13, 8},  {8, 16},  {5, 16},
                                     {16, 16}, {6, 32}, {8, 64},  {3, 128}, {8, 256},
                                     {17, 256}, {4, 1024}};
-    /* 11 queries: a full group of 8 (scanned two or four at a time by the
-       x86 nibble kernels), then 3 (a pair and one alone on AVX2, three alone
-       on AVX-512). */
+    /* 11 queries: a full group of 8 (scanned four at a time by the x86
+       nibble kernels), then 3 (a pair and one alone on AVX2, three alone on
+       AVX-512). */
     enum { nq = 11 };
     const int n = 2500;
     int checked = 0;
