@@ -347,6 +347,16 @@ KNOWN["search_speed_avx512_256.json"] = (
     "Search speed at 64 blocks of 16 (256 bits), AVX-512",
     KNOWN["search_speed.json"][1],
 )
+# The same shape on an AVX2-only CPU, and before four queries shared each
+# load there (two did) and a single query split the rows among threads.
+KNOWN["search_speed_avx2_256.json"] = (
+    "Search speed at 64 blocks of 16 (256 bits), AVX2 only",
+    KNOWN["search_speed.json"][1],
+)
+KNOWN["search_speed_avx2_256_two_queries.json"] = (
+    "Search speed at 64 blocks of 16 (256 bits), AVX2 only, two queries a load",
+    KNOWN["search_speed.json"][1],
+)
 # The same, each single query timed with the index out of the caches.
 KNOWN["search_speed_cold_128.json"] = (
     "Search speed at 32 blocks of 16 (128 bits), AVX-512, caches swept",
@@ -364,6 +374,10 @@ KNOWN["search_speed_48b_k64.json"] = (
 )
 KNOWN["two_codes.json"] = (
     "Both codes in one index: the whole answer against the instance scan",
+    render_generic,
+)
+KNOWN["two_codes_avx2.json"] = (
+    "Both codes in one index, AVX2 only",
     render_generic,
 )
 KNOWN["filter_speed.json"] = (

@@ -39,6 +39,32 @@ def _summary_search_speed(data: dict) -> tuple[str, str]:
     return "exact search against faiss Hamming at equal bits, 1M codes", figure
 
 
+def _summary_instance_scan(data: dict) -> tuple[str, str]:
+    """One shape of random codes (the instance code's), by batch size."""
+    rows = [
+        r
+        for r in data["ratios"]
+        if r["data"] == "random" and r["method"].startswith("native-")
+    ]
+    first = rows[0]
+    batches = sorted({r["batch"] for r in rows}, reverse=True)
+    by_kernel: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by_kernel.setdefault(r["method"], {})[r["batch"]] = r["qps_over_hamming"]
+    figure = "; ".join(
+        f"{kernel.removeprefix('native-')} "
+        + " / ".join(f"{ratios[b]:.2f}x" for b in batches)
+        for kernel, ratios in by_kernel.items()
+    )
+    what = (
+        f"instance scan ({first['bits']} bits, {first['num_blocks']} blocks of "
+        f"{first['block_size']}) against faiss Hamming at equal bits, "
+        f"{data['settings']['num_items']:,} codes, batches of "
+        + " / ".join(f"{b:,}" for b in batches)
+    )
+    return what, figure
+
+
 def _summary_filter_speed(data: dict) -> tuple[str, str]:
     best = [r for r in data["rows"] if r["scanner"] == data["rows"][0]["scanner"]]
     figure = ", ".join(
@@ -218,6 +244,7 @@ _SUMMARIES = {
     "unseen_classes_full_splits.json": _summary_unseen_classes,
     "train_recipe.json": _summary_train_recipe,
     "search_speed.json": _summary_search_speed,
+    "search_speed_avx2_256.json": _summary_instance_scan,
     "filter_speed.json": _summary_filter_speed,
     "near_duplicates.json": _summary_near_duplicates,
     "held_out_families.json": _summary_held_out_families,
