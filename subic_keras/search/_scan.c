@@ -572,9 +572,8 @@ SUBIC_AVX2 ALWAYS_INLINE static inline void nibble_column4_avx2(Query *qs, __m25
 /* Four consecutive queries sharing every code load, 32 items at a time:
    the nibbles taken apart once for four queries rather than two, for a
    second table load per query (load ports are less busy than the
-   shuffle and shift ports both need). On an AVX2-only EPYC (family 25)
-   one core scanned 12 to 24 % more queries a second than two queries a
-   load, at 64 to 256 bits. */
+   shuffle and shift ports both need); measured against two queries a
+   load in docs/instance.md, "Search speed". */
 SUBIC_AVX2 static void tile_nibbles4_avx2(Query *qs, const Database *db, const uint8_t *cols,
                                           int64_t valid, int64_t start) {
     const int64_t tile = db->tile;

@@ -201,11 +201,11 @@ def shard_part(
     )
 
     key = instance.codes.second_code(instance_queries)
-    if len(queries) < workers.cores():
-        # Fewer queries than cores: the instance scan splits its rows among
-        # them all, and the short class search follows it (a single query
-        # over 1,000,000 pictures: 3.2 ms against 3.4 side by side at k = 10,
-        # 3.4 against 3.8 at k = 100, on a 2-core AVX2-only EPYC).
+    if len(queries) < workers.cores() and instance.codes.scanner.startswith("native-"):
+        # Fewer queries than cores: the native instance scan splits its rows
+        # among them all, and the short class search follows it rather than
+        # taking a core from it (docs/search.md, "Ties ordered by the
+        # instance code"); faiss's scans do not split, and keep it beside.
         near, near_ids = instance.codes.search_kept(instance_queries, k, keep)
         scores, ids = codes.search_kept(queries, k, keep, key=key)
     else:

@@ -262,11 +262,7 @@ def search(
 # A single query (or fewer chunks of queries than threads) splits the rows
 # among the threads in ranges of at least this many bytes of codes: a
 # smaller range scans in less time than handing it to a kept thread takes
-# (0.2 ms on a 2-core virtual machine, an AMD EPYC of family 25). There,
-# a single query over 30 MB of codes (1,000,000 of 256 bits, 2,000,000
-# of 128, 4,000,000 of 64) ran 1.17 to 1.48 times as fast on two threads
-# as on one, and one over 8 MB (1,000,000 codes of 64 bits, 262,144 of
-# 256) ran slower: 0.71 and 0.81 times.
+# (measured in docs/search.md, "Search").
 _RANGE_BYTES = 12 << 20
 
 
