@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +108,49 @@ def load_benchmark():
         return importlib.import_module(f"benchmarks.{name}")
 
     return load
+
+
+@pytest.fixture(scope="session")
+def run_benchmark():
+    """Runs `python -m benchmarks.<name> *argv` in this process: its `main()`
+    with `sys.argv` as that command line sets it (the command recorded in
+    its JSON included), without starting TensorFlow in another process.
+    Returns what it printed."""
+
+    def run(name: str, *argv) -> str:
+        module = importlib.import_module(f"benchmarks.{name}")
+        printed = io.StringIO()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", [module.__file__, *map(str, argv)])
+            with contextlib.redirect_stdout(printed):
+                module.main()
+        return printed.getvalue()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def mirrored_checks() -> dict:
+    """What `tests/distribute_check.py` measured under a 2-replica
+    `MirroredStrategy`: `{"losses": ..., "recipe": ...}`. One process for both
+    (the tests that read it are in the xdist group "mirrored")."""
+    import json
+    import subprocess
+
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join(
+        filter(None, [str(tests.parent), os.environ.get("PYTHONPATH")])
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, str(tests / "distribute_check.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")

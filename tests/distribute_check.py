@@ -1,7 +1,10 @@
-"""Compares SuBiC's loss and gradients on one device and on 2 mirrored replicas.
+"""SuBiC under a 2-replica `MirroredStrategy` on CPU: its loss and gradients
+against one device (`tests/test_losses.py`), and the recipe's training
+(`tests/test_recipe.py`).
 
 Run as a script (the logical CPU devices must be configured before TensorFlow
-initialises); prints one JSON line.
+initialises; both checks share one start-up); prints one JSON line,
+`{"losses": ..., "recipe": ...}`.
 """
 
 import json
@@ -16,9 +19,15 @@ tf.config.set_logical_device_configuration(
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from subic_keras import build_subic, losses  # noqa: E402
+from subic_keras import build_subic, losses, recipe  # noqa: E402
 
 NUM_BLOCKS, BLOCK_SIZE, CLASSES, BATCH = 4, 8, 5, 64
+
+
+# One strategy for both checks: a second one in the same process would number
+# its collective operations from the same start, and TensorFlow would mix
+# them up with the first one's.
+STRATEGY = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def build():
@@ -41,37 +50,68 @@ def one_step(model, x, y):
     return history.history, [b - a for b, a in zip(before, after)]
 
 
-rng = np.random.default_rng(0)
-x = rng.normal(size=(BATCH, 12)).astype("float32")
-y = rng.integers(0, CLASSES, BATCH)
+def check_losses() -> dict:
+    """One SGD step on one device and on 2 replicas, and batch entropies."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH, 12)).astype("float32")
+    y = rng.integers(0, CLASSES, BATCH)
 
-single_history, single_grads = one_step(build(), x, y)
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-with strategy.scope():
-    mirrored = build()
-mirrored_history, mirrored_grads = one_step(mirrored, x, y)
+    single_history, single_grads = one_step(build(), x, y)
+    with STRATEGY.scope():
+        model = build()
+    mirrored_history, mirrored_grads = one_step(model, x, y)
 
-probs = build().predict(x, verbose=0)["block_probs"]
-halves = [
-    losses.batch_block_entropy(half, NUM_BLOCKS, BLOCK_SIZE).numpy()
-    for half in np.split(probs, 2)
-]
-print(
-    json.dumps(
-        {
-            "replicas": strategy.num_replicas_in_sync,
-            "single_loss": single_history["loss"][0],
-            "mirrored_loss": mirrored_history["loss"][0],
-            "single_batch_term": single_history["block_probs_loss"][0],
-            "mirrored_batch_term": mirrored_history["block_probs_loss"][0],
-            "max_gradient": float(max(np.abs(g).max() for g in single_grads)),
-            "max_gradient_difference": float(
-                max(np.abs(a - b).max() for a, b in zip(single_grads, mirrored_grads))
+    probs = build().predict(x, verbose=0)["block_probs"]
+    halves = [
+        losses.batch_block_entropy(half, NUM_BLOCKS, BLOCK_SIZE).numpy()
+        for half in np.split(probs, 2)
+    ]
+    return {
+        "replicas": STRATEGY.num_replicas_in_sync,
+        "single_loss": single_history["loss"][0],
+        "mirrored_loss": mirrored_history["loss"][0],
+        "single_batch_term": single_history["block_probs_loss"][0],
+        "mirrored_batch_term": mirrored_history["block_probs_loss"][0],
+        "max_gradient": float(max(np.abs(g).max() for g in single_grads)),
+        "max_gradient_difference": float(
+            max(np.abs(a - b).max() for a, b in zip(single_grads, mirrored_grads))
+        ),
+        "per_replica_batch_entropy": float(np.mean(halves)),
+        "global_batch_entropy": float(
+            losses.batch_block_entropy(probs, NUM_BLOCKS, BLOCK_SIZE).numpy()
+        ),
+    }
+
+
+def check_recipe() -> dict:
+    """The recipe (pre-training, then SuBiC) under 2 replicas."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(scale=3.0, size=(4, 12))
+    labels = rng.integers(0, 4, 400)
+    features = (centers[labels] + rng.normal(size=(400, 12))).astype("float32")
+
+    with STRATEGY.scope():
+        keras.utils.set_random_seed(0)
+        backbone = keras.Sequential(
+            [keras.Input((12,)), keras.layers.Dense(16, activation="relu")]
+        )
+        _, summary = recipe.train_subic(
+            backbone,
+            4,
+            8,
+            features[:320],
+            labels[:320],
+            (features[320:], labels[320:]),
+            recipe=recipe.Recipe(
+                pretrain_epochs=1, epochs=2, batch_size=32, augment=False
             ),
-            "per_replica_batch_entropy": float(np.mean(halves)),
-            "global_batch_entropy": float(
-                losses.batch_block_entropy(probs, NUM_BLOCKS, BLOCK_SIZE).numpy()
-            ),
-        }
-    )
-)
+        )
+    return {
+        "replicas": STRATEGY.num_replicas_in_sync,
+        "best_epoch": summary["best_epoch"],
+        "query": summary["query"],
+        "validation_map": summary["validation_map"][summary["query"]],
+    }
+
+
+print(json.dumps({"losses": check_losses(), "recipe": check_recipe()}))

@@ -13,6 +13,10 @@ from limits import with_memory_limit
 from subic_keras import Subic
 from subic_keras.cli import main
 
+# One worker runs them all (the README's `--dist loadgroup`): the digits model
+# most of them use is trained once.
+pytestmark = pytest.mark.xdist_group("cli")
+
 
 def test_train_on_digits(tmp_path, capsys):
     out = tmp_path / "run"
@@ -262,22 +266,21 @@ def test_commands_default_to_the_models_own_data(digits_model, tmp_path, capsys)
 
 @pytest.mark.slow
 def test_milvus_collection_from_the_command_line(digits_model, tmp_path, capsys):
-    """A Milvus URI as the index of index build, search and evaluate (in
-    subprocesses: Milvus Lite's in-process server does not mix with pytest's
-    output capture), against the same commands on a `.subic` file (here)."""
+    """A Milvus URI as the index of index build, search and evaluate, against
+    the same commands on a `.subic` file."""
     pytest.importorskip("pymilvus", reason="the [milvus] extra")
     import numpy as np
 
     from subic_keras.datasets import load_images
 
     def subic(*arguments):
-        done = subprocess.run(
-            [sys.executable, "-m", "subic_keras.cli", *map(str, arguments)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return done.returncode, done.stdout, done.stderr
+        capsys.readouterr()
+        try:
+            code = main([*map(str, arguments)])
+        except SystemExit as stop:
+            code = stop.code
+        done = capsys.readouterr()
+        return code, done.out, done.err
 
     uri = tmp_path / "codes.db"
     collection = ["--collection", "digits"]
@@ -340,8 +343,10 @@ def test_commands_print_no_tensorflow_log_lines(digits_model, tmp_path):
     np.save(tmp_path / "queries.npy", x_test[:3])
     index = str(tmp_path / "db.subic")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
+    # Built here: `search` loads the model and runs it as `index build` does.
+    build = ["index", "build", digits_model, "--dataset", "digits", "--output", index]
+    assert main(build) == 0
     for command in (
-        ["index", "build", digits_model, "--dataset", "digits", "--output", index],
         ["export", digits_model, "--output-dir", str(tmp_path / "out"), "--int8",
          "--litert", "--representative-data", "digits"],
         ["search", digits_model, index, str(tmp_path / "queries.npy"), "-k", "2"],

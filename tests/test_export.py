@@ -31,7 +31,9 @@ from subic_keras.instance import build_instance_subic
 from subic_keras.training import standardization
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
-pytestmark = pytest.mark.slow
+# One worker runs them all (the README's `--dist loadgroup`): the model they
+# export is trained once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export")]
 
 REPO = Path(__file__).resolve().parents[1]
 M, K = 4, 16

@@ -1,8 +1,3 @@
-import json
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -189,17 +184,10 @@ def test_config_round_trip(loss):
 
 
 @pytest.mark.slow
-def test_mirrored_strategy_matches_one_device():
+@pytest.mark.xdist_group("mirrored")
+def test_mirrored_strategy_matches_one_device(mirrored_checks):
     """Batch entropy on the global batch: same loss and gradients on 2 replicas."""
-    script = os.path.join(os.path.dirname(__file__), "distribute_check.py")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, script], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = mirrored_checks["losses"]
     assert result["replicas"] == 2
     np.testing.assert_allclose(
         result["mirrored_loss"], result["single_loss"], rtol=1e-5

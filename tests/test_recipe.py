@@ -1,7 +1,5 @@
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -218,13 +216,9 @@ def test_bad_inputs(data, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_subic_under_mirrored_strategy():
-    script = os.path.join(os.path.dirname(__file__), "recipe_distribute_check.py")
-    done = subprocess.run(
-        [sys.executable, script], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+@pytest.mark.xdist_group("mirrored")
+def test_train_subic_under_mirrored_strategy(mirrored_checks):
+    result = mirrored_checks["recipe"]
     assert result["replicas"] == 2
     assert result["best_epoch"] in (1, 2) and result["query"] in QUERY_KINDS
     assert result["validation_map"] > 0.5

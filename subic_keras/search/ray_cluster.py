@@ -39,7 +39,29 @@ def ray_module(address: str | None = None, probe_seconds: float = 5.0):
             include_dashboard=False,
             logging_level=logging.ERROR,  # a command's output stays its own
         )
+    _cluster_messages_to_stderr(ray)
     return ray
+
+
+def _cluster_messages_to_stderr(ray) -> None:
+    """Sends the messages Ray's driver prints for the cluster to stderr.
+
+    Whatever `log_to_driver` says, a driver prints the raylet's warnings
+    ("4 PYTHON worker processes have been started on node ...") to stdout,
+    where they would land among a command's answers (`--json` lines). Ray
+    exposes no option for it: its printing function is wrapped, where this
+    version of Ray has it.
+    """
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    printing = getattr(worker, "print_to_stdstream", None)
+    if worker is None or printing is None or getattr(printing, "to_stderr", False):
+        return
+
+    def to_stderr(data, ignore_prefix):
+        return printing({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 def _probe_cluster(address: str | None, seconds: float) -> None:

@@ -18,6 +18,7 @@ from subic_keras.search.manifests import (
     read_manifest,
     save_shards,
 )
+from subic_keras.search.ray_cluster import ray_module
 from subic_keras.search.ray_index import RayIndex, ShardUnavailableError
 
 ray = pytest.importorskip("ray", reason="the [ray] extra")
@@ -485,6 +486,20 @@ def test_the_command_line_searches_and_evaluates_a_manifest(cluster, tmp_path, c
                 (capsys.readouterr().out.splitlines()[:15], json.load(handle)["map"])
             )
     assert found[0] == found[1]
+
+
+def test_the_cluster_s_messages_stay_off_a_command_s_output(cluster, capsys):
+    """Ray's driver prints the raylet's warnings to stdout whatever
+    `log_to_driver` says ("4 PYTHON worker processes have been started on
+    node ..."); once joined, they go to stderr, off the `--json` lines."""
+    import ray
+
+    ray_module()
+    ray_module()  # wrapped once
+    message = {"lines": ["4 PYTHON worker processes"], "pid": "raylet", "is_err": False}
+    ray._private.worker.print_to_stdstream(message, ignore_prefix=False)
+    out, err = capsys.readouterr()
+    assert out == "" and "4 PYTHON worker processes" in err
 
 
 def test_a_shard_that_fails_to_load_is_named_in_one_line(cluster, tmp_path, rng):
