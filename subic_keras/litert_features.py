@@ -294,9 +294,9 @@ class LiteRTFeatureExtractor:
         )
         if identity:
             return np.ascontiguousarray(pixels)
-        # One affine map in place, `pixels * gain + offset`: the
-        # normalization, and for an integer input its quantization too, in
-        # two passes over the batch instead of five new arrays.
+        # One affine map, `pixels * gain + offset`, computed in place: the
+        # normalization, and for an integer input its quantization too,
+        # without a new array for each step.
         gain = 1.0 / self.input_std
         offset = -self.input_mean / self.input_std
         if self._input_dtype.kind != "f":
