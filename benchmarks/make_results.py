@@ -328,50 +328,51 @@ KNOWN["search_speed.json"] = (
     "Search speed",
     lambda data: [*render_search_speed(data), "", *search_kernel_table(data)],
 )
-# The 64-bit instance code's shape (M = 16, K = 16) on an AVX2-only CPU.
-KNOWN["search_speed_avx2_k16.json"] = (
-    "Search speed at 16 blocks of 16, AVX2 only",
-    KNOWN["search_speed.json"][1],
-)
-# The instance code's shape at 128 bits (M = 32, K = 16) on the same CPU.
-KNOWN["search_speed_avx2_128.json"] = (
-    "Search speed at 32 blocks of 16 (128 bits), AVX2 only",
-    KNOWN["search_speed.json"][1],
-)
-KNOWN["search_speed_avx512_128.json"] = (
-    "Search speed at 32 blocks of 16 (128 bits), AVX-512",
-    KNOWN["search_speed.json"][1],
-)
-# The shipped instance code's shape, 256 bits (M = 64, K = 16).
-KNOWN["search_speed_avx512_256.json"] = (
-    "Search speed at 64 blocks of 16 (256 bits), AVX-512",
-    KNOWN["search_speed.json"][1],
-)
-# The same shape on an AVX2-only CPU, and before four queries shared each
-# load there (two did) and a single query split the rows among threads.
-KNOWN["search_speed_avx2_256.json"] = (
-    "Search speed at 64 blocks of 16 (256 bits), AVX2 only",
-    KNOWN["search_speed.json"][1],
-)
-KNOWN["search_speed_avx2_256_two_queries.json"] = (
-    "Search speed at 64 blocks of 16 (256 bits), AVX2 only, two queries a load",
-    KNOWN["search_speed.json"][1],
-)
-# The same, each single query timed with the index out of the caches.
-KNOWN["search_speed_cold_128.json"] = (
-    "Search speed at 32 blocks of 16 (128 bits), AVX-512, caches swept",
-    KNOWN["search_speed.json"][1],
-)
-# `subic train`'s 48-bit codes: 12 blocks of 16 (today's default) and 8
-# blocks of 64 (the earlier one), measured one after the other.
-KNOWN["search_speed_48b_k16.json"] = (
-    "Search speed at 12 blocks of 16 (48 bits, `subic train`'s default)",
-    KNOWN["search_speed.json"][1],
-)
-KNOWN["search_speed_48b_k64.json"] = (
-    "Search speed at 8 blocks of 64 (48 bits, the earlier default)",
-    KNOWN["search_speed.json"][1],
-)
+# Other shapes and CPUs, rendered as search_speed.json is.
+for name, title in (
+    # The 64-bit instance code's shape (M = 16, K = 16) on an AVX2-only CPU.
+    ("search_speed_avx2_k16.json", "Search speed at 16 blocks of 16, AVX2 only"),
+    # The instance code's shape at 128 bits (M = 32, K = 16) on the same CPU.
+    (
+        "search_speed_avx2_128.json",
+        "Search speed at 32 blocks of 16 (128 bits), AVX2 only",
+    ),
+    (
+        "search_speed_avx512_128.json",
+        "Search speed at 32 blocks of 16 (128 bits), AVX-512",
+    ),
+    # The shipped instance code's shape, 256 bits (M = 64, K = 16).
+    (
+        "search_speed_avx512_256.json",
+        "Search speed at 64 blocks of 16 (256 bits), AVX-512",
+    ),
+    # The same shape on an AVX2-only CPU, and before four queries shared each
+    # load there (two did) and a single query split the rows among threads.
+    (
+        "search_speed_avx2_256.json",
+        "Search speed at 64 blocks of 16 (256 bits), AVX2 only",
+    ),
+    (
+        "search_speed_avx2_256_two_queries.json",
+        "Search speed at 64 blocks of 16 (256 bits), AVX2 only, two queries a load",
+    ),
+    # The same, each single query timed with the index out of the caches.
+    (
+        "search_speed_cold_128.json",
+        "Search speed at 32 blocks of 16 (128 bits), AVX-512, caches swept",
+    ),
+    # `subic train`'s 48-bit codes: 12 blocks of 16 (today's default) and 8
+    # blocks of 64 (the earlier one), measured one after the other.
+    (
+        "search_speed_48b_k16.json",
+        "Search speed at 12 blocks of 16 (48 bits, `subic train`'s default)",
+    ),
+    (
+        "search_speed_48b_k64.json",
+        "Search speed at 8 blocks of 64 (48 bits, the earlier default)",
+    ),
+):
+    KNOWN[name] = (title, KNOWN["search_speed.json"][1])
 KNOWN["two_codes.json"] = (
     "Both codes in one index: the whole answer against the instance scan",
     render_generic,

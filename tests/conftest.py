@@ -111,14 +111,14 @@ def load_benchmark():
 
 
 @pytest.fixture(scope="session")
-def run_benchmark():
+def run_benchmark(load_benchmark):
     """Runs `python -m benchmarks.<name> *argv` in this process: its `main()`
     with `sys.argv` as that command line sets it (the command recorded in
     its JSON included), without starting TensorFlow in another process.
     Returns what it printed."""
 
     def run(name: str, *argv) -> str:
-        module = importlib.import_module(f"benchmarks.{name}")
+        module = load_benchmark(name)
         printed = io.StringIO()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(sys, "argv", [module.__file__, *map(str, argv)])
