@@ -11,7 +11,10 @@ are two of them. The substitutions, all for time:
   cannot run inside itself, and `.ci/run` runs it as written (a test here
   holds it to that);
 - `subic train` runs 0 + 1 epochs on at most 500 pictures
-  (`--pretrain-epochs 0 --epochs 1 --max-train-images 500`);
+  (`--pretrain-epochs 0 --epochs 1 --max-train-images 500`), and the
+  commands of `--dataset cifar10` models see CIFAR-10's first 2,000
+  training and 1,500 test images (still over 100 of each class, so
+  `evaluate` keeps the paper's protocol);
 - `subic serve` runs on a free port until `/health` answers;
 - the Keras snippets see 200 CIFAR-10 training images (`load_cifar10` is
   patched) and `train_subic`'s default recipe pre-trains 10 epochs, not
@@ -119,6 +122,18 @@ def workdir(tmp_path_factory, shared_data_dir):
 
 
 @pytest.fixture
+def cifar10_part(shared_data_dir, monkeypatch):
+    full = sk.datasets.load_cifar10
+
+    def part(data_dir, **kwargs):
+        assert Path(data_dir).name == "data"  # the user's directory, as named
+        train, (x_test, y_test) = full(shared_data_dir, max_per_split=2000)
+        return train, (x_test[:1500], y_test[:1500])
+
+    monkeypatch.setattr(sk.datasets, "load_cifar10", part)
+
+
+@pytest.fixture
 def small_cifar10(shared_data_dir, monkeypatch):
     defaults = sk.recipe.train_subic.__kwdefaults__
     assert defaults["recipe"].pretrain_epochs == 100
@@ -182,13 +197,15 @@ def test_setup_block_runs_as_written(workdir, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_command_line_and_milvus_blocks_run_as_written(workdir, monkeypatch):
+def test_command_line_and_milvus_blocks_run_as_written(
+    workdir, cifar10_part, monkeypatch
+):
     monkeypatch.chdir(workdir)
     bash = _bash_blocks()
     run_bash(bash[1], workdir)  # train, index build, evaluate, export
     assert (workdir / "runs/cifar48/best.keras").is_file()
     # The model's own data: CIFAR-10's test split, the paper's protocol.
-    assert len(sk.SubicIndex.load(workdir / "db.subic")) == 10_000
+    assert len(sk.SubicIndex.load(workdir / "db.subic")) == 1500
     result = json.loads((workdir / "eval.json").read_text())
     assert result["protocol"] == "paper" and result["dataset"] == "cifar10"
     assert (workdir / "serving").is_dir()
