@@ -19,6 +19,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from subic_keras.prebuild import build_training_state
+
 # `PIXEL_LEVELS[i] == np.float32(i) / np.float32(255)`, exactly.
 PIXEL_LEVELS = np.arange(256, dtype=np.float32) / np.float32(255.0)
 
@@ -70,3 +72,8 @@ class ImageModel(keras.Model):
     def call(self, inputs, training=None, mask=None, **kwargs):
         inputs = keras.tree.map_structure(scale_pixels, inputs)
         return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        # The first train step is traced once, not twice (`prebuild`).
+        build_training_state(self, x, y)
+        return super().fit(x, y, *args, **kwargs)

@@ -22,6 +22,7 @@ from subic_keras.callbacks import BestWeights
 from subic_keras.config import Recipe
 from subic_keras.models import leaf_layers
 from subic_keras.paths import read_bytes
+from subic_keras.prebuild import build_training_state
 from subic_keras.training_data import Split, _data_digest, _digest, check_data
 
 _CACHE_FORMAT = 1
@@ -280,8 +281,10 @@ def pretrain_backbone(
                 continue  # this phase ended before the interruption
             start_at = max(first, resumed)
             phase_callbacks.insert(1, _Progress(partial, selector))
+        batches = training.training_batches(recipe, seed)
+        build_training_state(classifier, batches)
         classifier.fit(
-            training.training_batches(recipe, seed),
+            batches,
             validation_data=held_out.validation_batches(seed),
             epochs=last,
             initial_epoch=start_at,

@@ -53,6 +53,7 @@ MODULES = (
     "subic_keras.instance",
     "subic_keras.copies",
     "subic_keras.pixels",
+    "subic_keras.prebuild",
     "subic_keras.folders",
     "subic_keras.streams",
 )
