@@ -171,22 +171,50 @@ def feature_subic():
     return build_subic(feature_input(16), 4, 8, 4, input_shape=(16,))
 
 
-@pytest.fixture(scope="session")
+_RAY_CLUSTER: list = []  # `[(cluster, workers)]` while one runs
+
+
+@pytest.fixture(scope="module")
 def ray_cluster():
     """A Ray head and two worker nodes of one CPU each, all on this machine
     (`ray.cluster_utils.Cluster`), joined by this process: `(cluster,
     workers)`. The tests that use it are in the xdist group "ray", so one
-    worker runs them all, on one cluster."""
+    worker runs them all, one after the other, on one cluster; it stops
+    after the last of them (`pytest_runtest_teardown`), since an idle
+    cluster's processes take CPU time from the rest of the run."""
     ray = pytest.importorskip("ray", reason="the [ray] extra")
-    from ray import cluster_utils
+    if not _RAY_CLUSTER:
+        from ray import cluster_utils
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cluster = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1}
-    )
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster, workers
-    ray.shutdown()
-    cluster.shutdown()
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        cluster = cluster_utils.Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1}
+        )
+        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        _RAY_CLUSTER.append((cluster, workers))
+    return _RAY_CLUSTER[0]
+
+
+def _stop_ray_cluster() -> None:
+    if _RAY_CLUSTER:
+        import ray
+
+        cluster, _ = _RAY_CLUSTER.pop()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _in_ray_group(item) -> bool:
+    marker = item.get_closest_marker("xdist_group")
+    return marker is not None and marker.args[:1] == ("ray",)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    # Once the module fixtures that used it are finalized: the cluster stops
+    # when the next test is not of the group "ray" (`--dist loadgroup` runs
+    # the group's modules in one stretch; a later one starts a new cluster).
+    if _RAY_CLUSTER and (nextitem is None or not _in_ray_group(nextitem)):
+        _stop_ray_cluster()
