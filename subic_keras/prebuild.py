@@ -5,9 +5,8 @@ optimizer slots, metric and loss-tracker variables while TensorFlow traces
 the first train step. A `tf.function` whose first trace creates variables
 is traced a second time without them, so the train step of every new model
 is traced twice. Built first from the shapes of the training data, as Keras
-itself does under a strategy, it is traced once: on CPU that halves the
-time before the first batch (1.98 s against 3.86 s for a DSH-CNN SuBiC
-model, AMD EPYC family 25 model 1).
+itself does under a strategy, it is traced once, which on a CPU about
+halves the time a small model waits before its first batch.
 """
 
 from __future__ import annotations
