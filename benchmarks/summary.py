@@ -167,6 +167,15 @@ def _summary_cold_start(data: dict) -> tuple[str, str]:
     )
 
 
+def _unseen_budget(settings: dict) -> str:
+    epochs = (settings["pretrain_epochs"], settings["epochs"])
+    counts = f"{epochs[0]} pre-training + {epochs[1]} SuBiC epochs"
+    if settings.get("budget") != "subic train's defaults":
+        return counts
+    # Files written before the values were recorded hold `None` for both.
+    return "`subic train`'s defaults" + ("" if None in epochs else f" ({counts})")
+
+
 def _summary_unseen_classes(data: dict) -> tuple[str, str]:
     means, settings = data["mean_map"], data["settings"]
     key = max((k for k in means if k.startswith("unseen")), key=lambda k: int(k[7:]))
@@ -174,12 +183,7 @@ def _summary_unseen_classes(data: dict) -> tuple[str, str]:
     paper = means.get(f"paper {bits}", {})
     return (
         f"mAP on CIFAR-10 classes held out of training (unseen), {bits} bits, "
-        + (
-            "`subic train`'s defaults"
-            if settings["pretrain_epochs"] is None and settings["epochs"] is None
-            else f"{settings['pretrain_epochs']} pre-training + {settings['epochs']} "
-            "SuBiC epochs"
-        )
+        + _unseen_budget(settings)
         + f", K = {settings.get('block_size', 64)}"
         + (
             f", split {settings['splits'][0]}"

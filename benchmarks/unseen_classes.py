@@ -129,6 +129,11 @@ def _budget(args) -> dict:
     return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
 
 
+def _effective(args, key: str) -> int:
+    value = getattr(args, key)
+    return getattr(TrainConfig, key) if value is None else value
+
+
 def _name(bits: int, excluded, budget: dict, block_size: int) -> str:
     """A cached run's folder name (K absent where it is 64, as in the first
     runs)."""
@@ -238,8 +243,10 @@ def main(argv=None) -> dict:
             "splits": args.splits,
             "bits": args.bits,
             "block_size": args.block_size,
-            "pretrain_epochs": args.pretrain_epochs,
-            "epochs": args.epochs,
+            # The values trained with: `TrainConfig`'s defaults where unset
+            # (files written before recorded `None` for those).
+            "pretrain_epochs": _effective(args, "pretrain_epochs"),
+            "epochs": _effective(args, "epochs"),
             "max_train_images": args.max_train_images,
             "budget": "subic train's defaults"
             if args.pretrain_epochs is None
