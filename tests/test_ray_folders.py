@@ -91,7 +91,8 @@ def built(ray_cluster, tmp_path_factory):
     build = ["index", "build", model, str(root), "--output", str(manifest)]
     build += ["--instance-model", ruled]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([*build, "--shards", "3", "--batch-size", "8"])
+        # One encoder actor, where the interrupted build had the default two.
+        status = main([*build, "--shards", "3", "--batch-size", "8", "--encoders", "1"])
     return {
         "base": base,
         "model": model,
@@ -189,9 +190,14 @@ def test_an_interrupted_build_resumes_from_the_command_line(built, tmp_path, cap
         (
             ["index", "build", model, str(root), "--output", str(tmp_path / "x.subic"),
              "--shards", "2"],
-            "--shards and --ray-address build shards",
+            "--shards, --encoders and --ray-address build shards",
         ),
         ([*built["build"], "--shards", "0"], "--shards must be >= 1"),
+        ([*built["build"], "--encoders", "0"], "--encoders must be >= 1"),
+        (
+            [*built["build"], "--encoders", "9"],
+            "encoders must be at most the Ray cluster's CPUs (3), received 9",
+        ),
     ]:  # fmt: skip
         with pytest.raises(SystemExit) as stop:
             main(argv)

@@ -135,13 +135,17 @@ def _index_build(args) -> None:
             "shards are built from a folder of pictures; give FOLDER, or write a "
             f".subic file, received --output {args.output}"
         )
-    if not sharded and (args.shards is not None or args.ray_address is not None):
+    ray_options = (args.shards, args.encoders, args.ray_address)
+    if not sharded and any(option is not None for option in ray_options):
         raise ValueError(
-            "--shards and --ray-address build shards: give an --output ending in "
-            f".shards.json (a shard manifest), received {args.output}"
+            "--shards, --encoders and --ray-address build shards: give an "
+            "--output ending in .shards.json (a shard manifest), received "
+            f"{args.output}"
         )
     if args.shards is not None:
         check_int("--shards", args.shards, minimum=1)
+    if args.encoders is not None:
+        check_int("--encoders", args.encoders, minimum=1)
     _model(args.model)
     if args.instance_model is not None:
         if args.folder is None:

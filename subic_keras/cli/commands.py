@@ -296,6 +296,7 @@ def _index_folder_on_ray(args) -> int:
     files, report = index_folder_on_ray(
         args.model, args.folder, args.output, shards, batch_size=args.batch_size,
         instance_model=None if instance == "none" else instance,
+        encoders=args.encoders,
     )  # fmt: skip
     _list_skipped(report.skipped)
     known = (

@@ -290,6 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
         "stopped",
     )
     build.add_argument(
+        "--encoders",
+        type=int,
+        default=None,
+        metavar="E",
+        help="with --output X.shards.json: the Ray actors that encode the "
+        "pictures, one CPU each (default: the cluster's CPUs but one, at least "
+        "one)",
+    )
+    build.add_argument(
         "--instance-model",
         metavar="MODEL",
         default=None,
