@@ -36,7 +36,9 @@ def build_training_state(model: keras.Model, x, y=None) -> None:
         model: a compiled Keras model.
         x, y: as `fit`'s.
     """
-    build = _symbolic_build_of(model)
+    # How Keras builds this state under a strategy (`_maybe_symbolic_build`);
+    # a private method, so a Keras without it keeps its deferred build.
+    build = getattr(model, "_symbolic_build", None)
     if (
         build is None
         or not model.compiled
@@ -55,12 +57,6 @@ def build_training_state(model: keras.Model, x, y=None) -> None:
         # `fit` builds the same state in its first step and reports what is
         # wrong in the user's data in its own words.
         return
-
-
-def _symbolic_build_of(model: keras.Model):
-    # How Keras builds this state under a strategy (`_maybe_symbolic_build`);
-    # a private method, so a Keras without it keeps its deferred build.
-    return getattr(model, "_symbolic_build", None)
 
 
 def _arrays(structure) -> bool:

@@ -22,7 +22,7 @@ from subic_keras.callbacks import BestWeights
 from subic_keras.config import Recipe
 from subic_keras.models import leaf_layers
 from subic_keras.paths import read_bytes
-from subic_keras.prebuild import build_training_state
+from subic_keras.pixels import ImageModel
 from subic_keras.training_data import Split, _data_digest, _digest, check_data
 
 _CACHE_FORMAT = 1
@@ -89,7 +89,9 @@ def _classifier(backbone, preprocessing, input_shape, num_classes) -> keras.Mode
     outputs = keras.layers.Dense(
         num_classes, activation="softmax", name=_PRETRAIN_HEAD
     )(backbone(x))
-    return keras.Model(inputs, outputs, name="pretrain_classifier")
+    # An `ImageModel`, so that its `fit` traces the first step once; its
+    # batches are floats already (`fit_dataset`), which it takes as they are.
+    return ImageModel(inputs, outputs, name="pretrain_classifier")
 
 
 class _Progress(keras.callbacks.Callback):
@@ -281,10 +283,8 @@ def pretrain_backbone(
                 continue  # this phase ended before the interruption
             start_at = max(first, resumed)
             phase_callbacks.insert(1, _Progress(partial, selector))
-        batches = training.training_batches(recipe, seed)
-        build_training_state(classifier, batches)
         classifier.fit(
-            batches,
+            training.training_batches(recipe, seed),
             validation_data=held_out.validation_batches(seed),
             epochs=last,
             initial_epoch=start_at,
