@@ -34,6 +34,7 @@ from benchmarks.render_systems import (
     render_omp_policy,
     render_search_speed,
     render_serve_load,
+    render_shared_loads,
     render_stream_training,
     render_train_overhead,
     render_train_recipe,
@@ -104,6 +105,10 @@ KNOWN = {
     "omp_policy.json": (
         "OpenMP's wait policy and the search ratios",
         render_omp_policy,
+    ),
+    "shared_loads.json": (
+        "Search speed: queries sharing code loads, a single query's split rows",
+        render_shared_loads,
     ),
     "serve_load_faiss.json": (
         "Serving under load with faiss's scan (`--scanner faiss`)",
@@ -355,6 +360,11 @@ for name, title in (
     (
         "search_speed_avx2_256_two_queries.json",
         "Search speed at 64 blocks of 16 (256 bits), AVX2 only, two queries a load",
+    ),
+    # The same command on the same kernels, run again a few sessions later.
+    (
+        "search_speed_avx2_256_again.json",
+        "Search speed at 64 blocks of 16 (256 bits), AVX2 only, run again",
     ),
     # The same, each single query timed with the index out of the caches.
     (

@@ -4,7 +4,7 @@ speed), for `benchmarks.make_results`.
 
 from __future__ import annotations
 
-from benchmarks.markdown import fmt, table
+from benchmarks.markdown import cpu_of, fmt, table
 
 
 def render_search_speed(data: dict) -> list[str]:
@@ -91,6 +91,56 @@ def render_omp_policy(data: dict) -> list[str]:
             ]
             for r in data["rows"]
         ],
+    )
+
+
+def render_shared_loads(data: dict) -> list[str]:
+    rows = data["rows"]
+    items = rows[0]["num_items"] if rows else 0
+    lines = [
+        "The x86 kernels of 4-bit sub-codes (`K = 16`) scan four queries of a "
+        "batch in one pass over the codes; here capped at one and two "
+        "(`native.search(..., queries_per_load=)`), batches of 1,000 on one "
+        "thread (best of interleaved runs), then single queries on one thread "
+        "and on every core, whose rows are split in ranges of at least 12 MB "
+        f"(median latency). {items:,} random codes, on {cpu_of(data)}.",
+        "",
+    ]
+    batches = [
+        [
+            r["bits"],
+            r["kernel"],
+            r["queries_per_load"],
+            f"{r['qps']:,.0f}",
+            f"{r['qps_per_cpu_second']:,.0f}",
+            f"{r['over_one_a_load']:.2f}x",
+        ]
+        for r in rows
+        if r["batch"] > 1
+    ]
+    singles = [
+        [
+            r["bits"],
+            f"{r['code_megabytes']:.1f}",
+            r["kernel"],
+            r["threads"],
+            f"{r['qps']:,.0f}",
+            f"{r['qps_per_cpu_second']:,.0f}",
+            f"{r['over_one_thread']:.2f}x",
+        ]
+        for r in rows
+        if r["batch"] == 1
+    ]
+    return (
+        lines
+        + table(
+            ["bits", "kernel", "queries a load", "q/s", "q/CPU-s", "over one a load"],
+            batches,
+        )
+        + table(
+            ["bits", "codes (MB)", "kernel", "threads", "q/s", "q/CPU-s", "over one"],
+            singles,
+        )
     )
 
 

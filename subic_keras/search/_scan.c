@@ -573,7 +573,9 @@ SUBIC_AVX2 ALWAYS_INLINE static inline void nibble_column4_avx2(Query *qs, __m25
    the nibbles taken apart once for four queries rather than two, for a
    second table load per query (load ports are less busy than the
    shuffle and shift ports both need); measured against two queries a
-   load in docs/instance.md, "Search speed". */
+   load in docs/instance.md, "Search speed". It keeps a loop of its own:
+   folded into `nibbles_avx2`, four queries a load scanned batches of 64
+   and 128 bits more slowly than two (benchmarks/shared_loads.py). */
 SUBIC_AVX2 static void tile_nibbles4_avx2(Query *qs, const Database *db, const uint8_t *cols,
                                           int64_t valid, int64_t start) {
     const int64_t tile = db->tile;
@@ -1111,14 +1113,18 @@ static int none_set(const uint8_t *bits, int64_t count) {
     return !any;
 }
 
-/* Scans queries [0, nq) and writes their top k, best first. */
+/* Scans queries [0, nq) and writes their top k, best first. At most
+   `per_load` queries share a load of codes (0: as many as the kernel
+   shares; 1 or 2 to measure what sharing gains). */
 static int run(const Database *database, const float *z, int64_t nq, int kernel_id,
-               double *scores_out, int64_t *positions_out) {
+               int per_load, double *scores_out, int64_t *positions_out) {
     Database layout = *database;
     const Database *db = &layout;
-    TileKernel together, pair; /* scan `shared` (two) consecutive queries in one pass */
+    TileKernel together, pair; /* `shared` (`pair`: two) consecutive queries in one pass */
     int shared;
     const TileKernel kernel = choose(db, kernel_id, &layout.qmax, &together, &shared, &pair);
+    if (per_load && per_load < shared) together = NULL;
+    if (per_load == 1) pair = NULL;
     layout.per_byte = 255 / layout.qmax;
     const int64_t lut_size = (int64_t)db->groups * db->table;
     const int64_t num_tiles = (db->n + db->tile - 1) / db->tile;
@@ -1242,18 +1248,20 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer tiles, queries, scores, positions, starts, members, row_bits, member_bits;
     Database db;
     long long n, tile, columns, k, nq;
-    int bits, table, groups, num_blocks, block_size, per_group, kernel;
+    int bits, table, groups, num_blocks, block_size, per_group, kernel, per_load;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*iy*y*y*y*", &tiles, &n, &tile, &columns,
+    if (!PyArg_ParseTuple(args, "y*LLLiiiiiiLy*Lw*w*iiy*y*y*y*", &tiles, &n, &tile, &columns,
                           &bits, &table, &groups, &num_blocks, &block_size, &per_group, &k,
-                          &queries, &nq, &scores, &positions, &kernel, &starts, &members, &row_bits,
-                          &member_bits))
+                          &queries, &nq, &scores, &positions, &kernel, &per_load, &starts,
+                          &members, &row_bits, &member_bits))
         return NULL;
     int nbits = 0;
     while (nbits < 16 && (1 << nbits) < block_size) nbits++;
     const char *problem = NULL;
     if (kernel < 0 || kernel >= KERNEL_COUNT || !cpu_runs(kernel))
         problem = "this CPU cannot run that kernel";
+    else if (per_load < 0)
+        problem = "queries per load out of range";
     else if (n < 0 || tile < 64 || tile % 64 || columns < 1 || groups < 1 || k < 1 || nq < 0)
         problem = "sizes out of range";
     else if (groups > 4096) /* 16-bit sums of at least 16 levels a sub-code */
@@ -1312,7 +1320,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         db.row_bits = row_bits.len ? row_bits.buf : NULL;
         db.member_bits = member_bits.len ? member_bits.buf : NULL;
         Py_BEGIN_ALLOW_THREADS status =
-            run(&db, queries.buf, nq, kernel, scores.buf, positions.buf);
+            run(&db, queries.buf, nq, kernel, per_load, scores.buf, positions.buf);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&tiles);

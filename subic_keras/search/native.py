@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from subic_keras._validation import check_int
 from subic_keras.search import workers
 from subic_keras.search.order import best_first
 
@@ -173,6 +174,8 @@ def search(
     kernel: str,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
     keep_bits: np.ndarray | None = None,
+    *,
+    queries_per_load: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-`k` scores (float64) and positions, best first.
 
@@ -189,8 +192,13 @@ def search(
 
     The `threads` take chunks of the queries; with fewer chunks than
     threads (a single query), ranges of rows of a large database too, whose
-    top `k`s are merged.
+    top `k`s are merged. The x86 kernels of 4-bit sub-codes scan four
+    consecutive queries in one pass over the codes (AVX2: two or one where
+    fewer are left); `queries_per_load` caps that (1 or 2), so that a
+    benchmark measures what sharing gains (the results are the same).
     """
+    if queries_per_load is not None:
+        queries_per_load = check_int("queries_per_load", queries_per_load, minimum=1)
     nq = len(queries)
     if not nq:
         return np.empty((0, k), np.float64), np.empty((0, k), np.int64)
@@ -236,6 +244,7 @@ def search(
             scores[at, start:stop],
             positions[at, start:stop],
             _KERNEL_IDS[kernel],
+            queries_per_load or 0,
             part_starts,
             part_members,
             row_bits[first // 8 : -(-last // 8)],

@@ -111,6 +111,31 @@ def test_every_kernel_and_layout_equals_portable(rng, block_size, kernel):
 
 @needs_native
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_queries_per_load_changes_no_result(rng, kernel):
+    # 11 queries: the x86 nibble kernels' passes of four, two and one, each
+    # forced alone by the cap (as benchmarks/shared_loads.py does).
+    codes = random_codes(rng, 3000, 64, 16)
+    queries = np.concatenate(
+        [adversarial_queries(rng, 64, 16), relu_queries(rng, 3, 64, 16)]
+    )
+    layout = native.Layout.for_kernel(64, 16, kernel)
+    tiles = layout.tiles(layout.columns_of(codes))
+    want = native.search(layout, tiles, len(codes), queries, 50, 1, "portable")
+    for per_load in (None, 1, 2, 4, 7):
+        got = native.search(
+            layout, tiles, len(codes), queries, 50, 1, kernel, queries_per_load=per_load
+        )
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+    for wrong, error in ((0, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="queries_per_load must be"):
+            native.search(
+                layout, tiles, 3000, queries, 50, 1, kernel, queries_per_load=wrong
+            )
+
+
+@needs_native
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_after_remove_and_add(rng, kernel, block_size):
     codes = random_codes(rng, 4000, 16, block_size)
@@ -245,7 +270,7 @@ def test_the_binding_checks_its_sizes_against_overflow(n, nq, k):
     arguments = (
         empty, n, native.TILE, layout.columns, layout.bits, layout.table,
         layout.groups, layout.num_blocks, layout.block_size, layout.per_group, k,
-        np.zeros(0, np.float32), nq, np.zeros(0), np.zeros(0, np.int64), 0,
+        np.zeros(0, np.float32), nq, np.zeros(0), np.zeros(0, np.int64), 0, 0,
         np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8),
         np.zeros(0, np.uint8),
     )  # fmt: skip
