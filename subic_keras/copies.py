@@ -17,8 +17,9 @@ which results are copies:
 
 `calibrate` chooses both on validation pictures, for a precision: the
 share of marked results that are copies, over copies of database pictures
-and copies of pictures the database does not hold, saved with the model
-(`InstanceModel`).
+and copies of pictures the database does not hold; and so that neither
+marks more than a share of the pictures, unaltered, with a different one.
+Both are saved with the model (`InstanceModel`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ from subic_keras.search.subic_index import SubicIndex
 PRECISION = 0.99
 # Results per query whose marks `calibrate` counts.
 CALIBRATION_K = 10
+# The share of the validation pictures, unaltered, that a rule may mark
+# with a different one at most. A picture that repeats among them counts as
+# different: where more than this share repeat, the rules come out stricter.
+DIFFERENT_SHARE = 0.01
+# Stored codes `calibrate` compares with the others, at most (drawn at
+# random beyond), and how many one-hot queries (4 KB each at 1,024
+# columns) a search takes at once.
+STORED_ROWS = 10_000
+_CHUNK = 1024
 # The query kinds an index of an instance code records: FC0's outputs, and
 # the block probabilities of indexes written before them.
 INSTANCE_QUERIES = ("logits", "z_star")
@@ -144,6 +154,16 @@ def calibrate(
     `code.model` (saved with it); where no threshold is that precise, the
     rule is `None` (only exact copies are marked, no duplicates listed).
 
+    Neither rule is below what marks more than `DIFFERENT_SHARE` of the
+    pictures, unaltered, with another one: each picture's best copy margin
+    and most equal blocks among all the others' codes (of `STORED_ROWS`
+    pictures drawn at random, where there are more), as the rules meet
+    different pictures in use. An unaltered picture's code is surer than an
+    altered copy's, and two different pictures can share more blocks than a
+    copy and a picture it is not: chosen on altered copies alone, the rules
+    grouped different pictures of a small folder as duplicates
+    (docs/instance.md, "What counts as a copy").
+
     Args:
         code: an `InstanceSubic`.
         pictures: uint8 validation pictures `(n, H, W[, C])`, more than
@@ -180,38 +200,120 @@ def calibrate(
     truth = np.r_[np.arange(queries), np.full(queries, -1)][:, None]
     k = min(CALIBRATION_K, len(database))
 
-    queried = code.query(copies, batch_size)
+    # Queries: the copies, then the pictures the database lacks, unaltered.
+    queried = code.query(np.concatenate([copies, pictures[-queries:]]), batch_size)
     scores, ids = index.search(queried, k)
     margins = copy_margins(queried, scores, code.block_size)
-    scored = margins.ravel(), (ids == truth).ravel()
-    by_score = least_precise(*scored, precision)
+    n = len(copies)
+    scored = margins[:n].ravel(), (ids[:n] == truth).ravel()
 
     # The copies' own codes, from the outputs already at hand: a block's
     # argmax is its probabilities' (`InstanceSubic.encode`).
-    own = queried.reshape(len(copies), code.num_blocks, code.block_size).argmax(-1)
-    one_hot = np.eye(code.block_size, dtype=np.float32)[own]
-    one_hot = one_hot.reshape(len(copies), -1)
-    equal, ids = index.search(one_hot, k)
+    blocks_of = code.num_blocks, code.block_size
+    own = queried[:n].reshape(n, *blocks_of).argmax(-1)
+    equal, ids = index.search(_one_hot(own, code.block_size), k)
     blocks = equal.ravel(), (ids == truth).ravel()
-    by_blocks = least_precise(*blocks, precision)
 
-    result: dict = {"precision_target": precision, "queries": 2 * queries}
-    for name, found, value, (values, correct) in (
-        ("copy_margin", by_score, lambda t: round(t, 6), scored),
-        ("copy_blocks", by_blocks, lambda t: round(t), blocks),
+    # Different pictures, as each rule meets them in use: unaltered, each
+    # picture's best margin and most equal blocks among the others' codes.
+    every = SubicIndex(*blocks_of)
+    every.add(index.get_codes())
+    every.add(queried[n:].reshape(queries, *blocks_of).argmax(-1))
+    rows = np.arange(len(every))
+    if len(rows) > STORED_ROWS:
+        rows = np.sort(
+            np.random.default_rng(seed).choice(len(rows), STORED_ROWS, False)
+        )
+    held = dict(zip(range(len(database), len(every)), queried[n:]))
+
+    def fc0(part: np.ndarray) -> np.ndarray:
+        fresh = part[part < len(database)]
+        found = dict(zip(fresh, code.query(database[fresh], batch_size)))
+        return np.stack([found[r] if r in found else held[r] for r in part])
+
+    def one_hot(part: np.ndarray) -> np.ndarray:
+        return _one_hot(every.get_codes(part), code.block_size)
+
+    # Strictly above what the share of pictures reach: the next margin of
+    # 6 decimals (as saved), the next count of blocks.
+    margin = _share_above(_best_of_others(every, rows, fc0, margin=True))
+    equal_blocks = _share_above(_best_of_others(every, rows, one_hot, margin=False))
+    floors = {
+        "copy_margin": np.floor(margin * 1e6 + 1) / 1e6,
+        "copy_blocks": equal_blocks + 1,
+    }
+
+    result: dict = {
+        "precision_target": precision,
+        "queries": 2 * queries,
+        "different_share": DIFFERENT_SHARE,
+    }
+    for name, value, (values, correct) in (
+        ("copy_margin", lambda t: round(t, 6), scored),
+        ("copy_blocks", round, blocks),
     ):
+        found = least_precise(values, correct, precision)
+        if found is not None and found[0] < floors[name]:
+            found = _marks_from(values, correct, floors[name])
         if found is None:  # never precise enough: no rule, exact copies only
             chosen = None
             result[name] = {"value": None, "precision": None, "recall": 0.0}
         else:
             chosen = value(found[0])
             result[name] = {"value": chosen, "precision": found[1], "recall": found[2]}
+        result[name]["floor"] = float(floors[name])
         # The most precise the rule gets, whatever the target.
         best = least_precise(values, correct, _best_rate(values, correct))
         if best is not None:
             result[name]["best"] = dict(zip(("value", "precision", "recall"), best))
         setattr(code.model, name, chosen)
     return result
+
+
+def _share_above(values: np.ndarray) -> float:
+    """The least of `values` that at most `DIFFERENT_SHARE` of them exceed."""
+    if not len(values):
+        return -np.inf
+    return float(np.quantile(values, 1 - DIFFERENT_SHARE, method="higher"))
+
+
+def _marks_from(values: np.ndarray, correct: np.ndarray, threshold: float):
+    """`least_precise`'s triple for the marks `values >= threshold`; `None`
+    where none is a copy."""
+    marked = values >= threshold
+    hits = int(correct[marked].sum())
+    if not hits:
+        return None
+    recall = hits / max(1, int(correct.sum()))
+    return float(threshold), hits / int(marked.sum()), float(recall)
+
+
+def _best_of_others(
+    index: SubicIndex, rows: np.ndarray, queries_of, *, margin: bool
+) -> np.ndarray:
+    """The best score of each item at `rows` among the other items (itself
+    left out), its query `queries_of(rows)`, asked `_CHUNK` at a time; as a
+    copy margin where `margin` is set."""
+    best = []
+    for start in range(0, len(rows), _CHUNK):
+        part = rows[start : start + _CHUNK]
+        queried = queries_of(part)
+        scores, near = index.search(queried, min(2, len(index)))
+        itself = near == part[:, None]
+        # A row holds its item unless another shares its code and comes
+        # first: then both score alike, and the last goes instead.
+        itself[~itself.any(axis=1), -1] = True
+        scores = scores[~itself].reshape(len(part), -1)
+        if margin:
+            scores = copy_margins(queried, scores, index.block_size)
+        best.append(scores[:, 0])
+    return np.concatenate(best) if best else np.zeros(0)
+
+
+def _one_hot(codes: np.ndarray, block_size: int) -> np.ndarray:
+    """Codes `(n, M)` as one-hot queries `(n, M·K)`: a search by them
+    scores each item by its blocks equal to the code's."""
+    return np.eye(block_size, dtype=np.float32)[codes].reshape(len(codes), -1)
 
 
 def _best_rate(values: np.ndarray, correct: np.ndarray) -> float:
