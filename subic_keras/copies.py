@@ -40,10 +40,9 @@ CALIBRATION_K = 10
 # different: where more than this share repeat, the rules come out stricter.
 DIFFERENT_SHARE = 0.01
 # Stored codes `calibrate` compares with the others, at most (drawn at
-# random beyond), and how many one-hot queries (4 KB each at 1,024
-# columns) a search takes at once.
+# random beyond), and the query entries a search takes at once (16 MB).
 STORED_ROWS = 10_000
-_CHUNK = 1024
+_CHUNK_ENTRIES = 1 << 22
 # The query kinds an index of an instance code records: FC0's outputs, and
 # the block probabilities of indexes written before them.
 INSTANCE_QUERIES = ("logits", "z_star")
@@ -292,11 +291,12 @@ def _best_of_others(
     index: SubicIndex, rows: np.ndarray, queries_of, *, margin: bool
 ) -> np.ndarray:
     """The best score of each item at `rows` among the other items (itself
-    left out), its query `queries_of(rows)`, asked `_CHUNK` at a time; as a
-    copy margin where `margin` is set."""
+    left out), its query `queries_of(rows)`, asked `_CHUNK_ENTRIES` entries
+    at a time; as a copy margin where `margin` is set."""
+    chunk = max(1, _CHUNK_ENTRIES // (index.num_blocks * index.block_size))
     best = []
-    for start in range(0, len(rows), _CHUNK):
-        part = rows[start : start + _CHUNK]
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
         queried = queries_of(part)
         scores, near = index.search(queried, min(2, len(index)))
         itself = near == part[:, None]

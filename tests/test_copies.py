@@ -116,9 +116,32 @@ def test_duplicate_groups_match_a_brute_force_count():
     assert [g.tolist() for g in groups] == expected and expected
 
 
-def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path):
+def test_each_code_is_compared_with_the_others_not_itself(monkeypatch):
+    """The floor of the rules reads each code's most equal blocks with any
+    other, in several searches, a repeated code's being all of them."""
+    from subic_keras.search import SubicIndex
+
+    codes = np.random.default_rng(3).integers(0, 4, (60, 5))
+    codes[7] = codes[3]
+    index = SubicIndex(5, 4)
+    index.add(codes)
+    monkeypatch.setattr(copies, "_CHUNK_ENTRIES", 20 * 5 * 4)  # 20 a search
+    found = copies._best_of_others(
+        index,
+        np.arange(60),
+        lambda rows: copies._one_hot(index.get_codes(rows), 4),
+        margin=False,
+    )
+    equal = (codes[:, None] == codes[None]).sum(-1)
+    np.fill_diagonal(equal, -1)
+    np.testing.assert_array_equal(found, equal.max(1))
+    assert found[3] == found[7] == 5
+
+
+def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path, monkeypatch):
     code = _code()
     instance.train_instance(code, pictures, epochs=3, batch_size=20, verbose=0)
+    monkeypatch.setattr(copies, "STORED_ROWS", 50)  # 50 of the 120 drawn
     found = copies.calibrate(code, pictures, queries=20, precision=0.5)
     assert found["queries"] == 40
     for name in ("copy_margin", "copy_blocks"):
@@ -126,6 +149,7 @@ def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path):
         assert value == getattr(code, name)
         if value is not None:
             assert found[name]["precision"] >= 0.5
+            assert value >= found[name]["floor"]
     code.model.copy_margin, code.model.copy_blocks = -2.5, 3
     code.save(tmp_path / "code.keras", include_optimizer=False)
     loaded = instance.InstanceSubic.load(tmp_path / "code.keras")
