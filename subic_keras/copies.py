@@ -176,8 +176,10 @@ def calibrate(
     Returns:
         What was chosen and measured: `copy_margin`, `copy_blocks`, and
         for each the precision and recall (share of copies' originals
-        marked) on the validation queries, and under `"best"` the most
-        precise threshold and its precision and recall, whatever the target.
+        marked) on the validation queries, its `floor` (the least value
+        `DIFFERENT_SHARE` allows), and under `"best"` the most precise
+        threshold and its precision and recall, whatever the target and
+        the floor.
     """
     from subic_keras import alterations
 
@@ -251,9 +253,12 @@ def calibrate(
         ("copy_margin", lambda t: round(t, 6), scored),
         ("copy_blocks", round, blocks),
     ):
-        found = least_precise(values, correct, precision)
-        if found is not None and found[0] < floors[name]:
-            found = _marks_from(values, correct, floors[name])
+        # The least threshold from the floor up whose marks are precise.
+        above = values >= floors[name]
+        found = least_precise(values[above], correct[above], precision)
+        if found is not None:  # recall: of every copy, not those above
+            hits = int(correct[above].sum())
+            found = (*found[:2], found[2] * hits / max(1, int(correct.sum())))
         if found is None:  # never precise enough: no rule, exact copies only
             chosen = None
             result[name] = {"value": None, "precision": None, "recall": 0.0}
@@ -274,17 +279,6 @@ def _share_above(values: np.ndarray) -> float:
     if not len(values):
         return -np.inf
     return float(np.quantile(values, 1 - DIFFERENT_SHARE, method="higher"))
-
-
-def _marks_from(values: np.ndarray, correct: np.ndarray, threshold: float):
-    """`least_precise`'s triple for the marks `values >= threshold`; `None`
-    where none is a copy."""
-    marked = values >= threshold
-    hits = int(correct[marked].sum())
-    if not hits:
-        return None
-    recall = hits / max(1, int(correct.sum()))
-    return float(threshold), hits / int(marked.sum()), float(recall)
 
 
 def _best_of_others(
