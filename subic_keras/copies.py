@@ -40,7 +40,8 @@ CALIBRATION_K = 10
 # different: where more than this share repeat, the rules come out stricter.
 DIFFERENT_SHARE = 0.01
 # Stored codes `calibrate` compares with the others, at most (drawn at
-# random beyond), and the query entries a search takes at once (16 MB).
+# random beyond), and the entries of FC0's outputs it queries at once
+# (16 MB).
 STORED_ROWS = 10_000
 _CHUNK_ENTRIES = 1 << 22
 # The query kinds an index of an instance code records: FC0's outputs, and
@@ -212,7 +213,7 @@ def calibrate(
     # argmax is its probabilities' (`InstanceSubic.encode`).
     blocks_of = code.num_blocks, code.block_size
     own = queried[:n].reshape(n, *blocks_of).argmax(-1)
-    equal, ids = index.search(_one_hot(own, code.block_size), k)
+    equal, ids = index.search_codes(own, k)
     blocks = equal.ravel(), (ids == truth).ravel()
 
     # Different pictures, as each rule meets them in use: unaltered, each
@@ -225,20 +226,27 @@ def calibrate(
         rows = np.sort(
             np.random.default_rng(seed).choice(len(rows), STORED_ROWS, False)
         )
-    held = dict(zip(range(len(database), len(every)), queried[n:]))
-
-    def fc0(part: np.ndarray) -> np.ndarray:
-        fresh = part[part < len(database)]
-        found = dict(zip(fresh, code.query(database[fresh], batch_size)))
-        return np.stack([found[r] if r in found else held[r] for r in part])
-
-    def one_hot(part: np.ndarray) -> np.ndarray:
-        return _one_hot(every.get_codes(part), code.block_size)
-
+    equal_blocks = _share_above(
+        _best_other(*every.search_codes(every.get_codes(rows), 2), rows)
+    )
+    other_margins = []
+    chunk = max(1, _CHUNK_ENTRIES // (code.num_blocks * code.block_size))
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        # FC0's outputs: the database's computed now, those of the pictures
+        # it lacks at hand (rows are sorted: the database's come first).
+        stored = part < len(database)
+        fc0 = np.concatenate(
+            [
+                code.query(database[part[stored]], batch_size),
+                queried[n:][part[~stored] - len(database)],
+            ]
+        )
+        best = _best_other(*every.search(fc0, 2), part)
+        other_margins.append(copy_margins(fc0, best[:, None], code.block_size)[:, 0])
+    margin = _share_above(np.concatenate(other_margins))
     # Strictly above what the share of pictures reach: the next margin of
     # 6 decimals (as saved), the next count of blocks.
-    margin = _share_above(_best_of_others(every, rows, fc0, margin=True))
-    equal_blocks = _share_above(_best_of_others(every, rows, one_hot, margin=False))
     floors = {
         "copy_margin": np.floor(margin * 1e6 + 1) / 1e6,
         "copy_blocks": equal_blocks + 1,
@@ -281,33 +289,13 @@ def _share_above(values: np.ndarray) -> float:
     return float(np.quantile(values, 1 - DIFFERENT_SHARE, method="higher"))
 
 
-def _best_of_others(
-    index: SubicIndex, rows: np.ndarray, queries_of, *, margin: bool
-) -> np.ndarray:
-    """The best score of each item at `rows` among the other items (itself
-    left out), its query `queries_of(rows)`, asked `_CHUNK_ENTRIES` entries
-    at a time; as a copy margin where `margin` is set."""
-    chunk = max(1, _CHUNK_ENTRIES // (index.num_blocks * index.block_size))
-    best = []
-    for start in range(0, len(rows), chunk):
-        part = rows[start : start + chunk]
-        queried = queries_of(part)
-        scores, near = index.search(queried, min(2, len(index)))
-        itself = near == part[:, None]
-        # A row holds its item unless another shares its code and comes
-        # first: then both score alike, and the last goes instead.
-        itself[~itself.any(axis=1), -1] = True
-        scores = scores[~itself].reshape(len(part), -1)
-        if margin:
-            scores = copy_margins(queried, scores, index.block_size)
-        best.append(scores[:, 0])
-    return np.concatenate(best) if best else np.zeros(0)
-
-
-def _one_hot(codes: np.ndarray, block_size: int) -> np.ndarray:
-    """Codes `(n, M)` as one-hot queries `(n, M·K)`: a search by them
-    scores each item by its blocks equal to the code's."""
-    return np.eye(block_size, dtype=np.float32)[codes].reshape(len(codes), -1)
+def _best_other(scores: np.ndarray, found: np.ndarray, rows: np.ndarray):
+    """Each row's best score of an item other than its own (`rows`), from a
+    search of 2 results: its item is among them unless another shares its
+    code and comes first, both scoring alike; then the last goes instead."""
+    itself = found == rows[:, None]
+    itself[~itself.any(axis=1), -1] = True
+    return scores[~itself].reshape(len(rows), -1)[:, 0]
 
 
 def _best_rate(values: np.ndarray, correct: np.ndarray) -> float:

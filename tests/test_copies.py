@@ -116,22 +116,17 @@ def test_duplicate_groups_match_a_brute_force_count():
     assert [g.tolist() for g in groups] == expected and expected
 
 
-def test_each_code_is_compared_with_the_others_not_itself(monkeypatch):
+def test_each_code_is_compared_with_the_others_not_itself():
     """The floor of the rules reads each code's most equal blocks with any
     other, in several searches, a repeated code's being all of them."""
     from subic_keras.search import SubicIndex
 
     codes = np.random.default_rng(3).integers(0, 4, (60, 5))
     codes[7] = codes[3]
-    index = SubicIndex(5, 4)
+    index = SubicIndex(5, 4, search_chunk_size=20)
     index.add(codes)
-    monkeypatch.setattr(copies, "_CHUNK_ENTRIES", 20 * 5 * 4)  # 20 a search
-    found = copies._best_of_others(
-        index,
-        np.arange(60),
-        lambda rows: copies._one_hot(index.get_codes(rows), 4),
-        margin=False,
-    )
+    rows = np.arange(60)
+    found = copies._best_other(*index.search_codes(index.get_codes(rows), 2), rows)
     equal = (codes[:, None] == codes[None]).sum(-1)
     np.fill_diagonal(equal, -1)
     np.testing.assert_array_equal(found, equal.max(1))
@@ -142,6 +137,7 @@ def test_calibrate_sets_rules_that_a_save_keeps(pictures, tmp_path, monkeypatch)
     code = _code()
     instance.train_instance(code, pictures, epochs=3, batch_size=20, verbose=0)
     monkeypatch.setattr(copies, "STORED_ROWS", 50)  # 50 of the 120 drawn
+    monkeypatch.setattr(copies, "_CHUNK_ENTRIES", 16 * 4 * 16)  # 16 a search
     found = copies.calibrate(code, pictures, queries=20, precision=0.5)
     assert found["queries"] == 40
     for name in ("copy_margin", "copy_blocks"):
