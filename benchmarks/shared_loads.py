@@ -8,11 +8,12 @@ once for the four (AVX2: then two, then one, where fewer are left;
 bits (16, 32 and 64 blocks of 16), each such kernel this CPU runs scans
 batches of 1,000 ReLU queries on one thread with at most 1, 2 and 4 queries
 a load (`native.search(..., queries_per_load=)`; AVX-512 kernels have no
-two-query pass), interleaved, the best of `--repetitions` runs kept, and
-the results are checked equal. A single query is timed on one thread and
-on every core (a database of at least twice 12 MB of codes is scanned in
-ranges of rows, one a core, their top `k`s merged), the median of
-`--singles` queries.
+two-query pass), the best of `--repetitions` runs kept, and the results are
+checked equal. A single query is timed on one thread and on every core (a
+database of at least twice 12 MB of codes is scanned in ranges of rows, one
+a core, their top `k`s merged), the median of `--singles` queries a
+repetition. Every method is timed at every batch size in turn, as
+`search_speed` times its methods (`search_speed.time_methods`).
 
 Example:
 
@@ -28,11 +29,12 @@ import time
 import numpy as np
 
 from benchmarks import common
+from benchmarks.search_speed import BATCHES, time_methods
 from subic_keras.search import native, workers
 
 BLOCK_SIZE = 16
 K_NEIGHBOURS = 100
-BATCH = 1000
+BATCH = max(BATCHES)
 # The passes each kernel has: AVX-512's nibble kernels share loads among
 # four queries or scan one.
 PASSES = {"avx2": (1, 2, 4), "avx512bw": (1, 4), "vbmi": (1, 4)}
@@ -44,8 +46,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--num-blocks", default="16,32,64", help="M of the codes (default: 16,32,64)"
     )
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--singles", type=int, default=50)
+    parser.add_argument(
+        "--repetitions", type=int, default=3, help="interleaved runs (default 3)"
+    )
+    parser.add_argument(
+        "--singles",
+        type=int,
+        default=20,
+        help="single queries timed a repetition (default 20)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="20,000 items, one run: a smoke test"
     )
@@ -57,81 +66,55 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _timed(search) -> tuple[float, float, np.ndarray]:
-    start, start_cpu = time.perf_counter(), time.process_time()
-    positions = search()[1]
-    return time.perf_counter() - start, time.process_time() - start_cpu, positions
+def kernel_rows(layout, tiles, n, queries, kernel, reps, singles) -> list[dict]:
+    """Batches of `queries` on one thread at each number of queries a load,
+    and single queries on one thread and on every core, interleaved
+    (`search_speed.time_methods`)."""
 
+    def search(threads: int, per_load: int | None = None):
+        return lambda block: native.search(
+            layout, tiles, n, block, K_NEIGHBOURS, threads, kernel,
+            queries_per_load=per_load,
+        )  # fmt: skip
 
-def batches(layout, tiles, n, queries, kernel, reps) -> list[dict]:
-    """Batches on one thread at each number of queries a load, interleaved."""
-    walls = {p: [] for p in PASSES[kernel]}
-    cpus = {p: [] for p in PASSES[kernel]}
-    found = {}
-    for _ in range(reps):
-        for per_load in PASSES[kernel]:
-            wall, cpu, found[per_load] = _timed(
-                lambda p=per_load: native.search(
-                    layout,
-                    tiles,
-                    n,
-                    queries,
-                    K_NEIGHBOURS,
-                    1,
-                    kernel,
-                    queries_per_load=p,
-                )
-            )
-            walls[per_load].append(wall)
-            cpus[per_load].append(cpu)
-    for per_load, positions in found.items():
-        if not np.array_equal(positions, found[1]):
-            raise AssertionError(
-                f"{kernel}: {per_load} queries a load found other items than one"
-            )
-    one = len(queries) / min(walls[1])
-    return [
+    methods = {p: (search(1, p), queries) for p in PASSES[kernel]}
+    cores = workers.cores()
+    if cores > 1:
+        methods["cores"] = (search(cores), queries)
+    qps, cpu_qps, found = time_methods(methods, reps, singles)
+    for method, ids in found.items():
+        if not np.array_equal(ids, found[1]):
+            raise AssertionError(f"{kernel}, {method}: other items than one a load")
+    batch = len(queries)
+    rows = [
         {
             "kernel": kernel,
-            "batch": len(queries),
+            "batch": batch,
             "threads": 1,
-            "queries_per_load": per_load,
-            "qps": len(queries) / min(walls[per_load]),
-            "qps_per_cpu_second": len(queries) / max(min(cpus[per_load]), 1e-9),
-            "over_one_a_load": len(queries) / min(walls[per_load]) / one,
+            "queries_per_load": p,
+            "qps": qps[p][batch],
+            "qps_per_cpu_second": cpu_qps[p][batch],
+            "over_one_a_load": qps[p][batch] / qps[1][batch],
             "timing": f"best of {reps} interleaved runs",
         }
-        for per_load in PASSES[kernel]
+        for p in PASSES[kernel]
     ]
-
-
-def singles(layout, tiles, n, queries, kernel, count) -> list[dict]:
-    """Single queries on one thread and on every core, interleaved."""
-    cores = workers.cores()
-    threads = (1, cores) if cores > 1 else (1,)
-    walls = {t: [] for t in threads}
-    cpus = {t: [] for t in threads}
-    for query in queries[:count]:
-        for t in threads:
-            wall, cpu, _ = _timed(
-                lambda t=t, q=query[None]: native.search(
-                    layout, tiles, n, q, K_NEIGHBOURS, t, kernel
-                )
+    # A single query on one thread: the kernel's own pass (a query alone).
+    alone = max(PASSES[kernel])
+    for threads, method in ((1, alone), (cores, "cores")):
+        if method in methods:
+            rows.append(
+                {
+                    "kernel": kernel,
+                    "batch": 1,
+                    "threads": threads,
+                    "qps": qps[method][1],
+                    "qps_per_cpu_second": cpu_qps[method][1],
+                    "over_one_thread": qps[method][1] / qps[alone][1],
+                    "timing": f"median latency of {reps * singles} single queries",
+                }
             )
-            walls[t].append(wall)
-            cpus[t].append(cpu)
-    return [
-        {
-            "kernel": kernel,
-            "batch": 1,
-            "threads": t,
-            "qps": 1 / float(np.median(walls[t])),
-            "qps_per_cpu_second": 1 / max(float(np.median(cpus[t])), 1e-9),
-            "over_one_thread": float(np.median(walls[1]) / np.median(walls[t])),
-            "timing": f"median latency of {len(walls[t])} single queries",
-        }
-        for t in threads
-    ]
+    return rows
 
 
 def measure(num_blocks: int, args, rng) -> list[dict]:
@@ -150,10 +133,7 @@ def measure(num_blocks: int, args, rng) -> list[dict]:
             continue  # VBMI scans short codes of large databases as bytes
         tiles = layout.tiles(layout.columns_of(codes))
         common.log(f"{num_blocks * 4} bits, {kernel}")
-        for row in [
-            *batches(layout, tiles, n, queries, kernel, reps),
-            *singles(layout, tiles, n, queries, kernel, count),
-        ]:
+        for row in kernel_rows(layout, tiles, n, queries, kernel, reps, count):
             rows.append(
                 {
                     "num_items": n,
