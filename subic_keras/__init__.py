@@ -57,6 +57,7 @@ _NAMES = {
     "ImageModel": "pixels",
     "InstanceSubic": "instance",
     "MilvusIndex": "search.milvus",  # needs the [milvus] extra
+    "MilvusPictures": "search.milvus_pictures",  # needs the [milvus] extra
     "Recipe": "config",
     "TrainConfig": "config",
     "Scorer": "scoring",

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Union
 
 import keras
 import numpy as np
@@ -31,6 +32,12 @@ from subic_keras.search.checks import model_writer
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.instance_codes import InstanceCodes
 from subic_keras.weights_digest import weights_digest
+
+if TYPE_CHECKING:
+    from subic_keras.search.milvus_pictures import MilvusPictures
+
+# What `index_folder` adds a folder's pictures to.
+FolderIndex = Union[ImageIndex, "MilvusPictures"]
 
 # A model that writes an index's codes: a class code or an instance code.
 Encoder = Subic | InstanceSubic
@@ -72,13 +79,13 @@ class FolderReport:
 def index_folder(
     subic: Encoder,
     root: str | os.PathLike,
-    index: ImageIndex | None = None,
+    index: FolderIndex | None = None,
     batch_size: int = 256,
     progress: bool = False,
     model_path: str | os.PathLike | None = None,
     instance: InstanceSubic | None = None,
     instance_path: str | os.PathLike | None = None,
-) -> tuple[ImageIndex, FolderReport]:
+) -> tuple[FolderIndex, FolderReport]:
     """Encodes every picture under `root` (recursively) into an `ImageIndex`.
 
     Files are decoded, resized to the model's input (`subic_keras.images`)
@@ -90,7 +97,8 @@ def index_folder(
         subic: the model that encodes the pictures.
         root: the folder; paths are stored relative to it.
         index: an `ImageIndex` of the same folder to add to (default: a new
-            one).
+            one), or a Milvus collection of it (`folder_collection`), which
+            each batch is added to as it is encoded.
         batch_size: pictures decoded and encoded at a time.
         progress: show a progress bar on standard error (on a terminal).
         model_path: the model's file, recorded by a new index and named in
@@ -126,7 +134,8 @@ def index_folder(
     else:
         _check_same_folder(index, subic, root, model_path)
         instance = _check_instance_fits(index, instance, instance_path)
-    new = [path for path in paths if path not in index]
+    known = set(index.get_paths())
+    new = [path for path in paths if path not in known]
     report = FolderReport(already_indexed=len(paths) - len(new), skipped=skipped)
     from tqdm.auto import tqdm
 
@@ -153,18 +162,52 @@ def index_folder(
     return index, report
 
 
-def _check_instance_fits(index: ImageIndex, instance, path) -> InstanceSubic | None:
+def folder_collection(
+    uri: str | os.PathLike,
+    collection: str,
+    subic: Encoder,
+    root: str | os.PathLike,
+    model_path: str | os.PathLike | None = None,
+    instance: InstanceSubic | None = None,
+    instance_path: str | os.PathLike | None = None,
+) -> MilvusPictures:
+    """The Milvus collection of `root`'s pictures that `index_folder` adds
+    to: opened where it exists (it must hold pictures of `root`), else
+    created for `subic`'s codes (and `instance`'s beside them), recording
+    the models as `index_folder` records them in a new `ImageIndex`.
+
+    Raises:
+        ValueError: the collection holds codes without paths, of another
+            folder or of another block shape.
+    """
+    from subic_keras.search.milvus_pictures import MilvusPictures
+
+    both: dict = {}
+    if instance is not None and not isinstance(subic, InstanceSubic):
+        both["instance"] = (instance.num_blocks, instance.block_size)
+        both["instance_model"] = model_record(instance, instance_path)
+    return MilvusPictures(
+        uri, collection, subic.num_blocks, subic.block_size, root=root,
+        image_shape=input_shape(subic), model=model_record(subic, model_path),
+        **both,
+    )  # fmt: skip
+
+
+def _check_instance_fits(index: FolderIndex, instance, path) -> InstanceSubic | None:
     """The instance code to add to `index` with: None for an index that keeps
     no instance codes, else `instance`, which must be the one that wrote
     them (`check_model_fits`)."""
-    if index.instance is None:
+    codes = getattr(index, "instance", None)
+    if codes is None:
         return None
     if instance is None:
         raise ValueError(
             "the index keeps an instance code of every picture: give the instance "
             "code that wrote them (`instance=`)"
         )
-    check_model_fits(index.instance, instance, "the index's instance codes", path)
+    if not isinstance(codes, InstanceCodes):  # a Milvus collection's (M', K')
+        codes = InstanceCodes(codes[0], codes[1], index.instance_model)
+    check_model_fits(codes, instance, "the index's instance codes", path)
     return instance
 
 
@@ -201,7 +244,7 @@ def instance_encoder(index: Searcher) -> InstanceSubic | None:
     return encoder
 
 
-def _check_same_folder(index: ImageIndex, subic: Encoder, root, model_path) -> None:
+def _check_same_folder(index: FolderIndex, subic: Encoder, root, model_path) -> None:
     if os.path.realpath(index.root) != os.path.realpath(root):
         raise ValueError(
             f"the index holds pictures of {index.root}, received the folder "

@@ -1,8 +1,9 @@
 """`subic serve`: image search over HTTP, a REST API and a web page.
 
 One process holds one model and one index of a folder's pictures (an
-`ImageIndex` file, or a shard manifest of such files searched on Ray,
-`RayIndex`) and answers:
+`ImageIndex` file, a shard manifest of such files searched on Ray,
+`RayIndex`, or a Milvus collection of the folder, `MilvusPictures`) and
+answers:
 
 - `POST /search?k=10`: a picture as the request body (`Content-Type:
   image/png`, `image/jpeg`, ...) or as the multipart field `image`. Answers
@@ -27,7 +28,8 @@ One process holds one model and one index of a folder's pictures (an
 - `GET /health`, `GET /stats`: liveness (and a failed or stuck reload);
   items, M, K, bits, model, query.
 - `POST /reload` (or the signal `SIGHUP`): reads the index file again,
-  without dropping requests.
+  without dropping requests (a Milvus collection, changed in place, is
+  opened again).
 - `GET /`: the web page.
 
 Built on FastAPI (Starlette and uvicorn): the well-kept standard for Python
@@ -69,10 +71,12 @@ from subic_keras import images as image_files
 from subic_keras.instance import InstanceSubic
 from subic_keras.paths import open_in_folder
 from subic_keras.search import filters
+from subic_keras.search.addresses import is_database
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.image_index import ImageIndex
 from subic_keras.search.manifests import is_manifest
 from subic_keras.search.ray_index import RayIndex, ShardUnavailableError
+from subic_keras.search.uri import DEFAULT_COLLECTION
 
 LOG = logging.getLogger(__name__)
 
@@ -119,13 +123,28 @@ class _Loaded:
     instance_query: Callable | None = None
 
 
-def open_pictures(path: str, scanner: str = "auto") -> PictureIndex:
+def open_pictures(
+    path: str, scanner: str = "auto", collection: str = DEFAULT_COLLECTION
+) -> PictureIndex:
     """The picture index at `path`: a file built from a folder
-    (`ImageIndex`), or a shard manifest of such files (`RayIndex`).
+    (`ImageIndex`), a shard manifest of such files (`RayIndex`), or a
+    Milvus collection of a folder (`MilvusPictures`).
 
     Raises:
-        ValueError: for a file or manifest of codes without image paths.
+        ValueError: for a file, manifest or collection of codes without
+            image paths.
     """
+    if is_database(path):
+        from subic_keras.search.milvus_pictures import MilvusPictures, open_collection
+
+        opened = open_collection(path, collection)
+        if not isinstance(opened, MilvusPictures):
+            raise ValueError(
+                f"collection {collection!r} at {path!r} holds codes without image "
+                "paths; build one from a folder with `subic index build MODEL DIR "
+                "--output URI --collection NAME`"
+            )
+        return opened
     if not is_manifest(path):
         return ImageIndex.load(path, scanner=scanner)
     index = RayIndex(path, scanner=scanner)
@@ -174,6 +193,7 @@ class SearchService:
             loaded later (a reload) must record the same folder.
         decode_bytes: memory all concurrent uploads may take to decode.
         reload_seconds: how long `POST /reload` waits for its reload.
+        collection: the collection, where `index_path` is a Milvus one.
 
     Raises:
         ValueError: for a model or index file that cannot be read, an index
@@ -191,6 +211,7 @@ class SearchService:
         folder: str | os.PathLike | None = None,
         decode_bytes: int = DECODE_BYTES,
         reload_seconds: float = RELOAD_SECONDS,
+        collection: str = DEFAULT_COLLECTION,
     ):
         import tensorflow as tf
 
@@ -198,7 +219,7 @@ class SearchService:
 
         self.model_path = model_path
         self.index_path = index_path
-        self.scanner = scanner
+        self.scanner, self.collection = scanner, collection
         self.max_upload_bytes = int(max_upload_bytes)
         self.decode_budget = image_files.DecodeBudget(decode_bytes)
         self.reload_seconds = float(reload_seconds)
@@ -211,7 +232,7 @@ class SearchService:
         model = self.subic.query_model(self.query_kind)
         spec = tf.TensorSpec((None, *self.image_shape), tf.uint8)
         self._encode = tf.function(model, input_signature=[spec])
-        index = open_pictures(self.index_path, self.scanner)
+        index = open_pictures(self.index_path, self.scanner, collection)
         assert index.root is not None  # open_pictures opens pictures only
         self.folder = served_folder(index.root if folder is None else folder)
         self._state = self._accept(index)
@@ -266,7 +287,9 @@ class SearchService:
 
     def _reload_now(self) -> dict:
         try:
-            state = self._accept(open_pictures(self.index_path, self.scanner))
+            state = self._accept(
+                open_pictures(self.index_path, self.scanner, self.collection)
+            )
         except BaseException as error:
             self._reload_error = " ".join(str(error).split())[:500]
             raise
@@ -503,6 +526,12 @@ class SearchService:
         extension = os.path.splitext(relative)[1].lower()
         return fd, _CONTENT_TYPES.get(extension, "application/octet-stream")
 
+    def _index_name(self) -> str:
+        name = os.path.basename(self.index_path.rstrip("/"))
+        if is_database(self.index_path):
+            return f"{name}, collection {self.collection}"
+        return name
+
     def stats(self) -> dict:
         state = self._state
         index = state.index
@@ -512,7 +541,7 @@ class SearchService:
             "block_size": index.block_size,
             "bits": index.num_blocks * (index.block_size.bit_length() - 1),
             "model": _shown(os.path.basename(self.model_path)),
-            "index": _shown(os.path.basename(self.index_path)),
+            "index": _shown(self._index_name()),
             "folder": _shown(os.path.basename(self.folder)),
             "query": self.query_kind,
             "image_shape": list(self.image_shape),

@@ -98,48 +98,76 @@ def test_search_answers_with_paths_the_query_first(model, folder, capsys):
         }
 
 
-def test_a_milvus_collection_of_both_codes_answers_as_the_index(
-    model, folder, tmp_path
-):
-    """A Milvus collection holding a picture index's two codes, with its
-    models' records, loads the same instance code and gives the same
-    answer: copies first (each query picture finds itself), then the class
-    ranking, equal class scores by instance score."""
+def test_a_folder_in_milvus_answers_as_its_index_file(model, folder, tmp_path, capsys):
+    """A folder indexed into a Milvus collection (both codes, the shipped
+    instance code's beside the class code's) answers `subic search` as an
+    index file of it does: each query picture first, copies marked, the
+    same ranking, filters and groups of copies; `index add` and `index
+    remove` change it in place."""
     pytest.importorskip("pymilvus", reason="the [milvus] extra")
-    from subic_keras.search.milvus import MilvusIndex
+    from PIL import Image
 
     root, paths = folder
-    output = str(root.parent / "photos.subic")
-    main(["index", "build", model, str(root), "--output", output])
-    index, subic = search_open(output), load_subic(model)
-    view = index.by_instance()
-    collection = MilvusIndex(
-        str(tmp_path / "codes.db"),
-        "photos",
-        index.num_blocks,
-        index.block_size,
-        model=index.model,
-        instance=(view.num_blocks, view.block_size),
-        instance_model=index.instance_model,
+    file, uri = str(tmp_path / "photos.subic"), str(tmp_path / "photos.db")
+    collection = ["--collection", "photos"]
+    assert main(["index", "build", model, str(root), "--output", file]) == 0
+    capsys.readouterr()
+    assert main(["index", "build", model, str(root), "--output", uri, *collection]) == 0
+    out = capsys.readouterr().out
+    assert f"indexed 24 pictures of {root}; skipped 4 files" in out
+    assert "24 pictures in collection 'photos' at " in out
+    Image.open(root / paths[2]).resize((40, 40)).save(tmp_path / "copy.jpg", quality=90)
+    queries = [str(root / path) for path in paths[:4]] + [str(tmp_path / "copy.jpg")]
+
+    def answers(index, *options):
+        capsys.readouterr()
+        argv = ["search", model, index, *queries, "-k", "24", "--json", *options]
+        assert main(argv) == 0
+        return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    def same(options=()):
+        want = answers(file, *options)
+        got = answers(uri, *collection, *options)
+        keys = ("query", "rank", "path", "class", "exact", "copy")
+        assert [[row[k] for k in keys] for row in got] == [
+            [row[k] for k in keys] for row in want
+        ], options
+        np.testing.assert_allclose(
+            [row["score"] for row in got], [row["score"] for row in want], rtol=1e-5
+        )
+        return got
+
+    rows = same()
+    firsts = [row for row in rows if row["rank"] == 1]
+    assert [row["path"] for row in firsts[:4]] == paths[:4]
+    assert all(row["exact"] for row in firsts[:4]) and not firsts[4]["exact"]
+    same(["--under", "b"])
+    same(["--where", f"class == 'c' or path == {paths[1]!r}"])
+    capsys.readouterr()
+    assert main(["duplicates", file]) == 0
+    want = capsys.readouterr().out
+    assert main(["duplicates", uri, *collection]) == 0
+    assert capsys.readouterr().out == want
+    # Changed in place: a new picture added, two removed.
+    (root / "c" / "new.png").write_bytes((root / paths[0]).read_bytes())
+    assert main(["index", "add", model, uri, *collection]) == 0
+    assert "1 picture of" in capsys.readouterr().out
+    assert main(["index", "remove", uri, paths[3], "c/new.png", *collection]) == 0
+    assert (
+        "removed 2 pictures; 23 left in collection 'photos'" in capsys.readouterr().out
     )
-    collection.add(
-        index.get_codes(), ids=index.get_ids(), instance_codes=view.get_codes()
+    index = search_open(uri, collection="photos")
+    assert sorted(index.get_paths()) == sorted(p for p in paths if p != paths[3])
+    assert index.instance_model["file"] == "instance"
+    index.close()
+    # Another folder's pictures are refused in one line.
+    other = tmp_path / "other"
+    picture_folder(other, n=3)
+    err, _ = _error(
+        capsys, "index", "build", model, other, "--output", uri, *collection
     )
-    instance = retrieval.instance_encoder(collection)
-    assert instance is not None
-    shape = retrieval.input_shape(subic)
-    pixels = np.stack([images.read_image(str(root / p), shape) for p in paths[:6]])
-    queries = subic.query(pixels)
-    instance_queries = instance.query(instance.own_pictures(pixels))
-    want = index.answer(queries, 24, instance_queries=instance_queries)
-    got = collection.answer(queries, 24, instance_queries=instance_queries)
-    assert [[(m["id"], m["copy"]) for m in rows] for rows in got] == [
-        [(m["id"], m["copy"]) for m in rows] for rows in want
-    ]
-    by_id = dict(zip(index.get_ids().tolist(), index.get_paths()))
-    assert [by_id[rows[0]["id"]] for rows in got] == paths[:6]
-    assert all(rows[0]["copy"] for rows in got)
-    collection.close()
+    assert f"collection 'photos' holds pictures of {root}" in err
+    (root / "c" / "new.png").unlink()
 
 
 def test_search_within_a_folder_or_a_filter(model, folder, capsys):
@@ -264,8 +292,6 @@ def test_folder_mistakes_are_one_line(model, folder, tmp_path, capsys):
     assert "--dataset select a dataset split; a folder of pictures" in err
     err, _ = _error(capsys, *build, "--output", out, "--protocol", "paper")
     assert "--protocol" in err
-    err, _ = _error(capsys, *build, "--output", "x.db")
-    assert "paths, which a Milvus collection does not hold" in err
     err, _ = _error(capsys, "index", "build", model, tmp_path / "nope", "--output", out)
     assert "image folder not found" in err
     err, _ = _error(

@@ -244,7 +244,8 @@ def test_duplicates_mistakes_are_one_line(photos, tmp_path, capsys):
     manifest = tmp_path / "photos.shards.json"
     manifest.write_text("{}")
     assert "is not a valid shard manifest" in error(str(manifest))
-    assert "received a Milvus database" in error(str(tmp_path / "photos.db"))
+    missing = error(str(tmp_path / "photos.db"))
+    assert "there is no Milvus Lite database at that path" in missing
     with pytest.raises(ValueError, match="reads a .subic file, not"):
         ImageIndex.load(manifest)
 

@@ -48,6 +48,7 @@ MODULES = (
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
     "subic_keras.search.milvus",
+    "subic_keras.search.milvus_pictures",
     "subic_keras.near_duplicates",
     "subic_keras.alterations",
     "subic_keras.instance",
@@ -88,7 +89,7 @@ NEEDS_DATA = ("subic_keras.datasets", "subic_keras.litert_features")
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name, tmp_path, monkeypatch, request):
-    if name == "subic_keras.search.milvus":
+    if name.startswith("subic_keras.search.milvus"):
         pytest.importorskip("pymilvus", reason="the [milvus] extra")
     module = importlib.import_module(name)
     monkeypatch.chdir(tmp_path)  # examples that save a model write here
@@ -112,7 +113,7 @@ def test_numpy_only_modules_do_not_import_tensorflow():
         "import sys, subic_keras.evaluation, subic_keras.protocols, "
         "subic_keras.scoring, subic_keras.search, subic_keras.baselines.quantizers, "
         "subic_keras.baselines.uncompressed, subic_keras.config, subic_keras.cli, "
-        "subic_keras.search.milvus; "
+        "subic_keras.search.milvus, subic_keras.search.milvus_pictures; "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; "
         "assert 'pymilvus' not in sys.modules  # loaded by MilvusIndex() only"
     )

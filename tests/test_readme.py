@@ -211,7 +211,11 @@ def test_command_line_and_milvus_blocks_run_as_written(
     assert (workdir / "serving").is_dir()
     if pytest.importorskip("pymilvus", reason="the [milvus] extra"):
         (workdir / "best.keras").symlink_to(workdir / "runs/cifar48/best.keras")
-        run_bash(bash[4], workdir)  # Milvus: index build, search, evaluate
+        run_bash(bash[4], workdir)  # Milvus: index build, evaluate, search
+        folder = sk.search.open(workdir / "codes.db", collection="photos")
+        assert len(folder) == 300 and folder.instance_model["file"] == "instance"
+        assert folder.folders()[:2] == ["bird", "car"]
+        folder.close()
 
 
 @pytest.mark.slow

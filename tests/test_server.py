@@ -221,6 +221,48 @@ def test_items_are_the_indexed_files(photos, served):
         assert data == _picture(photos, path)
 
 
+def test_a_folder_in_milvus_is_served_as_its_index_file(photos, served, tmp_path):
+    """The folder's pictures in a Milvus collection answer as the file of
+    them does, serve their files, and are named by collection."""
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    from subic_keras.search.milvus_pictures import MilvusPictures
+
+    port, service = served
+    file = service.index
+    uri = str(tmp_path / "photos.db")
+    collection = MilvusPictures(
+        uri, "photos", file.num_blocks, file.block_size, root=file.root,
+        image_shape=file.image_shape, model=file.model,
+    )  # fmt: skip
+    collection.add(file.get_codes(), file.get_paths(), file._items.fingerprints)
+    collection.close()
+    remote = SearchService(photos["model"], uri, collection="photos")
+    headers = {"Content-Type": "image/png"}
+    with ThreadServer(remote) as milvus_port:
+        for path in photos["paths"][:3]:
+            data = _picture(photos, path)
+            _, want = request_json(port, "POST", "/search?k=8", data, headers)
+            status, got = request_json(
+                milvus_port, "POST", "/search?k=8", data, headers
+            )
+            assert status == 200 and got["results"][0]["path"] == path
+            assert [(r["path"], r["exact"]) for r in got["results"]] == [
+                (r["path"], r["exact"]) for r in want["results"]
+            ]
+            item = got["results"][1]["id"]
+            status, _, body = request(milvus_port, "GET", f"/items/{item}")
+            assert (status, body) == (200, _picture(photos, got["results"][1]["path"]))
+        _, stats = request_json(milvus_port, "GET", "/stats")
+        assert stats["index"] == "photos.db, collection photos" and stats["items"] == 60
+        status, answer = request_json(milvus_port, "POST", "/reload")
+        assert (status, answer["items"]) == (200, 60)
+    from subic_keras.search.milvus import MilvusIndex
+
+    MilvusIndex(uri, "codes", 4, 16).close()
+    with pytest.raises(ValueError, match="collection 'codes' .* without image paths"):
+        SearchService(photos["model"], uri, collection="codes")
+
+
 def test_health_stats_and_page(served):
     port, _ = served
     assert request_json(port, "GET", "/health") == (

@@ -120,11 +120,6 @@ def _index_build(args) -> None:
         raise ValueError(
             "give --output INDEX: a .subic file, or a Milvus .db path or server URL"
         )
-    if args.folder is not None and is_database(args.output):
-        raise ValueError(
-            "a folder's index records its pictures' paths, which a Milvus "
-            f"collection does not hold; write a .subic file, received {args.output}"
-        )
     sharded = is_manifest(args.output)
     if not is_database(args.output):
         check_output_path(args.output)
@@ -249,7 +244,7 @@ def _ours_to_replace(path: str, manifest: bool) -> None:
 
 def _index_add(args) -> None:
     check_int("--batch-size", args.batch_size, minimum=1)
-    check_file(args.index, "index file")
+    _index(args.index, args.collection)
     _model(args.model)
     _model_wrote(args.model, args.index)
     if args.folder is not None:
@@ -257,7 +252,7 @@ def _index_add(args) -> None:
 
 
 def _index_remove(args) -> None:
-    check_file(args.index, "index file")
+    _index(args.index, args.collection)
     if not args.paths and not args.missing:
         raise ValueError("give the paths to remove, or --missing")
     if args.force and not args.missing:
@@ -319,13 +314,7 @@ def _train_instance(args) -> None:
 
 def _duplicates(args) -> None:
     _ray_address(args)
-    if is_database(args.index):
-        raise ValueError(
-            "subic duplicates lists pictures of an index of a folder (a .subic "
-            f"file or a manifest of shards); received a Milvus database "
-            f"({args.index}), which holds no pictures' paths"
-        )
-    check_file(args.index, "index file")
+    _index(args.index, args.collection)
     if is_manifest(args.index):
         read_manifest(args.index)  # said before Ray starts
     if args.copy_blocks is not None:
@@ -354,7 +343,7 @@ def _serve(args) -> None:
     _megabytes("--max-upload-mb", args.max_upload_mb, 0.001)
     _megabytes("--max-decode-mb", args.max_decode_mb, 1)
     _model(args.model)
-    check_file(args.index, "index file")
+    _index(args.index, args.collection)
     _model_wrote(args.model, args.index)
     if args.folder is not None:
         check_folder(args.folder)

@@ -19,7 +19,7 @@ from subic_keras import datasets, evaluation, protocols, retrieval, streams
 from subic_keras._io import atomic_path
 from subic_keras.applications import WeightsUnavailableError, keras_cache
 from subic_keras.cli.console import debug_requested, plural, printable, quiet_imports
-from subic_keras.cli.loading import index_name, load_model, open_index
+from subic_keras.cli.loading import index_name, load_model, open_index, open_pictures
 
 # Each command's `run_*` function is found here by name (`subic_keras.cli`).
 from subic_keras.cli.search_commands import run_duplicates as run_duplicates
@@ -265,17 +265,25 @@ def _index_folder(args, subic=None) -> int:
                 f"--instance-model must be an instance code, received the class "
                 f"model {name}"
             )
+    into = None
+    if search_uri.is_database(args.output):  # added to as it goes
+        into = retrieval.folder_collection(
+            args.output, args.collection, subic, args.folder, args.model,
+            instance, name,
+        )  # fmt: skip
     index, report = retrieval.index_folder(
         subic,
         args.folder,
+        index=into,
         batch_size=args.batch_size,
         progress=True,
         model_path=args.model,
         instance=instance,
         instance_path=name,
     )
-    index.save(args.output)
-    _report_folder(report, index, args.output)
+    if isinstance(index, ImageIndex):  # a collection is added to as it goes
+        index.save(args.output)
+    _report_folder(report, index, index_name(args, args.output))
     return 0
 
 
@@ -337,7 +345,7 @@ def _report_folder(report: retrieval.FolderReport, index, output: str) -> None:
 
 
 def run_index_add(args) -> int:
-    index = ImageIndex.load(args.index)
+    index = open_pictures(args, args.index)
     folder = index.root if args.folder is None else args.folder
     check_folder(folder)
     subic = load_model(args.model, instance=True)
@@ -350,13 +358,14 @@ def run_index_add(args) -> int:
         model_path=args.model,
         instance=retrieval.instance_encoder(index),
     )
-    index.save(args.index)
-    _report_folder(report, index, args.index)
+    if isinstance(index, ImageIndex):  # a collection is added to as it goes
+        index.save(args.index)
+    _report_folder(report, index, index_name(args, args.index))
     return 0
 
 
 def run_index_remove(args) -> int:
-    index = ImageIndex.load(args.index)
+    index = open_pictures(args, args.index)
     paths = list(args.paths)
     unknown = [path for path in paths if path not in index]
     if unknown:
@@ -367,12 +376,16 @@ def run_index_remove(args) -> int:
     if args.missing:
         paths += _missing_files(index, args.force)
     removed = index.remove(paths)
-    index.save(args.index)
-    print(f"removed {plural(removed, 'picture')}; {len(index):,} left in {args.index}")
+    if isinstance(index, ImageIndex):
+        index.save(args.index)
+    print(
+        f"removed {plural(removed, 'picture')}; {len(index):,} left in "
+        f"{index_name(args, args.index)}"
+    )
     return 0
 
 
-def _missing_files(index: ImageIndex, force: bool) -> list[str]:
+def _missing_files(index, force: bool) -> list[str]:
     """The paths whose files are gone; refused (unless `force`) when the
     folder itself is gone or every picture would go: more likely a moved or
     unmounted folder than pictures deleted one by one."""

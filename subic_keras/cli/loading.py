@@ -31,6 +31,28 @@ def open_index(args, uri: str):
     return index, index_name(args, uri)
 
 
+def open_pictures(args, uri: str, shards: bool = False):
+    """The index of a folder's pictures at `uri` (a `PictureIndex`): a
+    `.subic` file, a Milvus collection, or with `shards` a manifest.
+
+    Raises:
+        ValueError: `uri` holds codes without the pictures' paths.
+    """
+    from subic_keras.search.base import PictureIndex
+    from subic_keras.search.image_index import ImageIndex
+
+    if not search_uri.is_database(uri) and not (shards and search_uri.is_manifest(uri)):
+        return ImageIndex.load(uri)
+    index, name = open_index(args, uri)
+    if not isinstance(index, PictureIndex) or not index.holds_pictures:
+        raise ValueError(
+            f"{name} holds codes without image paths (of a dataset split, not of "
+            "a folder); build one from a folder with `subic index build MODEL "
+            "DIR --output URI`"
+        )
+    return index
+
+
 def join_ray(args, uri) -> None:
     """Ray joined (or started) as `--ray-address` says, for a manifest."""
     if search_uri.is_manifest(uri):

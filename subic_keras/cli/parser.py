@@ -83,7 +83,9 @@ def _add_model_and_index(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", help="the SuBiC .keras model that built the index, or `instance`"
     )
-    parser.add_argument("index", help="an index file built from a folder")
+    parser.add_argument(
+        "index", help="an index built from a folder: a .subic file or a Milvus one"
+    )
 
 
 def _add_batch_argument(parser: argparse.ArgumentParser) -> None:
@@ -315,9 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="add a folder's new pictures to its index file",
         description="Encodes the pictures under FOLDER that the index does not "
-        "hold yet (by path) and rewrites the index file atomically.",
+        "hold yet (by path) and rewrites the index file atomically, or adds them "
+        "to the Milvus collection.",
     )
     _add_model_and_index(add)
+    _add_collection_argument(add)
     add.add_argument(
         "folder",
         nargs="?",
@@ -332,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="remove pictures from a folder's index file by path",
     )
-    remove.add_argument("index", help="an index file built from a folder")
+    remove.add_argument(
+        "index", help="an index built from a folder: a .subic file or a Milvus one"
+    )
+    _add_collection_argument(remove)
     remove.add_argument(
         "paths",
         nargs="*",
@@ -403,9 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     duplicates.add_argument(
         "index",
-        help="an index of a folder that keeps instance codes: a .subic file, or "
-        "a manifest of shards (.shards.json, searched on Ray)",
+        help="an index of a folder that keeps instance codes: a .subic file, "
+        "a manifest of shards (.shards.json, searched on Ray), or a Milvus "
+        "collection (a .db path or a server URL, with --collection)",
     )
+    _add_collection_argument(duplicates)
     duplicates.add_argument(
         "--copy-blocks",
         type=int,
@@ -430,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from a folder, serves them at GET /items/ID, and a web page at /.",
     )
     _add_model_and_index(serve)
+    _add_collection_argument(serve)
     _add_scanner_argument(serve)
     serve.add_argument(
         "--folder",

@@ -14,13 +14,10 @@ from subic_keras import copies, retrieval
 from subic_keras import images as image_files
 from subic_keras._io import check_file
 from subic_keras.cli.console import plural, printable
-from subic_keras.cli.loading import join_ray, load_model, open_index
+from subic_keras.cli.loading import join_ray, load_model, open_index, open_pictures
 from subic_keras.instance import InstanceSubic
 from subic_keras.paths import open_file
 from subic_keras.search import filters
-from subic_keras.search import uri as search_uri
-from subic_keras.search.base import PictureIndex
-from subic_keras.search.image_index import ImageIndex
 from subic_keras.sockets import listen
 
 
@@ -196,14 +193,7 @@ def _print_matches(name: str, matches: list[dict], as_json: bool) -> None:
 
 
 def run_duplicates(args) -> int:
-    index: PictureIndex
-    if search_uri.is_manifest(args.index):
-        join_ray(args, args.index)
-        from subic_keras.search.ray_index import RayIndex
-
-        index = RayIndex(args.index)
-    else:
-        index = ImageIndex.load(args.index)
+    index = open_pictures(args, args.index, shards=True)
     groups = index.duplicates(args.copy_blocks)
     if args.json:
         for group in groups:
@@ -263,6 +253,7 @@ def run_serve(args) -> int:
         scanner=args.scanner,
         folder=args.folder,
         decode_bytes=int(args.max_decode_mb * 1e6),
+        collection=args.collection,
     )
     http_app.run(service, sock=sock)
     return 0

@@ -39,7 +39,9 @@ concept:
   machine or a cluster.
 - `milvus`: `MilvusIndex`, codes in a Milvus collection (Milvus Lite or a
   server), with `instance=` each item's instance code in a second field;
-  `milvus_schema`: the collection's fields and recorded properties.
+  `milvus_schema`: the collection's fields and recorded properties;
+  `milvus_pictures`: `MilvusPictures`, a folder's pictures in a
+  collection (paths beside both codes), a `PictureIndex`.
 - `addresses`: which addresses name a Milvus database, checked without
   pymilvus.
 - `uri`: `open(uri)`, one address for every index (a `.subic` file, a

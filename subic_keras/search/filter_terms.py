@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 FIELDS = ("id", "path", "class", "added")
+# The fields of a Milvus collection of codes (`milvus`'s default).
+ON_IDS = frozenset({"id"})
 # How deep parentheses and `not`s may nest in a filter's text.
 MAX_DEPTH = 32
 # How deep a filter's tree may be: a text's nesting (`MAX_DEPTH` levels of
@@ -62,8 +64,14 @@ class Filter(abc.ABC):
         """The fields the filter reads."""
 
     @abc.abstractmethod
-    def milvus(self) -> str:
-        """The same condition as a Milvus filter expression (on `id`)."""
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        """The same condition as a Milvus filter expression, on the fields
+        a collection `held` (a collection of codes: `id` alone; of a
+        folder's pictures: `FIELDS`).
+
+        Raises:
+            ValueError: the filter reads a field the collection lacks.
+        """
 
     def cache_key(self) -> str | None:
         """What identifies the filter in a `MaskCache` (None: not cached)."""
@@ -90,11 +98,35 @@ def _literal(value) -> str:
     return "true" if value is True else "false" if value is False else repr(value)
 
 
-def _not_on_milvus(field: str) -> ValueError:
-    return ValueError(
-        f"where: a Milvus collection holds ids and codes only, so it can be "
-        f"filtered on id alone, received a test on {field!r}"
-    )
+_MILVUS_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"})
+
+
+def milvus_literal(value) -> str:
+    """`value` as Milvus's expressions write it: a string in double quotes,
+    with backslash escapes for the four characters that need one (Milvus
+    reads no escape by code point), any other character as itself."""
+    if isinstance(value, str):
+        return f'"{value.translate(_MILVUS_ESCAPES)}"'
+    return _literal(value)
+
+
+def _on_milvus(field: str, held: frozenset[str], value=None) -> str:
+    """`field` as a Milvus expression names it, checked to be held (and
+    `value`, where given, to be of its kind)."""
+    if field not in held:
+        what = (
+            "holds ids and codes only, so it can be filtered on id alone"
+            if held == ON_IDS
+            else f"can be filtered on {', '.join(sorted(held))} (attributes are "
+            "filtered in .subic indexes only)"
+        )
+        raise ValueError(
+            f"where: a Milvus collection {what}, received a test on {field!r}"
+        )
+    if value is not None:
+        numeric = field in ("id", "added")
+        _check_kind(field, np.zeros(0, np.float64 if numeric else object), value)
+    return field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +158,9 @@ class Compare(Filter):
     def fields(self) -> set[str]:
         return {self.field}
 
-    def milvus(self) -> str:
-        if self.field != "id":
-            raise _not_on_milvus(self.field)
-        return f"id {self.op} {_literal(self.value)}"
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        field = _on_milvus(self.field, held, self.value)
+        return f"{field} {self.op} {milvus_literal(self.value)}"
 
     def __str__(self) -> str:
         return f"{self.field} {self.op} {_literal(self.value)}"
@@ -164,10 +195,10 @@ class In(Filter):
     def fields(self) -> set[str]:
         return {self.field}
 
-    def milvus(self) -> str:
-        if self.field != "id":
-            raise _not_on_milvus(self.field)
-        return f"id in [{', '.join(_literal(v) for v in self.values)}]"
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        for value in self.values:
+            _on_milvus(self.field, held, value)
+        return f"{self.field} in [{', '.join(milvus_literal(v) for v in self.values)}]"
 
     def __str__(self) -> str:
         return f"{self.field} in [{', '.join(_literal(v) for v in self.values)}]"
@@ -193,8 +224,14 @@ class Under(Filter):
     def fields(self) -> set[str]:
         return {"path"}
 
-    def milvus(self) -> str:
-        raise _not_on_milvus("path")
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        _on_milvus("path", held)
+        if not self.folder:
+            return "id >= 0"  # every item
+        # The paths that start with "folder/": those from it up to "folder0",
+        # "0" being the character after "/".
+        low, high = milvus_literal(self.folder + "/"), milvus_literal(self.folder + "0")
+        return f"path >= {low} and path < {high}"
 
     def __str__(self) -> str:
         return f"path under {_literal(self.folder)}"
@@ -212,7 +249,7 @@ class Ids(Filter):
     def fields(self) -> set[str]:
         return {"id"}
 
-    def milvus(self) -> str:
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
         return f"id in [{', '.join(str(int(v)) for v in self.values)}]"
 
     def cache_key(self) -> str | None:
@@ -255,8 +292,8 @@ class Join(Filter):
     def fields(self) -> set[str]:
         return set().union(*(part.fields() for part in self.parts))
 
-    def milvus(self) -> str:
-        return f" {self.op} ".join(f"({part.milvus()})" for part in self.parts)
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        return f" {self.op} ".join(f"({part.milvus(held)})" for part in self.parts)
 
     def cache_key(self) -> str | None:
         if any(part.cache_key() is None for part in self.parts):
@@ -298,8 +335,8 @@ class Not(Filter):
     def fields(self) -> set[str]:
         return self.inner.fields()
 
-    def milvus(self) -> str:
-        return f"not ({self.inner.milvus()})"
+    def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        return f"not ({self.inner.milvus(held)})"
 
     def cache_key(self) -> str | None:
         return None if self.inner.cache_key() is None else str(self)

@@ -37,6 +37,7 @@ from subic_keras.search.items import (
     MAX_ID,
     ItemTable,
     check_attributes,
+    check_item_fingerprints,
     check_paths,
     check_table_metadata,
 )
@@ -229,14 +230,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             instance_codes = self._instance.checked(instance_codes, len(paths))
         elif instance_codes is not None:
             raise ValueError("instance_codes were given to an index that keeps none")
-        if fingerprints is None:
-            fingerprints = np.zeros(len(paths), np.uint64)
-        fingerprints = np.asarray(fingerprints)
-        if fingerprints.shape != (len(paths),) or fingerprints.dtype.kind not in "ui":
-            raise ValueError(
-                f"fingerprints must be {len(paths)} unsigned integers, one per "
-                f"path, received {fingerprints.dtype} {fingerprints.shape}"
-            )
+        fingerprints = check_item_fingerprints(fingerprints, len(paths))
         with self._lock.write():
             present = [path for path in paths if path in self._items.row_of_path]
             if present:

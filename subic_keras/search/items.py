@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -122,10 +122,44 @@ def check_attributes(
     return [dict(values) if values else None for values in attributes]
 
 
+def check_item_fingerprints(fingerprints, count: int) -> np.ndarray:
+    """`count` pixel fingerprints (`subic_keras.images.fingerprint`), one
+    per picture, as uint64; None: none known (0 each)."""
+    if fingerprints is None:
+        return np.zeros(count, np.uint64)
+    fingerprints = np.asarray(fingerprints)
+    if fingerprints.shape != (count,) or fingerprints.dtype.kind not in "ui":
+        raise ValueError(
+            f"fingerprints must be {count} unsigned integers, one per "
+            f"path, received {fingerprints.dtype} {fingerprints.shape}"
+        )
+    return fingerprints.astype(np.uint64)
+
+
 def class_of(path: str) -> str:
     """The class a path's folder names: its top folder, `""` at the top."""
     head, slash, _ = path.partition("/")
     return head if slash else ""
+
+
+def described(item_id, path: str, added, attributes: dict | None) -> dict:
+    """An item's fields, as answers show them."""
+    return {
+        "id": int(item_id),
+        "path": path,
+        "class": class_of(path),
+        "added": float(added),
+        "attributes": dict(attributes or {}),
+    }
+
+
+def folders_of(paths: Iterable[str]) -> list[str]:
+    """Every folder holding one of `paths`, at any depth, sorted."""
+    found: set[str] = set()
+    for path in paths:
+        parts = path.split("/")[:-1]
+        found.update("/".join(parts[: depth + 1]) for depth in range(len(parts)))
+    return sorted(found)
 
 
 class _SortedKeys:
@@ -232,13 +266,9 @@ class ItemTable:
     def describe(self, rows: np.ndarray) -> list[dict]:
         """Each row's fields, as answers show them."""
         return [
-            {
-                "id": int(self.ids[row]),
-                "path": self.paths[row],
-                "class": class_of(self.paths[row]),
-                "added": float(self.added[row]),
-                "attributes": dict(self.attributes[row] or {}),
-            }
+            described(
+                self.ids[row], self.paths[row], self.added[row], self.attributes[row]
+            )
             for row in rows
         ]
 
@@ -246,13 +276,7 @@ class ItemTable:
         """Every folder holding a path, at any depth, sorted."""
         cached = self._columns.get("folders")
         if cached is None:
-            found: set[str] = set()
-            for path in self.paths:
-                parts = path.split("/")[:-1]
-                found.update(
-                    "/".join(parts[: depth + 1]) for depth in range(len(parts))
-                )
-            cached = self._columns["folders"] = sorted(found)
+            cached = self._columns["folders"] = folders_of(self.paths)
         assert isinstance(cached, list)
         return list(cached)
 

@@ -9,12 +9,12 @@ inner product of a query `z*` with that vector is SuBiC's score,
 (`http://host:19530`): distributed storage, replicas and filtering by
 fields come from Milvus itself. A collection made with `instance=(M', K')`
 keeps each item's instance code (`subic_keras.instance`) in a second
-vector field, searched by `by_instance()` with the same conventions.
+vector field, searched by `by_instance()` with the same conventions; one of
+a folder's pictures is a `milvus_pictures.MilvusPictures`.
 
 A collection records `M`, `K` and its format's version in its properties
 (`milvus_schema`), checked when it is opened, with the next default id and
-insertion counter. Differences from
-`SubicIndex`, by Milvus's design:
+insertion counter. Differences from `SubicIndex`, by Milvus's design:
 
 - Milvus takes non-negative weights only: a block of the query with
   negative entries (the class-posterior query has them) is raised by a
@@ -22,9 +22,8 @@ insertion counter. Differences from
   alike, and the scores returned have it taken off again, so every query
   ranks as with `SubicIndex`.
 - Items whose code meets no non-zero entry of the (raised) query are not
-  returned; a row holding
-  fewer results than `min(k, len(index))` is padded with id -1 and score
-  -inf, the missing-result convention of `subic_keras.search.base`.
+  returned; a row holding fewer results than `min(k, len(index))` is padded
+  with id -1 and score -inf (`subic_keras.search.base`).
 - `k` is at most 16,384 (Milvus's `topk` limit).
 - Returned rows are sorted by score, equal scores by insertion order, but
   which of several items tied at the k-th score are returned is Milvus's
@@ -33,11 +32,9 @@ insertion counter. Differences from
   its counters; a failed insert deletes what it inserted, and rows that a
   killed process inserted without recording them are found and counted
   when an opened index first reads or writes (`_counters`), so ids are
-  never reused. Writers in
-  one process take turns (a lock per collection, shared by every
-  `MilvusIndex` object). Writers in several processes are not serialised
-  (Milvus does not enforce unique primary keys): give each its own ids, or
-  write from one process.
+  never reused. Writers in one process take turns (a lock per collection,
+  shared by every `MilvusIndex`); writers in several processes are not
+  (Milvus does not enforce unique primary keys): give each its own ids.
 - Milvus's errors are raised as `MilvusError` (an `OSError`) naming the URI
   and the collection.
 
@@ -55,7 +52,13 @@ from typing import Any
 import numpy as np
 
 from subic_keras._validation import check_int
-from subic_keras.search import filters, milvus_answers, milvus_client, milvus_schema
+from subic_keras.search import (
+    filter_terms,
+    filters,
+    milvus_answers,
+    milvus_client,
+    milvus_schema,
+)
 from subic_keras.search.addresses import (
     check_database_exists,
     check_location,
@@ -143,6 +146,7 @@ class MilvusIndex(Searcher):
 
     max_k = MAX_K  # Milvus's topk limit
     _query_chunk = 256
+    _folder: tuple = (None, None)  # a new collection's root and image shape
 
     def __init__(
         self,
@@ -208,16 +212,15 @@ class MilvusIndex(Searcher):
             else:
                 assert num_blocks is not None and block_size is not None
                 self._recorded = milvus_schema.Recorded(
-                    num_blocks, block_size, model, instance, instance_model
-                )
+                    num_blocks, block_size, model, instance, instance_model,
+                    *self._folder,
+                )  # fmt: skip
                 options = {} if self._shards is None else {"num_shards": self._shards}
                 milvus_schema.create(
                     self._client, pymilvus, collection, self._recorded, options
                 )
                 if self._replicas is not None:
                     self._load()
-
-    # Opening and creating -------------------------------------------------
 
     def _properties(self) -> dict:
         described = self._client.describe_collection(self._name)
@@ -382,6 +385,11 @@ class MilvusIndex(Searcher):
                 (nothing is added).
         """
         self._check_writable()
+        if self._recorded.root is not None:
+            raise ValueError(
+                f"collection {self._name!r} holds a folder's pictures: add them "
+                "with their paths (`MilvusPictures.add`, `subic index add`)"
+            )
         codes, ids = self._checked_additions(codes, ids)
         columns = milvus_schema.columns(
             codes, self._recorded, instance_codes, self._name
@@ -390,7 +398,11 @@ class MilvusIndex(Searcher):
             return self._add(columns, len(codes), ids)
 
     def _add(
-        self, columns: dict[str, np.ndarray], n: int, ids: np.ndarray | None
+        self,
+        columns: dict[str, np.ndarray],
+        n: int,
+        ids: np.ndarray | None,
+        scalars: dict[str, list] | None = None,
     ) -> np.ndarray:
         next_id, seq = self._counters()
         if ids is None:
@@ -405,6 +417,7 @@ class MilvusIndex(Searcher):
                 )
         if not n:
             return ids
+        scalars = scalars or {}
         inserted = 0
         try:
             for start in range(0, n, milvus_client.BATCH):
@@ -417,6 +430,7 @@ class MilvusIndex(Searcher):
                             field: dict.fromkeys(column[i].tolist(), 1.0)
                             for field, column in columns.items()
                         },
+                        **{field: values[i] for field, values in scalars.items()},
                     }
                     for i in range(start, stop)
                 ]
@@ -484,10 +498,15 @@ class MilvusIndex(Searcher):
         `instance_queries` `(nq, M'*K')` (the instance model's), by a
         collection keeping instance codes, the answer of both codes as an
         `ImageIndex` gives it (`milvus_answers`), copies marked `"copy"`."""
+        scores, ids, copy = self._answered(queries, k, where, instance_queries)
+        return answer_rows(self, scores, ids, None, copy)
+
+    def _answered(self, queries, k, where, instance_queries):
+        """`(scores, ids, copy)` of `answer` (`copy` None: by one code)."""
         instance = self.instance
-        if instance_queries is None or instance is None or self._view:
-            return super().answer(queries, k, where=where, fingerprints=fingerprints)
         queries = check_queries("queries", queries, self.num_blocks, self.block_size)
+        if instance_queries is None or instance is None or self._view:
+            return *self.search(queries, k, where=where), None
         instance_queries = checked_instance_queries(
             instance_queries, len(queries), *instance
         )
@@ -508,7 +527,7 @@ class MilvusIndex(Searcher):
             copy_margin_of(self.instance_model),
             k,
         )
-        return answer_rows(self, scores, ids, None, copy)
+        return scores, ids, copy
 
     def get_ids(self) -> np.ndarray:
         """The ids, in insertion order."""
@@ -544,9 +563,10 @@ class MilvusIndex(Searcher):
     ) -> tuple[np.ndarray, np.ndarray]:
         """`search` (at most 16,384 results, Milvus's limit): best first,
         missing results as id -1 and score -inf (module doc); a filter (on
-        `id`, the one field a collection holds) becomes Milvus's own filter
-        expression, applied by Milvus inside its search."""
-        expression = "" if where is None else where.milvus()
+        `id`, and on a folder's collection its pictures' fields) becomes
+        Milvus's own filter expression, applied inside its search."""
+        held = filter_terms.FIELDS if self._recorded.root else filter_terms.ON_IDS
+        expression = "" if where is None else where.milvus(frozenset(held))
         width = min(k, len(self))
         scores = np.full((len(queries), width), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), width), -1, dtype=np.int64)

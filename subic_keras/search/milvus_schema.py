@@ -14,7 +14,13 @@ that wrote them and the counters of `MilvusIndex.add`:
 - format 2 (written only for a collection with instance codes, so that a
   collection without them stays readable by earlier versions): format 1's,
   and `subic.instance_num_blocks`, `subic.instance_block_size`, optionally
-  `subic.instance_model`.
+  `subic.instance_model`;
+- format 3, a folder's pictures (`milvus_pictures`): format 1's, format
+  2's where it keeps instance codes, `subic.root` (the folder's absolute
+  path) and optionally `subic.image_shape` (a JSON list); its items hold
+  the fields of an `ImageIndex`'s table (`items`) too: `path`, `class`,
+  `fingerprint` (the uint64 stored as the int64 of the same bits), `added`
+  and `attributes` (JSON, `{}` for none).
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ from subic_keras.search.checks import (
     check_model_record,
     check_num_blocks,
 )
+from subic_keras.search.items import check_table_metadata
 
-READ_VERSIONS = ("1", "2")
+READ_VERSIONS = ("1", "2", "3")
 CODE, INSTANCE_CODE = "code", "instance_code"
+PICTURE_FIELDS = ("path", "class", "fingerprint", "added", "attributes")
+MAX_PATH = 65_535  # bytes: Milvus's longest VARCHAR
 _PROPERTIES = ("subic.format", "subic.num_blocks", "subic.block_size")
 _INSTANCE = ("subic.instance_num_blocks", "subic.instance_block_size")
 
@@ -47,6 +56,8 @@ class Recorded:
     model: dict | None = None
     instance: tuple[int, int] | None = None  # (M', K') of its instance codes
     instance_model: dict | None = None
+    root: str | None = None  # a folder's pictures (format 3)
+    image_shape: tuple[int, ...] | None = None
 
     def shape(self, instance: bool = False) -> tuple[int, int]:
         """`(M, K)` of the class codes, or of the instance codes."""
@@ -77,8 +88,16 @@ def create(client, pymilvus, name: str, recorded: Recorded, options: dict) -> No
         index.add_index(
             field_name=field, index_type="SPARSE_INVERTED_INDEX", metric_type="IP"
         )
+    version = "1" if recorded.instance is None else "2"
+    if recorded.root is not None:
+        version = "3"
+        schema.add_field("path", DataType.VARCHAR, max_length=MAX_PATH)
+        schema.add_field("class", DataType.VARCHAR, max_length=MAX_PATH)
+        schema.add_field("fingerprint", DataType.INT64)
+        schema.add_field("added", DataType.DOUBLE)
+        schema.add_field("attributes", DataType.JSON)
     properties = {
-        "subic.format": "1" if recorded.instance is None else "2",
+        "subic.format": version,
         "subic.num_blocks": str(recorded.num_blocks),
         "subic.block_size": str(recorded.block_size),
         "subic.next_id": "0",
@@ -91,6 +110,10 @@ def create(client, pymilvus, name: str, recorded: Recorded, options: dict) -> No
         properties[_INSTANCE[1]] = str(recorded.instance[1])
         if recorded.instance_model is not None:
             properties["subic.instance_model"] = json.dumps(recorded.instance_model)
+    if recorded.root is not None:
+        properties["subic.root"] = recorded.root
+        if recorded.image_shape is not None:
+            properties["subic.image_shape"] = json.dumps(list(recorded.image_shape))
     client.create_collection(
         name,
         schema=schema,
@@ -126,18 +149,19 @@ def read(properties: dict, where: str) -> Recorded:
     try:
         shape = _shape(properties, "subic.num_blocks", "subic.block_size")
         instance = None
-        if version == "2":
+        if version == "2" or _INSTANCE[0] in properties:
             missing = [name for name in _INSTANCE if name not in properties]
             if missing:
-                raise ValueError(f"format 2 needs {missing}")
+                raise ValueError(f"format {version} needs {missing}")
             instance = _shape(properties, *_INSTANCE)
         model = _model(properties, "subic.model")
         instance_model = _model(properties, "subic.instance_model")
+        root, image_shape = _folder(properties) if version == "3" else (None, None)
     except ValueError as error:
         raise ValueError(
-            f"{where} records an invalid shape or model: {error}"
+            f"{where} records an invalid shape, model or folder: {error}"
         ) from None
-    return Recorded(*shape, model, instance, instance_model)
+    return Recorded(*shape, model, instance, instance_model, root, image_shape)
 
 
 def check_instance(instance) -> tuple[int, int]:
@@ -228,6 +252,22 @@ def _shape(properties: dict, blocks: str, size: str) -> tuple[int, int]:
         check_num_blocks(check_int(blocks, num_blocks, minimum=1)),
         check_block_size(block_size, size),
     )
+
+
+def _folder(properties: dict) -> tuple[str, tuple[int, ...] | None]:
+    """The folder and image shape a collection of pictures records,
+    checked as an index file's are (`items.check_table_metadata`)."""
+    root = properties.get("subic.root")
+    if not isinstance(root, str):
+        raise ValueError(f"format 3 needs subic.root, the folder, received {root!r}")
+    text = properties.get("subic.image_shape")
+    metadata = {
+        "format": "milvus",
+        "root": root,
+        "image_shape": None if text is None else load_json(text),
+    }
+    root, shape, _ = check_table_metadata(metadata, "milvus")
+    return root, None if shape is None else tuple(shape)
 
 
 def _model(properties: dict, name: str) -> dict | None:

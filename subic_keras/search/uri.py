@@ -61,7 +61,8 @@ def open(  # the package's `open`: `sk.search.open(uri)`
     Returns:
         A `Searcher`: a `SubicIndex` (codes and ids), an `ImageIndex` (a
         file that records its items: a folder's pictures), a `RayIndex` (a
-        shard manifest) or a `MilvusIndex`.
+        shard manifest), a `MilvusIndex` or a `MilvusPictures` (a
+        collection of a folder's pictures).
 
     Raises:
         ValueError: for a file that is not an index, an unknown collection,
@@ -69,9 +70,9 @@ def open(  # the package's `open`: `sk.search.open(uri)`
         ImportError: for a Milvus URI without pymilvus installed.
     """
     if is_database(uri):
-        from subic_keras.search.milvus import MilvusIndex
+        from subic_keras.search.milvus_pictures import open_collection
 
-        return MilvusIndex(uri, collection)
+        return open_collection(uri, collection)
     if is_manifest(uri):
         from subic_keras.search.ray_index import RayIndex
 

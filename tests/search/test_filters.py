@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from subic_keras.search import filters
+from subic_keras.search import filter_terms, filters
 from subic_keras.search.items import IdColumns, ItemTable
 
 
@@ -226,3 +226,22 @@ def test_lone_surrogates_are_refused_at_add_naming_the_item(tmp_path):
             attributes=[None, {"t": "\udc80"}],
         )
     assert len(index) == 0
+
+
+def test_milvus_expressions_of_a_folder_collection():
+    held = frozenset(filter_terms.FIELDS)
+    under = filters.parse("path under 'a/b/'")
+    assert under.milvus(held) == 'path >= "a/b/" and path < "a/b0"'
+    assert filters.parse("path under ''").milvus(held) == "id >= 0"
+    odd = 'say "hi"\\\n\r\t\x07é.png'
+    assert filters.Compare("path", "==", odd).milvus(held) == (
+        'path == "say \\"hi\\"\\\\\\n\\r\t\x07é.png"'
+    )
+    both = filters.parse("not (class in ['a', 'b']) or added >= 1.5")
+    assert both.milvus(held) == ('(not (class in ["a", "b"])) or (added >= 1.5)')
+    with pytest.raises(ValueError, match="class is a string, received 3"):
+        filters.parse("class == 3").milvus(held)
+    with pytest.raises(ValueError, match="attributes are filtered in .subic"):
+        filters.parse("attrs.x == 1").milvus(held)
+    with pytest.raises(ValueError, match="filtered on id alone, received a test on"):
+        under.milvus()

@@ -401,8 +401,19 @@ def test_a_forged_instance_shape_is_named(uri):
     }
     with pytest.raises(ValueError, match="collection 'x' records an invalid shape"):
         milvus_schema.read(forged, "collection 'x'")
-    with pytest.raises(ValueError, match="reads versions 1, 2"):
-        milvus_schema.read({**base, "subic.format": "3"}, "collection 'x'")
+    with pytest.raises(ValueError, match="reads versions 1, 2, 3"):
+        milvus_schema.read({**base, "subic.format": "4"}, "collection 'x'")
+    # Format 3, a folder's: its folder and pictures' shape, checked.
+    folder = {**base, "subic.format": "3"}
+    with pytest.raises(ValueError, match="format 3 needs subic.root, the folder"):
+        milvus_schema.read(folder, "collection 'x'")
+    with pytest.raises(ValueError, match="'photos' is not an absolute path"):
+        milvus_schema.read({**folder, "subic.root": "photos"}, "collection 'x'")
+    shape = {**folder, "subic.root": "/photos", "subic.image_shape": "[32, 32]"}
+    with pytest.raises(ValueError, match=r"image_shape \[32, 32\] is not"):
+        milvus_schema.read(shape, "collection 'x'")
+    read = milvus_schema.read({**shape, "subic.image_shape": "[8, 8, 1]"}, "x")
+    assert (read.root, read.image_shape, read.instance) == ("/photos", (8, 8, 1), None)
     version_1 = milvus_schema.read({**base, "subic.format": "1"}, "collection 'x'")
     assert version_1.instance is None
 

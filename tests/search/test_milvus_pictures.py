@@ -1,0 +1,185 @@
+"""A folder's pictures in Milvus (`MilvusPictures`): the answers, paths,
+filters and copies of an `ImageIndex` of the same pictures."""
+
+import numpy as np
+import pytest
+from search_reference import distinct_codes, relu_queries
+
+from subic_keras.search import open as search_open
+from subic_keras.search.image_index import ImageIndex
+
+pymilvus = pytest.importorskip("pymilvus", reason="the [milvus] extra")
+milvus_pictures = pytest.importorskip("subic_keras.search.milvus_pictures")
+MilvusPictures = milvus_pictures.MilvusPictures
+
+# Paths a filter expression must quote: quotes, backslashes, line breaks,
+# a tab, a control character, accents and a character beyond the BMP.
+ODD = ['b/say "hi".png', "b/back\\slash.png", "b/line\nbreak.png", "b/tab\t.png",
+       "b/bell\x07.png", "b/é/ü.png", "b/🙂.png"]  # fmt: skip
+RECORD = {"digest": "ab" * 32, "copy_margin": -0.5, "copy_blocks": 4}
+
+
+@pytest.fixture(autouse=True)
+def scanner():
+    """One run (the native/faiss choice does not apply to Milvus)."""
+    return "milvus"
+
+
+def _pictures(rng, n=60):
+    paths = [f"a/{i}.png" if i % 3 else f"a/x/{i}.png" for i in range(n - len(ODD))]
+    paths += ODD
+    fingerprints = rng.integers(1, 2**64, n, dtype=np.uint64)
+    fingerprints[5] = fingerprints[40] = 2**63 + 11  # two exact copies, top bit set
+    fingerprints[7] = 0  # unknown
+    attributes = [{"n": i, "s": str(i)} if i % 4 == 0 else None for i in range(n)]
+    return paths, fingerprints, attributes
+
+
+def _both(rng, tmp_path, n=60):
+    """The same pictures in an `ImageIndex` and in a Milvus collection, each
+    with a class code (6 blocks of 16) and an instance code (4 of 8)."""
+    paths, fingerprints, attributes = _pictures(rng, n)
+    codes = distinct_codes(rng, n, 6, 16)
+    near = rng.integers(0, 8, (n, 4))
+    near[41] = near[3]  # a copy by the instance code
+    root = tmp_path / "photos"
+    index = ImageIndex(6, 16, root, (8, 8, 3), instance=(4, 8))
+    index.instance.model = RECORD
+    index.add(codes, paths, fingerprints, attributes, instance_codes=near)
+    remote = MilvusPictures(
+        str(tmp_path / "photos.db"), "photos", 6, 16, root=root,
+        image_shape=(8, 8, 3), instance=(4, 8), instance_model=RECORD,
+    )  # fmt: skip
+    remote.add(codes, paths, fingerprints, attributes, instance_codes=near)
+    return index, remote
+
+
+def _rows(answers):
+    keys = ("id", "path", "class", "exact", "copy", "attributes")
+    return [[tuple(row.get(key) for key in keys) for row in rows] for rows in answers]
+
+
+def test_answers_are_an_image_index_answers(rng, tmp_path):
+    index, remote = _both(rng, tmp_path)
+    queries = relu_queries(rng, 6, 6, 16) + 0.01  # every item scores above 0
+    instance_queries = relu_queries(rng, 6, 4, 8)
+    instance_queries[2] = 0
+    instance_queries[2, np.arange(4) * 8 + index.by_instance().get_codes([3])[0]] = 1
+    fingerprints = np.array([2**63 + 11, 0, 123, 0, 0, 0], np.uint64)
+    for where in (None, "class == 'b'", "path under 'a/x'", "path under 'a'",
+                  "added > 0 and not (class in ['a'])", 'path >= "b/b"',
+                  f"path == {ODD[0]!r} or path in [{ODD[2]!r}, {ODD[5]!r}]",
+                  "id < 20 or id == 40"):  # fmt: skip
+        for more in ({}, {"instance_queries": instance_queries}):
+            want = index.answer(
+                queries, 12, where=where, fingerprints=fingerprints, **more
+            )
+            got = remote.answer(
+                queries, 12, where=where, fingerprints=fingerprints, **more
+            )
+            assert _rows(got) == _rows(want), (where, more)
+            for mine, theirs in zip(got, want):
+                np.testing.assert_allclose(
+                    [row["score"] for row in mine],
+                    [row["score"] for row in theirs],
+                    rtol=1e-5,
+                )
+    # The exact copies first, the query's copy by the instance code marked.
+    first = remote.answer(queries, 3, fingerprints=fingerprints, **more)
+    assert [row["id"] for row in first[0][:2]] == [5, 40]
+    assert first[0][0]["exact"] and first[0][1]["exact"]
+    assert [row["id"] for row in first[2] if row["copy"]] == [3, 41]
+    remote.close()
+
+
+def test_paths_fields_and_copies_as_an_image_index(rng, tmp_path):
+    index, remote = _both(rng, tmp_path)
+    ids = index.get_ids()
+    assert remote.get_paths() == index.get_paths()
+    assert remote.paths(ids[::-1]) == index.paths(ids[::-1])
+    assert remote.ids(ODD).tolist() == index.ids(ODD).tolist()
+    assert all(path in remote for path in ODD) and "b/none.png" not in remote
+    assert 3 not in remote
+    assert remote.folders() == index.folders()
+    assert remote.describe(ids[:9]) == [
+        {**row, "added": pytest.approx(row["added"], abs=5)}
+        for row in index.describe(ids[:9])
+    ]
+    assert remote.duplicates() == index.duplicates() == [["a/x/3.png", "a/41.png"]]
+    assert remote.duplicates(copy_blocks=1) == index.duplicates(copy_blocks=1)
+    with pytest.raises(KeyError, match="paths not in the index"):
+        remote.ids(["a/1.png", "b/none.png"])
+    with pytest.raises(KeyError, match="ids not in the index"):
+        remote.paths([1, 10_000])
+    # Reopened by its address: the folder, the pictures' shape, the models.
+    remote.close()
+    opened = search_open(str(tmp_path / "photos.db"), collection="photos")
+    assert isinstance(opened, MilvusPictures)
+    assert (opened.root, opened.image_shape) == (index.root, (8, 8, 3))
+    assert opened.instance_model == RECORD and len(opened) == 60
+    assert opened.holds_pictures and not opened.written_with_looks
+    assert opened.by_instance().get_paths() == index.get_paths()
+    # Removing by path, all or nothing; ids are never reused.
+    with pytest.raises(KeyError, match="b/none.png"):
+        opened.remove([ODD[0], "b/none.png"])
+    assert len(opened) == 60
+    assert opened.remove([ODD[0], ODD[1], ODD[0]]) == 2
+    assert ODD[0] not in opened and len(opened) == 58
+    again = opened.add(
+        [[1] * 6], [ODD[0]], instance_codes=[[0] * 4], attributes=[{"k": True}]
+    )
+    assert again.tolist() == [60]
+    assert opened.describe(again)[0]["attributes"] == {"k": True}
+    # The folders, read again after each change.
+    assert "z" not in opened.folders()
+    opened.add([[2] * 6], ["z/new.png"], instance_codes=[[0] * 4])
+    assert opened.folders() == ["a", "a/x", "b", "b/é", "z"]
+    opened.remove(["z/new.png"])
+    assert "z" not in opened.folders()
+    opened.close()
+
+
+def test_mistakes_are_refused_whole(rng, tmp_path):
+    _, remote = _both(rng, tmp_path)
+    one = {"instance_codes": [[0] * 4]}
+    with pytest.raises(ValueError, match=r"paths already in the index: \['a/1.png'\]"):
+        remote.add(
+            [[0] * 6, [1] * 6], ["c/new.png", "a/1.png"], instance_codes=[[0] * 4] * 2
+        )
+    assert len(remote) == 60 and "c/new.png" not in remote
+    with pytest.raises(ValueError, match="paths must be relative POSIX paths"):
+        remote.add([[0] * 6], ["../up.png"], **one)
+    with pytest.raises(ValueError, match="at most 65535 bytes in Milvus"):
+        remote.add([[0] * 6], ["c/" + "x" * 70_000], **one)
+    with pytest.raises(ValueError, match="codes and paths must have the same length"):
+        remote.add([[0] * 6] * 2, ["c/new.png"], **one)
+    with pytest.raises(ValueError, match="instance_codes must be given"):
+        remote.add([[0] * 6], ["c/new.png"])
+    with pytest.raises(ValueError, match="fingerprints must be 1 unsigned integers"):
+        remote.add([[0] * 6], ["c/new.png"], fingerprints=[1.5], **one)
+    with pytest.raises(
+        ValueError, match="attributes are filtered in .subic indexes only"
+    ):
+        remote.answer(relu_queries(rng, 1, 6, 16), 3, where="attrs.n == 4")
+    with pytest.raises(ValueError, match="path is a string, received 3"):
+        remote.answer(relu_queries(rng, 1, 6, 16), 3, where="path == 3")
+    with pytest.raises(TypeError, match="received one string"):
+        remote.remove("a/1.png")
+    assert len(remote) == 60
+    uri = str(tmp_path / "photos.db")
+    with pytest.raises(ValueError, match="holds pictures of .*photos, received root"):
+        MilvusPictures(uri, "photos", root=tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="root must be given with num_blocks"):
+        MilvusPictures(uri, "other", 6, 16)
+    # A collection of codes alone is not a folder's.
+    from subic_keras.search.milvus import MilvusIndex
+
+    codes = MilvusIndex(uri, "codes", 6, 16)
+    codes.add(distinct_codes(rng, 5, 6, 16))
+    with pytest.raises(ValueError, match="holds codes without image paths"):
+        MilvusPictures(uri, "codes")
+    assert type(search_open(uri, collection="codes")) is MilvusIndex
+    # ... and a folder's is written through its paths.
+    with pytest.raises(ValueError, match="add them with their paths"):
+        MilvusIndex(uri, "photos").add(distinct_codes(rng, 1, 6, 16))
+    remote.close()
