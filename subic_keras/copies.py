@@ -387,11 +387,10 @@ def duplicate_groups(
         index.add(codes, ids=np.arange(len(codes)))
     else:
         sorter = np.argsort(ids, kind="stable")
-    eye = np.eye(block_size, dtype=np.float32)
     parts = []
-    for start in range(0, len(codes), 4096):
-        part = eye[codes[start : start + 4096]].reshape(-1, num_blocks * block_size)
-        equal, found = index.search(part, min(k + 1, len(codes)))
+    for start in range(0, len(codes), 4096):  # each part's pairs, not its results
+        chunk = codes[start : start + 4096]
+        equal, found = index.search_codes(chunk, min(k + 1, len(codes)))
         rows, cols = np.nonzero((equal >= copy_blocks) & (found >= 0))
         places = found[rows, cols]
         if sorter is not None:
