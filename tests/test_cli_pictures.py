@@ -167,6 +167,18 @@ def test_a_folder_in_milvus_answers_as_its_index_file(model, folder, tmp_path, c
         capsys, "index", "build", model, other, "--output", uri, *collection
     )
     assert f"collection 'photos' holds pictures of {root}" in err
+    # A dataset split into a folder's collection, or a folder into one of
+    # codes alone, is refused before anything is encoded.
+    digits = ["index", "build", model, "--dataset", "digits", "--split", "test"]
+    err, seconds = _error(capsys, *digits, "--output", uri, *collection)
+    assert "collection 'photos' at" in err and "holds a folder's pictures" in err
+    assert seconds < 10, seconds
+    from subic_keras.search.milvus import MilvusIndex
+
+    MilvusIndex(uri, "codes", 4, 16).close()
+    into_codes = ["--output", uri, "--collection", "codes"]
+    err, _ = _error(capsys, "index", "build", model, root, *into_codes)
+    assert "holds codes of a dataset split, without paths" in err
     (root / "c" / "new.png").unlink()
 
 

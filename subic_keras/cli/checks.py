@@ -19,7 +19,7 @@ from subic_keras.paths import check_folder, open_file
 from subic_keras.pretrained import INSTANCE
 from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
-from subic_keras.search.addresses import check_database_exists
+from subic_keras.search.addresses import check_database_exists, is_local
 from subic_keras.search.checks import model_writer
 from subic_keras.search.file_format import MAGIC, recorded_metadata
 from subic_keras.search.manifests import read_manifest
@@ -124,6 +124,8 @@ def _index_build(args) -> None:
     if not is_database(args.output):
         check_output_path(args.output)
         _ours_to_replace(args.output, sharded)
+    else:
+        _collection_holds(args.output, args.collection, args.folder is not None)
     check_int("--batch-size", args.batch_size, minimum=1)
     if sharded and args.folder is None:
         raise ValueError(
@@ -159,6 +161,32 @@ def _index_build(args) -> None:
         )
         check_folder(args.folder)
     _data_dir(args)
+
+
+def _collection_holds(uri: str, collection: str, pictures: bool) -> None:
+    """A collection that exists holds what a build adds: a folder's pictures,
+    or codes of a dataset split (said before anything is encoded)."""
+    if is_local(uri) and not os.path.exists(uri):
+        return  # a new database
+    from subic_keras.search.milvus_pictures import MilvusPictures, open_collection
+
+    try:
+        opened = open_collection(uri, collection)
+    except ValueError:
+        return  # none of that name yet (or a fault the build will name)
+    holds_pictures = isinstance(opened, MilvusPictures)
+    opened.close()
+    if holds_pictures and not pictures:
+        raise ValueError(
+            f"collection {collection!r} at {uri} holds a folder's pictures; index "
+            "a dataset split into another collection (--collection NAME)"
+        )
+    if pictures and not holds_pictures:
+        raise ValueError(
+            f"collection {collection!r} at {uri} holds codes of a dataset split, "
+            "without paths; index a folder into another collection "
+            "(--collection NAME)"
+        )
 
 
 def _model(path: str) -> None:
