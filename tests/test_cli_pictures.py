@@ -143,6 +143,15 @@ def test_a_folder_in_milvus_answers_as_its_index_file(model, folder, tmp_path, c
     assert all(row["exact"] for row in firsts[:4]) and not firsts[4]["exact"]
     same(["--under", "b"])
     same(["--where", f"class == 'c' or path == {paths[1]!r}"])
+    # Searched by the instance codes alone, with the code that ships.
+    found = []
+    for index in (file, uri):
+        capsys.readouterr()
+        argv = ["search", "instance", index, *queries, "-k", "5", "--json"]
+        assert main([*argv, *collection]) == 0
+        rows = map(json.loads, capsys.readouterr().out.splitlines())
+        found.append([(r["path"], r["exact"], r["copy"]) for r in rows])
+    assert found[0] == found[1] and len(found[0]) == 25
     capsys.readouterr()
     assert main(["duplicates", file]) == 0
     want = capsys.readouterr().out
