@@ -97,9 +97,15 @@ class MilvusPictures(MilvusIndex, PictureIndex):
                 "root must be given with num_blocks and block_size: the folder "
                 "of the pictures of a collection to create"
             )
-        root = None if root is None else os.path.abspath(os.fspath(root))
-        shape = None if image_shape is None else tuple(map(int, image_shape))
-        self._folder = (root, shape)
+        self._folder: tuple = (None, None)
+        if root is not None:
+            shape = None if image_shape is None else np.asarray(image_shape).tolist()
+            try:
+                self._folder = milvus_schema.check_folder(
+                    os.path.abspath(os.fspath(root)), shape
+                )
+            except ValueError as error:
+                raise ValueError(f"root and image_shape: {error}") from None
         super().__init__(uri, collection, num_blocks, block_size, **options)
         try:
             self._check_folder(root)

@@ -261,11 +261,14 @@ def _folder(properties: dict) -> tuple[str, tuple[int, ...] | None]:
     if not isinstance(root, str):
         raise ValueError(f"format 3 needs subic.root, the folder, received {root!r}")
     text = properties.get("subic.image_shape")
-    metadata = {
-        "format": "milvus",
-        "root": root,
-        "image_shape": None if text is None else load_json(text),
-    }
+    return check_folder(root, None if text is None else load_json(text))
+
+
+def check_folder(root: str, image_shape) -> tuple[str, tuple[int, ...] | None]:
+    """A collection's folder (an absolute path) and the pictures' shape
+    (`[H, W, C]`, or None), checked as an index file's are
+    (`items.check_table_metadata`)."""
+    metadata = {"format": "milvus", "root": root, "image_shape": image_shape}
     root, shape, _ = check_table_metadata(metadata, "milvus")
     return root, None if shape is None else tuple(shape)
 

@@ -171,6 +171,11 @@ def test_mistakes_are_refused_whole(rng, tmp_path):
         MilvusPictures(uri, "photos", root=tmp_path / "elsewhere")
     with pytest.raises(ValueError, match="root must be given with num_blocks"):
         MilvusPictures(uri, "other", 6, 16)
+    with pytest.raises(ValueError, match=r"image_shape \[32, 32\] is not \(H, W, C\)"):
+        MilvusPictures(uri, "other", 6, 16, root=tmp_path, image_shape=(32, 32))
+    shape = np.array([8, 8, 3])  # NumPy integers are integers
+    other = MilvusPictures(uri, "other", 6, 16, root=tmp_path, image_shape=shape)
+    assert other.image_shape == (8, 8, 3)
     # A collection of codes alone is not a folder's.
     from subic_keras.search.milvus import MilvusIndex
 
