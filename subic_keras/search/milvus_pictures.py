@@ -108,7 +108,7 @@ class MilvusPictures(MilvusIndex, PictureIndex):
                 raise ValueError(f"root and image_shape: {error}") from None
         super().__init__(uri, collection, num_blocks, block_size, **options)
         try:
-            self._check_folder(root)
+            self._check_folder(self._folder[0])
         except ValueError:
             self.close()
             raise
