@@ -335,20 +335,39 @@ class MilvusPictures(MilvusIndex, PictureIndex):
         path_of = {int(row["id"]): row["path"] for row in rows}
         return [[path_of[int(i)] for i in group] for group in groups]
 
+    def search(
+        self, queries, k: int, *, where=None, fingerprints=None, instance_queries=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`ImageIndex.search` of the collection: with the queries' pixel
+        `fingerprints`, each query's exact copies first; with the instance
+        model's `instance_queries`, its copies by the instance code, then
+        the class ranking, equal scores by instance score."""
+        if fingerprints is None and instance_queries is None:
+            return super().search(queries, k, where=where)
+        scores, ids, *_ = self._ranked(
+            queries, k, where, fingerprints, instance_queries
+        )
+        return scores, ids
+
     def answer(
         self, queries, k: int, *, where=None, fingerprints=None, instance_queries=None
     ) -> list[list[dict]]:
-        """`MilvusIndex.answer`, with the exact copies of each query (by
-        its pixel `fingerprints`, one per query) listed first and marked
-        `"exact": True`, as `ImageIndex.answer` gives them."""
+        """`search`, each result as a row (`base.answer_rows`), exact copies
+        of the query marked `"exact": True` and, answered by both codes,
+        copies `"copy": True`, as `ImageIndex.answer` gives them."""
+        found = self._ranked(queries, k, where, fingerprints, instance_queries)
+        return answer_rows(self, *found)
+
+    def _ranked(self, queries, k, where, fingerprints, instance_queries):
+        """`(scores, ids, exact, copy)` (`exact` None without fingerprints;
+        `copy` None unless answered by both codes)."""
         where = filters.as_filter(where)
         scores, ids, copy = self._answered(queries, k, where, instance_queries)
         if fingerprints is None or not ids.shape[1]:
-            return answer_rows(self, scores, ids, None, copy)
+            return scores, ids, None, copy
         fingerprints = check_fingerprints(fingerprints, len(ids))
         found = [self._exact(value, where, ids.shape[1]) for value in fingerprints]
-        exact = exact_first(scores, ids, queries, found, copy)
-        return answer_rows(self, scores, ids, exact, copy)
+        return scores, ids, exact_first(scores, ids, queries, found, copy), copy
 
     def _exact(self, fingerprint, where, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The first `k` pictures `where` keeps whose pixels have this

@@ -84,8 +84,15 @@ def test_answers_are_an_image_index_answers(rng, tmp_path):
                     [row["score"] for row in theirs],
                     rtol=1e-5,
                 )
+    # `search` ranks as `answer` does, as an ImageIndex's.
+    both = {"fingerprints": fingerprints, "instance_queries": instance_queries}
+    for given in ({}, {"fingerprints": fingerprints}, both):
+        want = index.search(queries, 12, **given)
+        got = remote.search(queries, 12, **given)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     # The exact copies first, the query's copy by the instance code marked.
-    first = remote.answer(queries, 3, fingerprints=fingerprints, **more)
+    first = remote.answer(queries, 3, **both)
     assert [row["id"] for row in first[0][:2]] == [5, 40]
     assert first[0][0]["exact"] and first[0][1]["exact"]
     assert [row["id"] for row in first[2] if row["copy"]] == [3, 41]
