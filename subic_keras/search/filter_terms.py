@@ -18,8 +18,10 @@ from typing import Any, Protocol
 import numpy as np
 
 FIELDS = ("id", "path", "class", "added")
-# The fields of a Milvus collection of codes (`milvus`'s default).
+# The fields of a Milvus collection of codes (`milvus`'s default), and of
+# one of a folder's pictures (`milvus_pictures`).
 ON_IDS = frozenset({"id"})
+ON_PICTURES = frozenset({*FIELDS, "attributes"})
 # How deep parentheses and `not`s may nest in a filter's text.
 MAX_DEPTH = 32
 # How deep a filter's tree may be: a text's nesting (`MAX_DEPTH` levels of
@@ -66,8 +68,9 @@ class Filter(abc.ABC):
     @abc.abstractmethod
     def milvus(self, held: frozenset[str] = ON_IDS) -> str:
         """The same condition as a Milvus filter expression, on the fields
-        a collection `held` (a collection of codes: `id` alone; of a
-        folder's pictures: `FIELDS`).
+        a collection `held` (a collection of codes: `ON_IDS`; of a folder's
+        pictures: `ON_PICTURES`, each attribute kept under its kind and
+        name, `milvus_attribute_key`).
 
         Raises:
             ValueError: the filter reads a field the collection lacks.
@@ -110,18 +113,37 @@ def milvus_literal(value) -> str:
     return _literal(value)
 
 
+def attribute_kind(value) -> str:
+    """The kind of an attribute's value: `"bool"`, `"number"` or `"string"`
+    (a filter compares values of one kind only)."""
+    if isinstance(value, bool):
+        return "bool"
+    return "number" if isinstance(value, (int, float)) else "string"
+
+
+def milvus_attribute_key(name: str, value) -> str:
+    """The key of attribute `name` in a Milvus collection's `attributes`:
+    its kind and its name (`"number:year"`), so that a test reads the
+    values of its own kind alone, as `mask` does."""
+    return f"{attribute_kind(value)}:{name}"
+
+
+def _present(key: str, test: str) -> str:
+    """`test` of an attribute's `key`, false (not null) where an item lacks
+    the key: Milvus's null would make `not (test)` false there too, where
+    `mask` makes it true."""
+    return f"(exists {key} and {test})"
+
+
 def _on_milvus(field: str, held: frozenset[str], value=None) -> str:
     """`field` as a Milvus expression names it, checked to be held (and
     `value`, where given, to be of its kind)."""
+    if field.startswith("attrs.") and "attributes" in held:
+        return f'attributes["{milvus_attribute_key(field[6:], value)}"]'
     if field not in held:
-        what = (
-            "holds ids and codes only, so it can be filtered on id alone"
-            if held == ON_IDS
-            else f"can be filtered on {', '.join(sorted(held))} (attributes are "
-            "filtered in .subic indexes only)"
-        )
         raise ValueError(
-            f"where: a Milvus collection {what}, received a test on {field!r}"
+            "where: a Milvus collection holds ids and codes only, so it can be "
+            f"filtered on id alone, received a test on {field!r}"
         )
     if value is not None:
         numeric = field in ("id", "added")
@@ -159,8 +181,11 @@ class Compare(Filter):
         return {self.field}
 
     def milvus(self, held: frozenset[str] = ON_IDS) -> str:
+        if self.field.startswith("attrs.") and isinstance(self.value, bool):
+            _check_bool_test(self.field[6:], COMPARISONS[self.op], self.value)
         field = _on_milvus(self.field, held, self.value)
-        return f"{field} {self.op} {milvus_literal(self.value)}"
+        test = f"{field} {self.op} {milvus_literal(self.value)}"
+        return _present(field, test) if self.field.startswith("attrs.") else test
 
     def __str__(self) -> str:
         return f"{self.field} {self.op} {_literal(self.value)}"
@@ -196,9 +221,18 @@ class In(Filter):
         return {self.field}
 
     def milvus(self, held: frozenset[str] = ON_IDS) -> str:
-        for value in self.values:
-            _on_milvus(self.field, held, value)
-        return f"{self.field} in [{', '.join(milvus_literal(v) for v in self.values)}]"
+        if not self.values:
+            return "id < 0"  # no item
+        fields = [_on_milvus(self.field, held, value) for value in self.values]
+        if not self.field.startswith("attrs."):
+            return f"{fields[0]} in [{', '.join(map(milvus_literal, self.values))}]"
+        # Milvus takes `in` on fields only: an attribute's values one by one,
+        # each compared under its kind's key.
+        tests = [
+            _present(f, f"{f} == {milvus_literal(v)}")
+            for f, v in zip(fields, self.values)
+        ]
+        return " or ".join(tests)
 
     def __str__(self) -> str:
         return f"{self.field} in [{', '.join(_literal(v) for v in self.values)}]"
@@ -394,20 +428,19 @@ def _on_integers(field: str, op: str, value) -> tuple[str, int | bool]:
     )
 
 
-def _attribute_mask(columns: Columns, name: str, compare, value) -> np.ndarray:
-    kind = (
-        "bool"
-        if isinstance(value, bool)
-        else "number"
-        if isinstance(value, (int, float))
-        else "string"
-    )
-    present, values = columns.attribute(name)[kind]
-    if kind == "bool" and compare not in (operator.eq, operator.ne):
+def _check_bool_test(name: str, compare, value) -> None:
+    if compare not in (operator.eq, operator.ne):
         raise ValueError(
             f"where: true and false compare with == and != only, received "
             f"attrs.{name} compared with {_literal(value)}"
         )
+
+
+def _attribute_mask(columns: Columns, name: str, compare, value) -> np.ndarray:
+    kind = attribute_kind(value)
+    present, values = columns.attribute(name)[kind]
+    if kind == "bool":
+        _check_bool_test(name, compare, value)
     exact = kind == "number" and (
         (isinstance(value, int) and abs(value) > _EXACT_FLOAT)
         or bool(columns.attribute(name)["large"][0].any())

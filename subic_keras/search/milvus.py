@@ -565,8 +565,8 @@ class MilvusIndex(Searcher):
         missing results as id -1 and score -inf (module doc); a filter (on
         `id`, and on a folder's collection its pictures' fields) becomes
         Milvus's own filter expression, applied inside its search."""
-        held = filter_terms.FIELDS if self._recorded.root else filter_terms.ON_IDS
-        expression = "" if where is None else where.milvus(frozenset(held))
+        held = filter_terms.ON_PICTURES if self._recorded.root else filter_terms.ON_IDS
+        expression = "" if where is None else where.milvus(held)
         width = min(k, len(self))
         scores = np.full((len(queries), width), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), width), -1, dtype=np.int64)

@@ -32,7 +32,7 @@ import numpy as np
 from subic_keras.search import filter_terms, filters, milvus_client, milvus_schema
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import check_fingerprints, check_ids, preview
-from subic_keras.search.filter_terms import milvus_literal
+from subic_keras.search.filter_terms import milvus_attribute_key, milvus_literal
 from subic_keras.search.items import (
     check_attributes,
     check_item_fingerprints,
@@ -222,7 +222,7 @@ class MilvusPictures(MilvusIndex, PictureIndex):
             # Milvus keeps int64: the uint64's bits, read back as they were.
             "fingerprint": fingerprints.view(np.int64).tolist(),
             "added": [time.time()] * len(paths),
-            "attributes": [values or {} for values in attributes],
+            "attributes": [_keyed(values) for values in attributes],
         }
         with self._write, milvus_errors(self._uri, self._name):
             present = list(self._found_paths(paths))
@@ -314,7 +314,7 @@ class MilvusPictures(MilvusIndex, PictureIndex):
         """
         rows = self._fields(ids, ["path", "added", "attributes"])
         return [
-            described(row["id"], row["path"], row["added"], row["attributes"])
+            described(row["id"], row["path"], row["added"], _named(row["attributes"]))
             for row in rows
         ]
 
@@ -377,8 +377,7 @@ class MilvusPictures(MilvusIndex, PictureIndex):
         value = int(np.array(fingerprint, np.uint64).view(np.int64))
         expression = f"fingerprint == {value}"
         if where is not None:
-            held = frozenset(filter_terms.FIELDS)
-            expression += f" and ({where.milvus(held)})"
+            expression += f" and ({where.milvus(filter_terms.ON_PICTURES)})"
         with milvus_errors(self._uri, self._name):
             rows = self._client.query(
                 self._name,
@@ -392,6 +391,20 @@ class MilvusPictures(MilvusIndex, PictureIndex):
             [row[self._vectors] for row in rows], self.num_blocks, self.block_size
         )
         return ids, codes
+
+
+def _keyed(attributes: dict | None) -> dict:
+    """A picture's attributes as the collection keeps them, keyed by kind
+    and name (`filter_terms.milvus_attribute_key`)."""
+    return {
+        milvus_attribute_key(name, value): value
+        for name, value in (attributes or {}).items()
+    }
+
+
+def _named(stored: dict | None) -> dict:
+    """`_keyed`'s inverse."""
+    return {key.partition(":")[2]: value for key, value in (stored or {}).items()}
 
 
 def open_collection(

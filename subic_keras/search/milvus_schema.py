@@ -20,7 +20,8 @@ that wrote them and the counters of `MilvusIndex.add`:
   path) and optionally `subic.image_shape` (a JSON list); its items hold
   the fields of an `ImageIndex`'s table (`items`) too: `path`, `class`,
   `fingerprint` (the uint64 stored as the int64 of the same bits), `added`
-  and `attributes` (JSON, `{}` for none).
+  and `attributes` (JSON, each value under its kind and name,
+  `{"number:year": 2024}`, so that a filter reads the values of its kind).
 """
 
 from __future__ import annotations

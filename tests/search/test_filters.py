@@ -229,7 +229,7 @@ def test_lone_surrogates_are_refused_at_add_naming_the_item(tmp_path):
 
 
 def test_milvus_expressions_of_a_folder_collection():
-    held = frozenset(filter_terms.FIELDS)
+    held = filter_terms.ON_PICTURES
     under = filters.parse("path under 'a/b/'")
     assert under.milvus(held) == 'path >= "a/b/" and path < "a/b0"'
     assert filters.parse("path under ''").milvus(held) == "id >= 0"
@@ -241,7 +241,15 @@ def test_milvus_expressions_of_a_folder_collection():
     assert both.milvus(held) == ('(not (class in ["a", "b"])) or (added >= 1.5)')
     with pytest.raises(ValueError, match="class is a string, received 3"):
         filters.parse("class == 3").milvus(held)
-    with pytest.raises(ValueError, match="attributes are filtered in .subic"):
-        filters.parse("attrs.x == 1").milvus(held)
+    # An attribute under its kind's key, false where an item lacks it.
+    assert filters.parse("attrs.x <= 1.5").milvus(held) == (
+        '(exists attributes["number:x"] and attributes["number:x"] <= 1.5)'
+    )
+    assert filters.parse("attrs.x in ['a', true]").milvus(held) == (
+        '(exists attributes["string:x"] and attributes["string:x"] == "a") or '
+        '(exists attributes["bool:x"] and attributes["bool:x"] == true)'
+    )
+    with pytest.raises(ValueError, match="compare with == and != only"):
+        filters.parse("attrs.x < true").milvus(held)
     with pytest.raises(ValueError, match="filtered on id alone, received a test on"):
         under.milvus()

@@ -31,7 +31,10 @@ def _pictures(rng, n=60):
     fingerprints = rng.integers(1, 2**64, n, dtype=np.uint64)
     fingerprints[5] = fingerprints[40] = 2**63 + 11  # two exact copies, top bit set
     fingerprints[7] = 0  # unknown
-    attributes = [{"n": i, "s": str(i)} if i % 4 == 0 else None for i in range(n)]
+    # Attributes of every kind, the same name holding several kinds.
+    kinds = [None, {"n": 1}, {"n": 0.5, "s": "x"}, {"n": "9"}, {"n": True, "s": "é"},
+             {"n": 2**60 + 1}]  # fmt: skip
+    attributes = [kinds[i % 6] and {**kinds[i % 6], "i": i} for i in range(n)]
     return paths, fingerprints, attributes
 
 
@@ -69,13 +72,16 @@ def test_answers_are_an_image_index_answers(rng, tmp_path):
     for where in (None, "class == 'b'", "path under 'a/x'", "path under 'a'",
                   "added > 0 and not (class in ['a'])", 'path >= "b/b"',
                   f"path == {ODD[0]!r} or path in [{ODD[2]!r}, {ODD[5]!r}]",
-                  "id < 20 or id == 40"):  # fmt: skip
+                  "id < 20 or id == 40", "attrs.n > 0.5", "attrs.s != 'x'",
+                  "not (attrs.n == 1) and not (attrs.s in ['é'])",
+                  "attrs.n in [1, '9', true] or attrs.i >= 50",
+                  f"attrs.n >= {2**60} or not (attrs.n != true)"):  # fmt: skip
         for more in ({}, {"instance_queries": instance_queries}):
             want = index.answer(
-                queries, 12, where=where, fingerprints=fingerprints, **more
+                queries, 60, where=where, fingerprints=fingerprints, **more
             )
             got = remote.answer(
-                queries, 12, where=where, fingerprints=fingerprints, **more
+                queries, 60, where=where, fingerprints=fingerprints, **more
             )
             assert _rows(got) == _rows(want), (where, more)
             for mine, theirs in zip(got, want):
@@ -164,10 +170,8 @@ def test_mistakes_are_refused_whole(rng, tmp_path):
         remote.add([[0] * 6], ["c/new.png"])
     with pytest.raises(ValueError, match="fingerprints must be 1 unsigned integers"):
         remote.add([[0] * 6], ["c/new.png"], fingerprints=[1.5], **one)
-    with pytest.raises(
-        ValueError, match="attributes are filtered in .subic indexes only"
-    ):
-        remote.answer(relu_queries(rng, 1, 6, 16), 3, where="attrs.n == 4")
+    with pytest.raises(ValueError, match="compare with == and != only"):
+        remote.answer(relu_queries(rng, 1, 6, 16), 3, where="attrs.n < true")
     with pytest.raises(ValueError, match="path is a string, received 3"):
         remote.answer(relu_queries(rng, 1, 6, 16), 3, where="path == 3")
     with pytest.raises(TypeError, match="received one string"):
@@ -194,4 +198,35 @@ def test_mistakes_are_refused_whole(rng, tmp_path):
     # ... and a folder's is written through its paths.
     with pytest.raises(ValueError, match="add them with their paths"):
         MilvusIndex(uri, "photos").add(distinct_codes(rng, 1, 6, 16))
+    remote.close()
+
+
+def test_attribute_tests_keep_what_an_image_index_keeps(rng, tmp_path):
+    """Every comparison of attributes of every kind (numbers, integers past
+    2**53, strings, booleans, missing), negated too, keeps the pictures an
+    `ImageIndex` keeps: Milvus reads the values of the test's kind alone."""
+    n = 45
+    kinds = [None, 3, 3.0, 2.5, 2**60 + 1, 2**60, "3", True, False]
+    attributes = []
+    for i in range(n):
+        values = {"n": kinds[i % 9], "s": ["apple", "Zed", "é"][i % 3]}
+        attributes.append({k: v for k, v in values.items() if v is not None})
+    codes, paths = rng.integers(0, 16, (n, 4)), [f"p/{i}.png" for i in range(n)]
+    index = ImageIndex(4, 16, tmp_path)
+    index.add(codes, paths, attributes=attributes)
+    remote = MilvusPictures(str(tmp_path / "a.db"), "a", 4, 16, root=tmp_path)
+    remote.add(codes, paths, attributes=attributes)
+    queries = 1 + rng.random((1, 64), dtype=np.float32)  # every picture scores
+    values = ["3", "2.5", str(2**60), str(2**60 + 1), "'3'", "'apple'", "'b'", "-1"]
+    tests = [f"attrs.{name} {op} {value}" for name in "ns" for value in values
+             for op in ("==", "!=", "<", "<=", ">", ">=")]  # fmt: skip
+    tests += [
+        f"attrs.n {op} {value}" for op in ("==", "!=") for value in ("true", "false")
+    ]
+    tests += [f"not ({test})" for test in tests[::5]]
+    tests += ["attrs.n in [3, '3', true]", "not (attrs.missing == 1)"]
+    for test in tests:
+        want = [row["id"] for row in index.answer(queries, n, where=test)[0]]
+        got = [row["id"] for row in remote.answer(queries, n, where=test)[0]]
+        assert sorted(got) == sorted(want), test
     remote.close()
