@@ -228,6 +228,12 @@ class MilvusPictures(MilvusIndex, PictureIndex):
             present = list(self._found_paths(paths))
             if present:
                 raise ValueError(f"paths already in the index: {present[:10]}")
+            next_id = self._counters()[0]
+            if ids is not None and len(ids) and ids.min() < next_id:
+                raise ValueError(
+                    f"ids must be >= {next_id} (ids are never reused), "
+                    f"received {preview(ids)}"
+                )
             return self._add(columns, len(paths), ids, scalars)
 
     def remove(self, paths: Iterable[str]) -> int:

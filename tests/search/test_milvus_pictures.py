@@ -142,6 +142,8 @@ def test_paths_fields_and_copies_as_an_image_index(rng, tmp_path):
         [[1] * 6], [ODD[0]], instance_codes=[[0] * 4], attributes=[{"k": True}]
     )
     assert again.tolist() == [60]
+    with pytest.raises(ValueError, match=r"ids must be >= 61 \(ids are never reused\)"):
+        opened.add([[1] * 6], [ODD[1]], ids=[3], instance_codes=[[0] * 4])
     assert opened.describe(again)[0]["attributes"] == {"k": True}
     # The folders, read again after each change.
     assert "z" not in opened.folders()
