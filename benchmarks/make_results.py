@@ -76,6 +76,10 @@ KNOWN = {
     "search_speed.json": ("Search speed", render_search_speed),
     "filter_speed.json": ("Filtered search", render_filter_speed),
     "milvus_speed.json": ("Search on Milvus Lite", render_milvus_speed),
+    "milvus_pictures_speed.json": (
+        "A folder's pictures on Milvus Lite",
+        render_milvus_speed,
+    ),
     "encode_speed.json": ("Encoding speed", render_encode_speed),
     "export_parity.json": ("Export parity", render_export_parity),
     "export_parity_instance.json": (

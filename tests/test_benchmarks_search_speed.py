@@ -117,3 +117,21 @@ def test_milvus_benchmark_quick_runs_and_writes_json(tmp_path):
         assert row["milvus_lite"]["insert_items_per_second"] > 0
         assert row["subic_index"]["qps_batch"] > 0
         assert row["milvus_recall_at_100_vs_subic_index"] >= 0.99
+
+
+def test_milvus_pictures_benchmark_answers_as_the_image_index(tmp_path):
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    from benchmarks import milvus_speed
+    from benchmarks.render_systems import render_milvus_speed
+
+    output = tmp_path / "pictures.json"
+    report = milvus_speed.main(
+        ["--pictures", "--sizes", "200", "--quick", "--output", str(output)]
+    )
+    assert json.loads(output.read_text())["settings"]["pictures"] is True
+    (row,) = report["results"]
+    assert row["num_items"] == 200 and row["milvus_same_first_10"] == 1.0
+    assert row["image_index"]["qps_batch"] > 0 < row["milvus_lite"]["qps_batch_1"]
+    lines = render_milvus_speed(report)
+    assert lines[0].startswith("Pictures: a path, a fingerprint")
+    assert "| 200 | ImageIndex |" in "\n".join(lines)
