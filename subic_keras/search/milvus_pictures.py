@@ -11,9 +11,9 @@ by Milvus as `MilvusIndex` searches them; on top of that, as in an
 `ImageIndex`:
 
 - an exact copy of the query (the same fingerprint) is listed first;
-- filters on `id`, `path` (`path under "FOLDER"` included), `class` and
-  `added` run inside Milvus's search (`filter_terms`); attributes are kept
-  and shown, but filtered in `.subic` files only;
+- every filter runs inside Milvus's search (`filter_terms`), attributes
+  too: each value is kept under its kind and name (`"number:year"`), so
+  that a test reads the values of its own kind, as an `ImageIndex` does;
 - `duplicates()` groups copies by the instance codes, exact, all pairs
   (`copies.duplicate_groups`, the codes read from the collection).
 
