@@ -42,7 +42,6 @@ from subic_keras.search.items import check_table_metadata
 
 READ_VERSIONS = ("1", "2", "3")
 CODE, INSTANCE_CODE = "code", "instance_code"
-PICTURE_FIELDS = ("path", "class", "fingerprint", "added", "attributes")
 MAX_PATH = 65_535  # bytes: Milvus's longest VARCHAR
 _PROPERTIES = ("subic.format", "subic.num_blocks", "subic.block_size")
 _INSTANCE = ("subic.instance_num_blocks", "subic.instance_block_size")
