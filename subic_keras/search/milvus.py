@@ -203,8 +203,8 @@ class MilvusIndex(Searcher):
             ) from error
         if not exists and (num_blocks is None or block_size is None):
             raise ValueError(
-                f"collection {collection!r} does not exist at {uri!r}; give "
-                "num_blocks and block_size to create it"
+                f"collection {collection!r} does not exist at {uri!r} (it is "
+                "made by `subic index build`, or given num_blocks and block_size)"
             )
         with milvus_errors(self._uri, self._name):
             if exists:
