@@ -135,16 +135,10 @@ def open_pictures(
             image paths.
     """
     if is_database(path):
-        from subic_keras.search.milvus_pictures import MilvusPictures, open_collection
+        from subic_keras.search.milvus_pictures import MilvusPictures
 
-        opened = open_collection(path, collection)
-        if not isinstance(opened, MilvusPictures):
-            raise ValueError(
-                f"collection {collection!r} at {path!r} holds codes without image "
-                "paths; build one from a folder with `subic index build MODEL DIR "
-                "--output URI --collection NAME`"
-            )
-        return opened
+        # Refuses (and closes) a collection of codes without paths.
+        return MilvusPictures(path, collection)
     if not is_manifest(path):
         return ImageIndex.load(path, scanner=scanner)
     index = RayIndex(path, scanner=scanner)

@@ -38,13 +38,17 @@ def open_pictures(args, uri: str, shards: bool = False):
     Raises:
         ValueError: `uri` holds codes without the pictures' paths.
     """
-    from subic_keras.search.base import PictureIndex
     from subic_keras.search.image_index import ImageIndex
 
-    if not search_uri.is_database(uri) and not (shards and search_uri.is_manifest(uri)):
+    if search_uri.is_database(uri):
+        from subic_keras.search.milvus_pictures import MilvusPictures
+
+        # Refuses (and closes) a collection of codes without paths.
+        return MilvusPictures(uri, args.collection)
+    if not (shards and search_uri.is_manifest(uri)):
         return ImageIndex.load(uri)
     index, name = open_index(args, uri)
-    if not isinstance(index, PictureIndex) or not index.holds_pictures:
+    if not index.holds_pictures:  # a manifest of shards of codes alone
         raise ValueError(
             f"{name} holds codes without image paths (of a dataset split, not of "
             "a folder); build one from a folder with `subic index build MODEL "
