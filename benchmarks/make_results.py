@@ -472,6 +472,11 @@ KNOWN["held_out_reference_width2.json"] = (
     "Copies by family, 4 epochs: a CNN twice as wide",
     _held_out_section,
 )
+for _dataset in ("fashion_mnist", "cifar10"):
+    KNOWN[f"folder_copies_{_dataset}.json"] = (
+        f"Copy rules chosen on a folder of {_dataset} pictures",
+        render_generic,
+    )
 KNOWN["ray_search.json"] = (
     "Sharded search on Ray",
     lambda data: [*ray_table(data), "", *render_generic(data)],

@@ -239,6 +239,27 @@ def _summary_ray_folders(data: dict) -> tuple[str, str]:
     )
 
 
+def _summary_folder_copies(data: dict) -> tuple[str, str]:
+    folder, model, found = data["folder_rule"], data["model_rule"], data["duplicates"]
+
+    def marks(rule: dict) -> str:
+        if not rule["marked"]:
+            return "none marked"
+        return (
+            f"{rule['precision']:.3f} precise, {rule['coverage']:.3f} of copies marked"
+        )
+
+    return (
+        f"copy marks in a folder of {data['pictures']:,} {data['dataset']} "
+        "pictures the shipped code never saw, rules chosen on it (the "
+        "validation rule in brackets)",
+        f"recall@1 {folder['recall_at_1']:.3f}; {marks(folder)} ({marks(model)}); "
+        f"duplicates list {found['exact_listed']:.0%} of exact, "
+        f"{found['altered_listed']:.0%} of altered copies, "
+        f"{found['wrong_share']:.0%} wrong pairs",
+    )
+
+
 _SUMMARIES = {
     "cifar10_retrieval.json": _summary_cifar10,
     "unseen_classes.json": _summary_unseen_classes,
@@ -252,6 +273,8 @@ _SUMMARIES = {
     "filter_speed.json": _summary_filter_speed,
     "near_duplicates.json": _summary_near_duplicates,
     "held_out_families.json": _summary_held_out_families,
+    "folder_copies_fashion_mnist.json": _summary_folder_copies,
+    "folder_copies_cifar10.json": _summary_folder_copies,
     "cold_start.json": _summary_cold_start,
     "cold_start_random.json": _summary_cold_start,
     "ray_search.json": _summary_ray_search,

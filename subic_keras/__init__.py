@@ -12,8 +12,9 @@ a `.keras` file once they are loaded: by using any Keras name of the package
 `subic_keras` after `keras`.
 """
 
-import importlib
 import sys
+
+from subic_keras._quiet import load_module
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ _SUBMODULES = (
     "datasets",
     "evaluation",
     "export",
+    "folder_rules",
     "images",
     "instance",
     "layers",
@@ -97,7 +99,7 @@ _KERAS_MODULES = (
 
 def _register_keras_objects() -> None:
     for module in _KERAS_MODULES:
-        importlib.import_module(f"{__name__}.{module}")
+        load_module(f"{__name__}.{module}")
 
 
 def __getattr__(name: str):
@@ -106,7 +108,7 @@ def __getattr__(name: str):
     module = _NAMES.get(name, name)
     if module in _KERAS_MODULES:
         _register_keras_objects()
-    loaded = importlib.import_module(f"{__name__}.{module}")
+    loaded = load_module(f"{__name__}.{module}")
     value = loaded if name in _SUBMODULES else getattr(loaded, name)
     globals()[name] = value
     return value

@@ -82,9 +82,12 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
         if not writer.isdigit() or _process_alive(int(writer)):
             continue
         stale = os.path.join(directory, name)
-        if name.endswith(_OLD) and os.path.isdir(stale) and not os.path.exists(path):
+        folder = os.path.isdir(stale) and not os.path.islink(stale)
+        # Only a real folder is restored: a link planted under a backup's
+        # name would become the version, and be written through.
+        if name.endswith(_OLD) and folder and not os.path.lexists(path):
             os.replace(stale, path)
-        elif os.path.isdir(stale) and not os.path.islink(stale):
+        elif folder:
             shutil.rmtree(stale, ignore_errors=True)
         else:
             with contextlib.suppress(FileNotFoundError):

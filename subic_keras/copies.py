@@ -47,6 +47,8 @@ _CHUNK_ENTRIES = 1 << 22
 # The query kinds an index of an instance code records: FC0's outputs, and
 # the block probabilities of indexes written before them.
 INSTANCE_QUERIES = ("logits", "z_star")
+# The two rules, as a model and an index record them.
+COPY_RULES = ("copy_margin", "copy_blocks")
 
 
 def copy_margins(queries: np.ndarray, scores: np.ndarray, block_size: int):
@@ -106,6 +108,20 @@ def mark(
             near = margin is not None and value >= margin - 1e-6
             match["copy"] = bool(match.get("exact") or near)
     return answers
+
+
+def copy_margin_for(index, code) -> float | None:
+    """The copy margin that marks `index`'s copies when searched by `code`:
+    the one its record holds (chosen on the folder's own pictures, else the
+    model's, `search.instance_codes.copy_margin_of`); for an index that
+    records no model (an earlier version's), `code`'s own; None for a
+    class code (exact copies only)."""
+    from subic_keras.search.instance_codes import copy_margin_of
+
+    record = index.model
+    if record is None:
+        return getattr(code, "copy_margin", None)
+    return copy_margin_of(record)
 
 
 def least_precise(values: np.ndarray, correct: np.ndarray, precision: float):
@@ -226,7 +242,7 @@ def calibrate(
         rows = np.sort(
             np.random.default_rng(seed).choice(len(rows), STORED_ROWS, False)
         )
-    equal_blocks = _share_above(
+    equal_blocks = share_above(
         _best_other(*every.search_codes(every.get_codes(rows), 2), rows)
     )
     other_margins = []
@@ -244,7 +260,7 @@ def calibrate(
         )
         best = _best_other(*every.search(fc0, 2), part)
         other_margins.append(copy_margins(fc0, best[:, None], code.block_size)[:, 0])
-    margin = _share_above(np.concatenate(other_margins))
+    margin = share_above(np.concatenate(other_margins))
     # Strictly above what the share of pictures reach: the next margin of
     # 6 decimals (as saved), the next count of blocks.
     floors = {
@@ -252,41 +268,56 @@ def calibrate(
         "copy_blocks": equal_blocks + 1,
     }
 
-    result: dict = {
-        "precision_target": precision,
-        "queries": 2 * queries,
-        "different_share": DIFFERENT_SHARE,
-    }
+    result = choose_rules(scored, blocks, floors, precision)
+    result["queries"] = 2 * queries
+    for name in COPY_RULES:
+        setattr(code.model, name, result[name]["value"])
+    return result
+
+
+def choose_rules(scored, blocks, floors: dict, precision: float) -> dict:
+    """Each rule's least threshold from its floor up whose marks are
+    `correct` at a rate of `precision` (None where none is), with that
+    rate, its recall (the share of the correct results marked) and the
+    most precise threshold whatever the target (`"best"`).
+
+    Args:
+        scored: `(margins, correct)` of the copies' results, flat.
+        blocks: `(equal blocks, correct)` of the same results.
+        floors: the least value of each rule (`COPY_RULES`) that different
+            pictures allow.
+        precision: the least share of marked results that are copies.
+    """
+    result: dict = {"precision_target": precision, "different_share": DIFFERENT_SHARE}
     for name, value, (values, correct) in (
         ("copy_margin", lambda t: round(t, 6), scored),
         ("copy_blocks", round, blocks),
     ):
-        # The least threshold from the floor up whose marks are precise.
         above = values >= floors[name]
         found = least_precise(values[above], correct[above], precision)
         if found is not None:  # recall: of every copy, not those above
             hits = int(correct[above].sum())
             found = (*found[:2], found[2] * hits / max(1, int(correct.sum())))
         if found is None:  # never precise enough: no rule, exact copies only
-            chosen = None
             result[name] = {"value": None, "precision": None, "recall": 0.0}
         else:
-            chosen = value(found[0])
-            result[name] = {"value": chosen, "precision": found[1], "recall": found[2]}
+            result[name] = {
+                "value": value(found[0]),
+                "precision": found[1],
+                "recall": found[2],
+            }
         result[name]["floor"] = float(floors[name])
-        # The most precise the rule gets, whatever the target.
         best = least_precise(values, correct, _best_rate(values, correct))
         if best is not None:
             result[name]["best"] = dict(zip(("value", "precision", "recall"), best))
-        setattr(code.model, name, chosen)
     return result
 
 
-def _share_above(values: np.ndarray) -> float:
-    """The least of `values` that at most `DIFFERENT_SHARE` of them exceed."""
+def share_above(values: np.ndarray, share: float = DIFFERENT_SHARE) -> float:
+    """The least of `values` that at most `share` of them exceed."""
     if not len(values):
         return -np.inf
-    return float(np.quantile(values, 1 - DIFFERENT_SHARE, method="higher"))
+    return float(np.quantile(values, 1 - share, method="higher"))
 
 
 def _best_other(scores: np.ndarray, found: np.ndarray, rows: np.ndarray):
@@ -307,20 +338,43 @@ def _best_rate(values: np.ndarray, correct: np.ndarray) -> float:
     return float(rates[last].max()) if len(values) else 1.0
 
 
-def recorded_copy_blocks(record: dict | None, copy_blocks: int | None) -> int:
-    """`copy_blocks`, or else the count an index's model record holds.
+def recorded_copy_blocks(
+    record: dict | None, copy_blocks: int | None, num_blocks: int
+) -> int | None:
+    """`copy_blocks` (checked against the code's `num_blocks`), or else the
+    count an index's model record holds: the one chosen on the folder's
+    own pictures (`folder_rules.calibrate_folder`, under `"copies"`; None: none was
+    precise enough there, exact copies only), else the model's own.
+
+    Example:
+
+    >>> recorded_copy_blocks({"copies": {"copy_blocks": 61}}, None, 64)
+    61
 
     Raises:
-        ValueError: with neither, saying why: the instance code chose no
-            count precise enough, or the index is of a class code.
+        ValueError: `copy_blocks` is not in [1, num_blocks]; or with none
+            given or recorded, saying why: the instance code chose no count
+            precise enough, or the index is of a class code.
     """
-    if copy_blocks is None:
-        copy_blocks = (record or {}).get("copy_blocks")
-    if copy_blocks is None and (record or {}).get("query") in INSTANCE_QUERIES:
+    if copy_blocks is not None:
+        copy_blocks = check_int("copy_blocks", copy_blocks, minimum=1)
+        if copy_blocks > num_blocks:
+            raise ValueError(
+                f"copy_blocks must be at most the code's {num_blocks} blocks, "
+                f"received {copy_blocks}"
+            )
+        return copy_blocks
+    record = record or {}
+    if isinstance(record.get("copies"), dict):
+        value = record["copies"].get("copy_blocks")
+        return value if isinstance(value, int) else None
+    copy_blocks = record.get("copy_blocks")
+    if copy_blocks is None and record.get("query") in INSTANCE_QUERIES:
         raise ValueError(
             "copy_blocks must be given: the instance code that wrote this "
             "index chose no number of equal blocks precise enough on "
-            "validation (try 2 or 3 blocks fewer than the code has)"
+            "validation (try 2 or 3 blocks fewer than the code has, or build "
+            "the index again to choose one on its own pictures)"
         )
     if copy_blocks is None:
         raise ValueError(
@@ -335,10 +389,11 @@ def duplicate_groups(
     codes: np.ndarray,
     ids: np.ndarray,
     block_size: int,
-    copy_blocks: int,
+    copy_blocks: int | None,
     k: int = 64,
     *,
     index=None,
+    fingerprints: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Groups of stored codes that are copies of each other.
 
@@ -357,12 +412,15 @@ def duplicate_groups(
         codes: int codes `(n, M)`.
         ids: their ids `(n,)`, distinct.
         block_size: `K`.
-        copy_blocks: the least equal blocks of two copies.
+        copy_blocks: the least equal blocks of two copies (None: exact
+            copies alone, by `fingerprints`).
         k: neighbours looked at per item (a group can be larger: it grows
             through its members' neighbours).
         index: a searcher that holds exactly these ids and codes and scans
             where they are kept (`RayIndex`: each shard scans its own, in
             parallel); default: a `SubicIndex` of them, built here.
+        fingerprints: their pixel fingerprints `(n,)` (0: unknown): equal
+            ones are joined whatever their codes, exact copies always.
 
     Returns:
         The groups of two or more ids, each sorted, largest groups first.
@@ -374,11 +432,13 @@ def duplicate_groups(
 
     codes = np.asarray(codes)
     ids = np.asarray(ids, np.int64)
-    copy_blocks = check_int("copy_blocks", copy_blocks, minimum=1)
+    if copy_blocks is not None:
+        copy_blocks = check_int("copy_blocks", copy_blocks, minimum=1)
     k = check_int("k", k, minimum=1)
     if len(codes) < 2:
         return []
     num_blocks = codes.shape[1]
+    parts = [_exact_pairs(fingerprints, len(codes))]
     # Pairs are joined by the codes' places: the index built here answers
     # in places, a given searcher in ids, mapped back to places.
     sorter = None
@@ -387,8 +447,7 @@ def duplicate_groups(
         index.add(codes, ids=np.arange(len(codes)))
     else:
         sorter = np.argsort(ids, kind="stable")
-    parts = []
-    for start in range(0, len(codes), 4096):  # each part's pairs, not its results
+    for start in range(0, len(codes) if copy_blocks else 0, 4096):
         chunk = codes[start : start + 4096]
         equal, found = index.search_codes(chunk, min(k + 1, len(codes)))
         rows, cols = np.nonzero((equal >= copy_blocks) & (found >= 0))
@@ -408,3 +467,20 @@ def duplicate_groups(
     parts = np.split(ids[order], np.cumsum(sizes)[:-1])
     groups = [np.sort(part) for part in parts if len(part) > 1]
     return sorted(groups, key=lambda group: (-len(group), group[0]))
+
+
+def _exact_pairs(fingerprints: np.ndarray | None, count: int) -> np.ndarray:
+    """Pairs of places `(2, n)` joining pictures of equal, known (non-zero)
+    fingerprints: each to the next of its fingerprint."""
+    if fingerprints is None:
+        return np.zeros((2, 0), np.int64)
+    fingerprints = np.asarray(fingerprints, np.uint64)
+    if fingerprints.shape != (count,):
+        raise ValueError(
+            f"fingerprints must hold one per code ({count}), received shape "
+            f"{fingerprints.shape}"
+        )
+    order = np.argsort(fingerprints, kind="stable")
+    ordered = fingerprints[order]
+    same = np.flatnonzero((ordered[1:] == ordered[:-1]) & (ordered[1:] != 0))
+    return np.stack([order[same], order[same + 1]]).astype(np.int64)

@@ -212,15 +212,24 @@ def _file_chunks(fd: int):
             yield chunk
 
 
-async def _read_limited(request, limit: int) -> bytes:
+def _too_large(limit: int) -> ApiError:
+    """The refusal of an upload past `limit` bytes: the picture's limit, as
+    `/stats` gives it (`max_upload_bytes`), whatever a body may add to it."""
+    return ApiError(413, f"the upload is larger than {limit:,} bytes")
+
+
+async def _read_limited(request, limit: int, said: int | None = None) -> bytes:
+    """The body, refused past `limit` bytes, naming `said` (default: `limit`):
+    a multipart body may take its fields' room beyond the picture's limit."""
+    said = limit if said is None else said
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
-        raise ApiError(413, f"the upload is larger than {limit} bytes")
+        raise _too_large(said)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(413, f"the upload is larger than {limit} bytes")
+            raise _too_large(said)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -242,7 +251,7 @@ async def _picture(request, limit: int) -> tuple[bytes, str | None]:
     if not content_type.startswith("multipart/form-data"):
         return await _read_limited(request, limit), None
     body = await _read_limited(
-        request, limit + _MULTIPART_OVERHEAD + 4 * filters.MAX_LENGTH
+        request, limit + _MULTIPART_OVERHEAD + 4 * filters.MAX_LENGTH, limit
     )
     boundary = content_type.partition("boundary=")[2].split(";")[0].strip('" ')
     if boundary and f"--{boundary}--".encode() not in body:
@@ -273,7 +282,7 @@ async def _picture(request, limit: int) -> tuple[bytes, str | None]:
     data = await upload.read()
     await form.close()  # the upload's spooled temporary file
     if len(data) > limit:
-        raise ApiError(413, f"the upload is larger than {limit} bytes")
+        raise _too_large(limit)
     return data, where
 
 

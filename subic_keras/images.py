@@ -139,11 +139,29 @@ class DecodeBudget:
 
 # Memory that the files one process decodes at once may take together
 # (`index build`/`add`, `train --images`, query files): the server's rule
-# (`DecodeBudget`, from the header) for files. Twice the server's upload
-# budget: a 30-megapixel RGB PNG fits, a 13,000 x 13,000 one does not.
-FILE_DECODE_BYTES = 256_000_000
+# (`DecodeBudget`, from the header) for files. 512 MB by default: a
+# 4096 x 4096 WebP wallpaper (269 MB) or a 60-megapixel RGB PNG fits, a
+# 13,000 x 13,000 one does not; `SUBIC_DECODE_MB` sets another.
+DECODE_MB_VARIABLE = "SUBIC_DECODE_MB"
+
+
+def _file_decode_bytes() -> int:
+    text = os.environ.get(DECODE_MB_VARIABLE, "").strip()
+    if not text:
+        return 512_000_000
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(
+            f"{DECODE_MB_VARIABLE} must be a whole number of megabytes >= 1, "
+            f"received {text[:40]!r}"
+        )
+    return int(text) * 1_000_000
+
+
+FILE_DECODE_BYTES = _file_decode_bytes()
 FILE_DECODE_BUDGET = DecodeBudget(
-    FILE_DECODE_BYTES, timeout=600.0, owner="a file is decoded with"
+    FILE_DECODE_BYTES,
+    timeout=600.0,
+    owner=f"a file is decoded with (set {DECODE_MB_VARIABLE} to raise it)",
 )
 
 
@@ -311,8 +329,8 @@ def read_image(
         fd: a descriptor already open on the file (`paths.open_in_folder`),
             closed here; `path` then only names it in messages.
         budget: memory shared with the process's other decodes; by
-            default `FILE_DECODE_BUDGET` (256 MB), `None` for no limit
-            beyond `MAX_PIXELS`.
+            default `FILE_DECODE_BUDGET` (512 MB, `SUBIC_DECODE_MB`), `None`
+            for no limit beyond `MAX_PIXELS`.
 
     Raises:
         ImageTooLargeError: naming the path, for a picture whose decoding
@@ -349,6 +367,8 @@ def check_picture(path: str | os.PathLike) -> str:
         try:
             with Image.open(handle, formats=_FORMATS) as image:
                 return str(image.format)
+        except Image.DecompressionBombError as error:
+            raise ImageTooLargeError(f"image too large: {error} ({path})") from None
         except (OSError, SyntaxError, ValueError, EOFError):
             raise ImageDecodeError(f"not a picture ({FORMAT_NAMES}) ({path})") from None
 

@@ -506,7 +506,8 @@ def train_on_folder(
     verbose: int | str = "auto",
 ) -> dict:
     """Fine-tunes an instance code on a folder's pictures, without labels,
-    then chooses its copy rules on them (`copies.calibrate`).
+    then chooses its copy rules on them (`copies.calibrate`), measuring
+    how much better it finds copies of pictures it was not trained on.
 
     The folder may have any layout: no classes are read. Every picture is
     decoded once to the model's input and held in memory (32 × 32 pictures:
@@ -524,9 +525,11 @@ def train_on_folder(
         verbose: `fit`'s.
 
     Returns:
-        `{"pictures", "skipped", "calibration", "loss"}`: the pictures trained
-        on, the files skipped (with reasons), `calibrate`'s result and the
-        last epoch's loss.
+        `{"pictures", "skipped", "calibration", "loss", "recall"}`: the
+        pictures decoded, the files skipped (with reasons), `calibrate`'s
+        result, the last epoch's loss, and recall@1 of altered copies of a
+        tenth of the pictures (at most 1,000), held out of the training,
+        among the whole folder: `"before"` and `"after"` the fine-tune.
 
     Raises:
         ValueError: for a folder of fewer than 10 pictures.
@@ -539,19 +542,29 @@ def train_on_folder(
             "code is trained on 10 or more"
         )
     check_non_negative("learning_rate", learning_rate)
+    from subic_keras import copies
+    from subic_keras.folder_rules import copy_recall
+
+    # A tenth of the pictures (at most 1,000) held out of the training: their
+    # altered copies, searched among the whole folder before and after.
+    order = np.random.default_rng(seed).permutation(len(pictures))
+    held = np.sort(order[: min(1000, len(pictures) // 10)])
+    trained = np.sort(order[len(held) :])
+    recall = {"before": copy_recall(code, pictures, held, seed=seed + 2)}
     code.model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=InstanceContrastiveLoss(code.num_blocks, code.block_size),
     )
     history = train_instance(
         code,
-        pictures,
+        pictures[trained],
         epochs=epochs,
-        batch_size=min(check_int("batch_size", batch_size, minimum=2), len(pictures)),
+        batch_size=min(check_int("batch_size", batch_size, minimum=2), len(trained)),
         seed=seed,
         verbose=verbose,
     )
-    from subic_keras import copies
+    recall["after"] = copy_recall(code, pictures, held, seed=seed + 2)
+    recall["held_out"] = len(held)
 
     calibration = copies.calibrate(
         code, pictures, queries=min(1000, len(pictures) // 5), seed=seed + 1
@@ -561,4 +574,5 @@ def train_on_folder(
         "skipped": skipped,
         "calibration": calibration,
         "loss": float(history.history["loss"][-1]),
+        "recall": recall,
     }

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Union
 import keras
 import numpy as np
 
+from subic_keras import folder_rules, protocols, scoring
 from subic_keras import images as image_files
-from subic_keras import protocols, scoring
+from subic_keras.copies import COPY_RULES
 from subic_keras.datasets import as_model_inputs as as_model_inputs
 from subic_keras.instance import InstanceSubic
 from subic_keras.models import Subic
@@ -41,8 +42,6 @@ FolderIndex = Union[ImageIndex, "MilvusPictures"]
 
 # A model that writes an index's codes: a class code or an instance code.
 Encoder = Subic | InstanceSubic
-# What an instance code chose on validation, recorded with it (`copies`).
-COPY_RULES = ("copy_margin", "copy_blocks")
 
 
 def build_index(
@@ -160,6 +159,70 @@ def index_folder(
         subic.show_progress = show
         bar.close()
     return index, report
+
+
+def choose_copy_rules(
+    index: FolderIndex,
+    subic: Encoder,
+    instance: InstanceSubic | None = None,
+    *,
+    sample: int = folder_rules.FOLDER_SAMPLE,
+    batch_size: int = 256,
+    seed: int = 0,
+) -> dict | None:
+    """Chooses the copy rules of a folder's index on its own pictures
+    (`folder_rules.calibrate_folder`: altered copies of a sample of them, no
+    labels) and records them in it (`record_copy_rules`; an `ImageIndex`
+    keeps them when saved, a collection at once).
+
+    Example:
+
+    >>> index, _ = index_folder(code, "photos")  # doctest: +SKIP
+    >>> rules = choose_copy_rules(index, code)  # doctest: +SKIP
+    >>> print(folder_rules.rules_line(rules))  # doctest: +SKIP
+    copies: margin -0.8, 61 of 64 blocks; 99 % precise on 2,000 of ...
+
+    Args:
+        index: the folder's index, written by `subic` (and `instance`).
+        subic: its model: an instance code, or a class code whose index
+            keeps `instance`'s codes beside its own.
+        instance: that instance code.
+        sample: pictures decoded and altered, at most.
+        batch_size: pictures decoded and encoded at a time.
+        seed: the sample's and the alterations' seed.
+
+    Returns:
+        What `calibrate_folder` chose and measured; None for an index of
+        class codes alone (it marks exact copies only).
+    """
+    code = subic if isinstance(subic, InstanceSubic) else instance
+    beside = code is not subic
+    if code is None or (beside and getattr(index, "instance_model", None) is None):
+        return None
+    paths, codes, fingerprints = index.copy_items()
+    shape = index.image_shape or input_shape(subic)
+
+    def decode(positions):
+        chosen = [paths[place] for place in positions]
+        place_of = dict(zip(chosen, positions))
+        pictures, decoded = [np.zeros((0, *input_shape(code)), np.uint8)], []
+        for batch in image_files.image_batches(index.root, chosen, shape, batch_size):
+            if batch.paths:
+                pixels = code.own_pictures(batch.pixels) if beside else batch.pixels
+                pictures.append(pixels)
+                decoded += [place_of[path] for path in batch.paths]
+        return np.concatenate(pictures), np.array(decoded, np.int64)
+
+    show, code.show_progress = code.show_progress, False
+    try:
+        rules = folder_rules.calibrate_folder(
+            code, codes, fingerprints, decode, sample=sample, seed=seed,
+            batch_size=batch_size,
+        )  # fmt: skip
+    finally:
+        code.show_progress = show
+    index.record_copy_rules(rules)
+    return rules
 
 
 def folder_collection(

@@ -218,8 +218,6 @@ class SearchService:
         self.decode_budget = image_files.DecodeBudget(decode_bytes)
         self.reload_seconds = float(reload_seconds)
         self.subic = load_encoder(model_path)
-        # Results at this copy margin are copies (an instance code's).
-        self.copy_margin = getattr(self.subic, "copy_margin", None)
         self.query_kind = query or self.subic.default_query
         self.class_names = getattr(self.subic.train_model, "class_names", None)
         self.image_shape = retrieval.input_shape(self.subic)
@@ -493,7 +491,8 @@ class SearchService:
             )
         except ValueError as error:  # a filter on a field this index lacks
             raise ApiError(422, str(error)) from None
-        copies.mark(rows, queries, index.block_size, self.copy_margin, bool(more))
+        margin = copies.copy_margin_for(index, self.subic)  # the folder's rule
+        copies.mark(rows, queries, index.block_size, margin, bool(more))
         return {
             "k": k,
             "where": None if where is None else str(where),

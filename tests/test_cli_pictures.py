@@ -3,6 +3,7 @@ answering with paths."""
 
 import json
 import os
+import struct
 import time
 
 import numpy as np
@@ -116,6 +117,8 @@ def test_a_folder_in_milvus_answers_as_its_index_file(model, folder, tmp_path, c
     out = capsys.readouterr().out
     assert f"indexed 24 pictures of {root}; skipped 4 files" in out
     assert "24 pictures in collection 'photos' at " in out
+    # The copy rules chosen on the folder, kept in the collection's record.
+    assert out.splitlines()[-1].startswith("copies: "), out
     Image.open(root / paths[2]).resize((40, 40)).save(tmp_path / "copy.jpg", quality=90)
     queries = [str(root / path) for path in paths[:4]] + [str(tmp_path / "copy.jpg")]
 
@@ -323,6 +326,15 @@ def test_folder_mistakes_are_one_line(model, folder, tmp_path, capsys):
     assert "the folder of the output file does not exist" in err
     err, _ = _error(capsys, *build, "--output", out, "--batch-size", "0")
     assert "--batch-size must be >= 1, received 0" in err
+    # A folder of no picture is refused, and nothing is written.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    err, _ = _error(capsys, "index", "build", model, empty, "--output", out)
+    assert "no picture to index in" in err and "it holds no file" in err
+    (empty / "notes.png").write_text("not a picture")
+    err, _ = _error(capsys, "index", "build", model, empty, "--output", out)
+    assert "none of its 1 file decoded" in err
+    assert not os.path.exists(out)
 
     index = SubicIndex(4, 16)
     index.add(np.zeros((2, 4), int))
@@ -525,6 +537,15 @@ def test_command_line_basics(model, folder, tmp_path, capsys):
     err, seconds = _error(capsys, "search", model, output, tmp_path / "notes.png")
     assert seconds < 1 and err.count("not a picture") == 1, err
     assert "(PNG, JPEG, GIF, BMP or WebP)" in err and "a .npy array" in err
+    # A header past twice Pillow's limit (19,000 x 19,000): one line too.
+    from benchmarks.bombs import _chunk
+
+    header = struct.pack(">IIBBBBB", 19_000, 19_000, 8, 2, 0, 0, 0)
+    (tmp_path / "huge.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", b"")
+    )
+    err, seconds = _error(capsys, "search", model, output, tmp_path / "huge.png")
+    assert err.count("\n") == 1 and "image too large" in err and "huge.png" in err, err
     # Counts and their nouns agree.
     one = tmp_path / "one"
     (one / "a").mkdir(parents=True)

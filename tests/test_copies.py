@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from subic_keras import copies, images, instance, retrieval
+from subic_keras import copies, folder_rules, images, instance, retrieval
 from subic_keras import datasets as sk_datasets
 from subic_keras.cli import main
 from subic_keras.export import load_encoder, load_subic
@@ -212,16 +212,41 @@ def test_a_folder_is_indexed_searched_and_grouped_by_an_instance_code(
     assert all(len(group) >= 2 for group in groups)
     assert "groups of copies" in err or "group of copies" in err
     assert index.duplicates() == [g for g in groups]
+    # More equal blocks than the code has: refused, not 0 groups.
+    for beyond in ("5", "99999999999999999999"):
+        with pytest.raises(SystemExit) as stop:
+            main(["duplicates", str(index_path), "--copy-blocks", beyond])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1, err
+        assert "copy_blocks must be at most the code's 4 blocks" in err
 
 
 def test_the_count_of_equal_blocks_comes_from_the_index_or_the_user():
     record = {"query": "logits", "copy_blocks": 30}
-    assert copies.recorded_copy_blocks(record, None) == 30
-    assert copies.recorded_copy_blocks(record, 28) == 28
+    assert copies.recorded_copy_blocks(record, None, 64) == 30
+    assert copies.recorded_copy_blocks(record, 28, 64) == 28
+    # The folder's own rule comes first; none chosen there: exact copies.
+    folder = {**record, "copies": {"copy_blocks": 61}}
+    assert copies.recorded_copy_blocks(folder, None, 64) == 61
+    none = {**record, "copies": {"copy_blocks": None}}
+    assert copies.recorded_copy_blocks(none, None, 64) is None
     with pytest.raises(ValueError, match="chose no number of equal blocks"):
-        copies.recorded_copy_blocks({"query": "logits"}, None)
+        copies.recorded_copy_blocks({"query": "logits"}, None, 64)
     with pytest.raises(ValueError, match="an index of a class code"):
-        copies.recorded_copy_blocks({"query": "fc0"}, None)
+        copies.recorded_copy_blocks({"query": "fc0"}, None, 64)
+    for beyond in (65, 99999999999999999999):
+        with pytest.raises(ValueError, match="at most the code's 64 blocks"):
+            copies.recorded_copy_blocks(record, beyond, 64)
+
+
+def test_exact_copies_are_grouped_whatever_the_rule():
+    codes = np.array([[0, 1, 2], [3, 3, 3], [1, 2, 0], [0, 1, 2]])
+    ids, prints = np.array([10, 11, 12, 13]), np.array([5, 6, 5, 0], np.uint64)
+    # No rule: the equal fingerprints alone (0: unknown, never equal).
+    groups = copies.duplicate_groups(codes, ids, 4, None, fingerprints=prints)
+    assert [g.tolist() for g in groups] == [[10, 12]]
+    both = copies.duplicate_groups(codes, ids, 4, 3, fingerprints=prints)
+    assert [g.tolist() for g in both] == [[10, 12, 13]]
 
 
 def test_duplicates_mistakes_are_one_line(photos, tmp_path, capsys):
@@ -303,6 +328,13 @@ def test_train_instance_fine_tunes_on_a_folder_and_chooses_its_rules(
     assert main([*argv, "--output", str(out), "--epochs", "1"]) == 0
     printed = capsys.readouterr().out
     assert "trained on 42 pictures" in printed and str(out) in printed
+    assert "None" not in printed, printed
+    assert "copies found first (recall@1) of 4 pictures held out" in printed
+    assert " before, " in printed and " after" in printed
+    rules = printed.splitlines()[-1]
+    assert rules.startswith("copies: ") and (
+        "precise on" in rules or "none chosen, because" in rules
+    ), rules
     tuned = load_encoder(out)
     assert isinstance(tuned, instance.InstanceSubic)
     before = load_encoder(instance_model)
@@ -396,3 +428,101 @@ def test_rules_chosen_on_a_small_folder_group_no_different_pictures(
     assert main(argv) == 0
     capsys.readouterr()
     assert _listed_pairs(index_path, capsys) == planted
+
+
+def test_an_index_chooses_its_copy_rules_on_its_own_pictures(
+    photos, pictures, tmp_path, capsys
+):
+    """A code that chose no rule on validation: `index build` chooses them on
+    the folder, records them in the index and says so in one line; then
+    `subic duplicates` runs without flags, exact copies grouped always."""
+    bare = tmp_path / "bare.keras"
+    _code(seed=2).save(bare, include_optimizer=False)
+    index_path = tmp_path / "photos.subic"
+    argv = ["index", "build", str(bare), str(photos), "--output", str(index_path)]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("copies: ") and (
+        "of the folder's own copies" in line or "exact copies only" in line
+    ), line
+    chosen = ImageIndex.load(index_path).model["copies"]
+    assert chosen["pictures"] == 42 and chosen["copies"] == 42
+    assert chosen["num_blocks"] == 4 and chosen["precision"] == copies.PRECISION
+    assert folder_rules.rules_line(chosen) == line
+    assert main(["duplicates", str(index_path), "--json"]) == 0
+    groups = [json.loads(g)["paths"] for g in capsys.readouterr().out.splitlines()]
+    for number in (3, 7):
+        assert any(f"a/copy_of_{number}.png" in group for group in groups), groups
+    # `index add` keeps them until the folder's size changes by a fifth.
+    extra = photos / "c"
+    write_image_folder(pictures[40:44], np.zeros(4, int), extra)
+    assert main(["index", "add", str(bare), str(index_path)]) == 0
+    assert not capsys.readouterr().out.splitlines()[-1].startswith("copies: ")
+    write_image_folder(pictures[44:60], np.zeros(16, int), photos / "d")
+    assert main(["index", "add", str(bare), str(index_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("copies: ")
+    assert ImageIndex.load(index_path).model["copies"]["pictures"] == 62
+
+
+def test_calibrate_folder_measures_copies_against_the_rest_of_the_folder(pictures):
+    """Rules chosen on a folder: the sample is bounded, exact copies of a
+    picture count as that picture, and too small a folder chooses none."""
+    code = _code(seed=3)
+    codes = code.encode(pictures)
+    prints = np.arange(1, len(pictures) + 1, dtype=np.uint64)
+    asked = []
+
+    def decode(positions):
+        asked.append(len(positions))
+        return pictures[positions], positions
+
+    rules = folder_rules.calibrate_folder(code, codes, prints, decode, sample=50)
+    assert asked == [50] and rules["copies"] == 50 and rules["pictures"] == 120
+    for name, short in (("copy_margin", "margin"), ("copy_blocks", "blocks")):
+        if rules[name] is not None:
+            assert rules[short]["precision"] >= copies.PRECISION
+    few = folder_rules.calibrate_folder(code, codes[:15], prints[:15], decode)
+    assert few["copy_margin"] is None and few["copy_blocks"] is None
+    assert "too few to choose a rule on" in folder_rules.rules_line(few)
+    with pytest.raises(ValueError, match="sample must be >= 20, received 4"):
+        folder_rules.calibrate_folder(code, codes, prints, decode, sample=4)
+
+
+@pytest.mark.slow
+def test_copy_marks_hold_on_a_dataset_the_code_never_saw(shared_data_dir, tmp_path):
+    """Fashion-MNIST pictures, which the shipped code (trained on CIFAR-10)
+    never saw: the rule it chose on validation marks altered copies of
+    pictures the folder holds and lacks at a precision far below 99 %; the
+    rules chosen on the folder itself hold 99 % (here: by marking none)."""
+    from subic_keras import alterations
+
+    (x_train, _), (x_test, y_test) = sk_datasets.load_fashion_mnist(
+        shared_data_dir, max_per_split=600
+    )
+    root = tmp_path / "clothes"
+    write_image_folder(x_test[:500], y_test[:500], root)
+    code = load_encoder("instance")
+    index, _ = retrieval.index_folder(code, root)
+    rules = retrieval.choose_copy_rules(index, code)
+    assert rules is not None and rules["copies"] == 500
+    shape = retrieval.input_shape(code)
+    held = next(images.image_batches(root, index.get_paths()[:150], shape, 150))
+    outside = tmp_path / "outside"
+    paths = write_image_folder(x_train[:150], np.zeros(150, int), outside)
+    lacked = next(images.image_batches(outside, paths, shape, 150))
+    queries = code.query(
+        alterations.alter_batch(np.concatenate([held.pixels, lacked.pixels]), seed=5)
+    )
+    truth = [*held.paths, *[None] * 150]
+
+    def precision(margin):
+        answers = copies.mark(
+            index.answer(queries, 10), queries, code.block_size, margin
+        )
+        marks = [(row["path"] == path) for rows, path in zip(answers, truth)
+                 for row in rows if row["copy"]]  # fmt: skip
+        return sum(marks) / len(marks) if marks else None
+
+    folder = precision(copies.copy_margin_for(index, code))
+    assert folder is None or folder >= copies.PRECISION, folder
+    assert precision(code.copy_margin) < 0.9  # the validation rule, out of domain

@@ -363,5 +363,32 @@ def test_files_are_decoded_within_a_memory_budget(tmp_path, picture):
     assert count == 2 and peak_mb < 300, lines
     for line, name in zip(lines[1:3], ("a.png", "b.png")):
         assert line.startswith(f"{name} image too large: decoding it takes 1353 MB")
-        assert "more than the 256 MB a file is decoded with" in line
-    assert lines[3].endswith(f"a file is decoded with ({tmp_path}/a.png)")
+        assert "more than the 512 MB a file is decoded with" in line
+        assert "(set SUBIC_DECODE_MB to raise it)" in line
+    assert lines[3].endswith(f"to raise it) ({tmp_path}/a.png)")
+
+
+def test_a_4096_pixel_webp_wallpaper_decodes_within_the_default_budget(tmp_path):
+    """GNOME's 4096 x 4096 WebP wallpapers take 269 MB to decode: within a
+    file's default budget (512 MB), which `SUBIC_DECODE_MB` names."""
+    ramp = np.linspace(0, 255, 4096).astype(np.uint8)
+    Image.fromarray(np.stack([np.tile(ramp, (4096, 1))] * 3, -1)).save(
+        tmp_path / "wallpaper.webp", quality=50
+    )
+    pixels = images.read_image(tmp_path / "wallpaper.webp", (32, 32, 3))
+    assert pixels.shape == (32, 32, 3) and pixels[0, 0, 0] < pixels[0, -1, 0]
+    assert images.FILE_DECODE_BYTES == 512_000_000
+    assert "SUBIC_DECODE_MB" in images.FILE_DECODE_BUDGET.owner
+
+
+def test_the_decode_budget_is_set_by_its_variable_and_checked(tmp_path):
+    import subprocess
+    import sys
+
+    show = "from subic_keras import images; print(images.FILE_DECODE_BYTES)"
+    for value, expected in (("1000", "1000000000"), ("abc", "SUBIC_DECODE_MB must")):
+        done = subprocess.run(
+            [sys.executable, "-c", show], capture_output=True, text=True,
+            env={**os.environ, "SUBIC_DECODE_MB": value}, timeout=60,
+        )  # fmt: skip
+        assert expected in done.stdout + done.stderr, done.stderr

@@ -4,6 +4,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,6 +91,24 @@ def test_directory_save_killed_midway_is_restored(tmp_path):
     (old / "saved_model.pb").write_text("old")
     assert remove_stale_temporaries(target) == [old.name]
     assert (target / "saved_model.pb").read_text() == "old"
+
+
+def test_a_link_planted_as_a_backup_is_removed_not_restored(tmp_path):
+    """A link named as a killed save's backup of a version folder is not
+    made the version (the export would write through it): it is removed,
+    and what it points at is left alone."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("theirs")
+    target = tmp_path / "1"
+    planted = tmp_path / f".1{TEMPORARY_MARK}{_dead_pid()}-xyz.old"
+    planted.symlink_to(elsewhere, target_is_directory=True)
+    assert remove_stale_temporaries(target) == [planted.name]
+    assert not os.path.lexists(target) and not os.path.lexists(planted)
+    with atomic_directory(target) as tmp:
+        (Path(tmp) / "saved_model.pb").write_text("new")
+    assert not target.is_symlink() and (target / "saved_model.pb").exists()
+    assert sorted(os.listdir(elsewhere)) == ["keep.txt"]
 
 
 _SAVER = """

@@ -294,7 +294,10 @@ def _bad_requests(photos):
         ("POST", "/search", b"not a picture", png, 415, "not a picture"),
         ("POST", "/search", data[: len(data) // 2], png, 415, "truncated"),
         ("POST", "/search", b"", png, 400, "empty body"),
-        ("POST", "/search", huge, png, 413, "larger than 50000"),
+        ("POST", "/search", huge, png, 413, "larger than 50,000 bytes"),
+        # A multipart upload names the picture's limit (/stats), not the
+        # room its fields take beside it.
+        ("POST", "/search", *multipart("image", huge * 100), 413, "than 50,000 bytes"),
         ("POST", "/search?k=0", data, png, 422, "k must be in [1, 1000]"),
         ("POST", f"/search?k={MAX_K + 1}", data, png, 422, "received 1001"),
         ("POST", "/search?k=ten", data, png, 422, "k: Input should be a valid int"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 
+from subic_keras._quiet import show_native_logs
 from subic_keras.cli import checks
 from subic_keras.cli.console import (
     USER_ERRORS,
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         args.help_of.print_help()
         return 2
     debug = debug_requested(args.verbose)
+    if debug:
+        show_native_logs()
     try:
         # Paths and values first: a mistake costs no TensorFlow start-up.
         checks.check(args)

@@ -15,7 +15,14 @@ import warnings
 
 import numpy as np
 
-from subic_keras import datasets, evaluation, protocols, retrieval, streams
+from subic_keras import (
+    datasets,
+    evaluation,
+    folder_rules,
+    protocols,
+    retrieval,
+    streams,
+)
 from subic_keras._io import atomic_path
 from subic_keras.applications import WeightsUnavailableError, keras_cache
 from subic_keras.cli.console import debug_requested, plural, printable, quiet_imports
@@ -40,7 +47,6 @@ from subic_keras.paths import check_folder
 from subic_keras.pretrained import INSTANCE
 from subic_keras.recipe import LearnedLittleWarning
 from subic_keras.search import uri as search_uri
-from subic_keras.search.image_index import ImageIndex
 from subic_keras.training import train
 
 
@@ -281,10 +287,35 @@ def _index_folder(args, subic=None) -> int:
         instance=instance,
         instance_path=name,
     )
-    if isinstance(index, ImageIndex):  # a collection is added to as it goes
-        index.save(args.output)
+    _refuse_empty(index, report, args.folder)
+    rules = retrieval.choose_copy_rules(
+        index, subic, instance, batch_size=args.batch_size
+    )
+    index.persist(args.output)
     _report_folder(report, index, index_name(args, args.output))
+    _report_rules(rules)
     return 0
+
+
+def _refuse_empty(index, report: retrieval.FolderReport, folder) -> None:
+    """An index of no picture is refused, saying why, before it is saved."""
+    if len(index):
+        return
+    found = "it holds no file"
+    if report.skipped:
+        first = report.skipped[0]
+        found = (
+            f"none of its {plural(len(report.skipped), 'file')} decoded "
+            f"({printable(first.path)}: {printable(first.reason)})"
+        )
+    raise ValueError(f"no picture to index in {printable(os.fspath(folder))}: {found}")
+
+
+def _report_rules(rules: dict | None) -> None:
+    """The copy rules chosen on the folder, in one line (none for class
+    codes alone: they mark exact copies only)."""
+    if rules is not None:
+        print(folder_rules.rules_line(rules))
 
 
 def _index_folder_on_ray(args) -> int:
@@ -349,6 +380,7 @@ def run_index_add(args) -> int:
     folder = index.root if args.folder is None else args.folder
     check_folder(folder)
     subic = load_model(args.model, instance=True)
+    instance = retrieval.instance_encoder(index)
     index, report = retrieval.index_folder(
         subic,
         folder,
@@ -356,11 +388,16 @@ def run_index_add(args) -> int:
         batch_size=args.batch_size,
         progress=True,
         model_path=args.model,
-        instance=retrieval.instance_encoder(index),
+        instance=instance,
     )
-    if isinstance(index, ImageIndex):  # a collection is added to as it goes
-        index.save(args.index)
+    rules = None
+    if folder_rules.rules_stale(index.copy_record, len(index)):
+        rules = retrieval.choose_copy_rules(
+            index, subic, instance, batch_size=args.batch_size
+        )
+    index.persist(args.index)
     _report_folder(report, index, index_name(args, args.index))
+    _report_rules(rules)
     return 0
 
 
@@ -376,8 +413,7 @@ def run_index_remove(args) -> int:
     if args.missing:
         paths += _missing_files(index, args.force)
     removed = index.remove(paths)
-    if isinstance(index, ImageIndex):
-        index.save(args.index)
+    index.persist(args.index)
     print(
         f"removed {plural(removed, 'picture')}; {len(index):,} left in "
         f"{index_name(args, args.index)}"

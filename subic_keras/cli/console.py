@@ -9,12 +9,9 @@ become one line (`describe`).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import sys
-import warnings
-from collections.abc import Iterator
+
+from subic_keras._quiet import quiet_imports as quiet_imports
 
 # A user's mistake, reported in one line: bad values, wrong types, every
 # failure to read or write a file or reach the network (OSError covers
@@ -26,52 +23,6 @@ USER_ERRORS = (ValueError, TypeError, OSError, ImportError, MemoryError)
 def debug_requested(verbose: bool = False) -> bool:
     """`--verbose`, or `SUBIC_DEBUG` set to anything but empty or `0`."""
     return verbose or os.environ.get("SUBIC_DEBUG", "") not in ("", "0")
-
-
-@contextlib.contextmanager
-def quiet_imports(quiet: bool = True) -> Iterator[None]:
-    """Silences TensorFlow's and absl's log lines while heavy modules load.
-
-    Python's own `sys.stderr` is kept, so a Python error raised inside still
-    reaches the user; only the native writes to file descriptor 2 are
-    dropped. Afterwards TensorFlow's loggers stay at errors only.
-    """
-    if not quiet:
-        yield
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no file descriptor 2 (a GUI host): nothing to silence
-        saved = None
-    if saved is not None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.dup2(saved, 2)
-            os.close(saved)
-    _quiet_python_loggers()
-
-
-def _quiet_python_loggers() -> None:
-    for name in ("tensorflow", "absl", "h5py"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    # pymilvus logs every failed request with a traceback before raising the
-    # error that the command reports in one line.
-    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
-    with contextlib.suppress(ImportError):
-        from absl import logging as absl_logging
-
-        absl_logging.set_verbosity(absl_logging.ERROR)
-    # TensorFlow's and Keras's notices (retracing, deprecations) are for
-    # developers of the package, not for a person running a command.
-    for module in ("tensorflow", "keras", "tf_keras", "absl"):
-        warnings.filterwarnings("ignore", module=module)
 
 
 def describe(error: BaseException) -> str:

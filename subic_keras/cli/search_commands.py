@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from subic_keras import copies, retrieval
+from subic_keras import copies, folder_rules, retrieval
 from subic_keras import images as image_files
 from subic_keras._io import check_file
 from subic_keras.cli.console import plural, printable
@@ -149,7 +149,7 @@ def run_search(args) -> int:
     answers = index.answer(
         queries, args.k, where=condition, fingerprints=fingerprints, **more
     )
-    margin = getattr(subic, "copy_margin", None)  # an instance code's
+    margin = copies.copy_margin_for(index, subic)  # the folder's rule
     copies.mark(answers, queries, subic.block_size, margin, marked=bool(more))
     for name, matches in zip(names, answers):
         _print_matches(name, [{"query": name, **match} for match in matches], args.json)
@@ -230,11 +230,28 @@ def run_train_instance(args) -> int:
     rules = done["calibration"]
     print(
         f"trained on {plural(done['pictures'], 'picture')} of "
-        f"{printable(os.fspath(args.folder))} (loss {done['loss']:.4f}); copies "
-        f"from a copy margin of {rules['copy_margin']['value']}, duplicates "
-        f"from {rules['copy_blocks']['value']} equal blocks of {code.num_blocks}; "
+        f"{printable(os.fspath(args.folder))} (loss {done['loss']:.4f}); "
         f"wrote {printable(os.fspath(args.output))}"
     )
+    recall = done["recall"]
+    print(
+        f"copies found first (recall@1) of {plural(recall['held_out'], 'picture')} "
+        f"held out of the training: {recall['before']:.3f} before, "
+        f"{recall['after']:.3f} after"
+    )
+    chosen = {name: rules[name]["value"] for name in copies.COPY_RULES}
+    line = {
+        **chosen,
+        "copies": rules["queries"],
+        "precision": rules["precision_target"],
+        "num_blocks": code.num_blocks,
+    }
+    if chosen["copy_margin"] is None and chosen["copy_blocks"] is None:
+        line["reason"] = (
+            f"none chosen, because no rule reached {100 * line['precision']:g} % "
+            f"precise on {line['copies']:,} of the folder's own copies"
+        )
+    print(folder_rules.rules_line(line))
     return 0
 
 

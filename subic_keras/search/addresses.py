@@ -6,6 +6,7 @@ one pymilvus can connect to. No import of pymilvus.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 
 # How a Milvus server's address starts; `grpc://` is recognised only to be
@@ -49,6 +50,10 @@ def check_server_uri(uri: str) -> str:
     return uri
 
 
+# Milvus's rule for a collection's name, checked before Milvus sees it.
+COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+
+
 def check_location(uri: str | os.PathLike, collection) -> str:
     """`uri` as a string, where it and `collection` can name a collection:
     a Milvus Lite path ending in `.db` that is no symbolic link, or a server
@@ -62,6 +67,12 @@ def check_location(uri: str | os.PathLike, collection) -> str:
     if not isinstance(collection, str) or not collection:
         raise ValueError(
             f"collection must be a non-empty string, received {collection!r}"
+        )
+    if not COLLECTION_NAME.fullmatch(collection):
+        raise ValueError(
+            "collection must be a name Milvus takes: a letter or _ first, then "
+            f"letters, digits and _ (ASCII), at most 255 in all; received "
+            f"{collection[:80]!r}"
         )
     if is_local(uri) and not uri.endswith(".db"):
         raise ValueError(

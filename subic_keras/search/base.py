@@ -273,12 +273,36 @@ class PictureIndex(Searcher):
 
         Args:
             copy_blocks: the least equal blocks of two copies; default: the
-                one the instance code chose on validation, as recorded.
+                one chosen on the folder's own pictures where the index
+                chose one (`copy_record`), else the one the instance code
+                chose on validation, as recorded.
 
         Raises:
             ValueError: with no `copy_blocks` given or recorded (codes of a
-                class model: classes, not copies).
+                class model: classes, not copies), or more than the code's
+                blocks.
         """
+
+    @property
+    def copy_record(self) -> dict | None:
+        """The record of the model whose codes tell copies, with the copy
+        rules chosen on the folder's own pictures under `"copies"`
+        (`retrieval.choose_copy_rules`)."""
+        return self.model
+
+    def record_copy_rules(self, rules: dict) -> None:
+        """Records the copy rules chosen on the folder's own pictures."""
+        raise ValueError(f"{type(self).__name__} records no copy rules of its own")
+
+    def copy_items(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """`(paths, codes, fingerprints)` of every picture, in insertion
+        order, by the codes that tell copies."""
+        raise ValueError(f"{type(self).__name__} cannot list its pictures' codes")
+
+    def persist(self, path: str | os.PathLike) -> None:
+        """Makes what was added, removed or recorded last at `path`: an index
+        held in memory writes its file (`ImageIndex.save`); one kept in a
+        database (a Milvus collection) holds it already."""
 
     @property
     def holds_pictures(self) -> bool:

@@ -110,6 +110,8 @@ def milvus_literal(value) -> str:
     reads no escape by code point), any other character as itself."""
     if isinstance(value, str):
         return f'"{value.translate(_MILVUS_ESCAPES)}"'
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return _literal(float(value))  # Milvus reads 64-bit integers only
     return _literal(value)
 
 
@@ -184,6 +186,11 @@ class Compare(Filter):
         if self.field.startswith("attrs.") and isinstance(self.value, bool):
             _check_bool_test(self.field[6:], COMPARISONS[self.op], self.value)
         field = _on_milvus(self.field, held, self.value)
+        if field == "id":  # as `mask` compares: no refusal of a bound past all
+            op, value = _on_integers(field, self.op, self.value)
+            if isinstance(value, bool):
+                return "id >= 0" if value else "id < 0"  # every item, or none
+            return f"id {op} {value}"
         test = f"{field} {self.op} {milvus_literal(self.value)}"
         return _present(field, test) if self.field.startswith("attrs.") else test
 
@@ -224,6 +231,10 @@ class In(Filter):
         if not self.values:
             return "id < 0"  # no item
         fields = [_on_milvus(self.field, held, value) for value in self.values]
+        if self.field == "id":  # the integers among the values, as `mask`
+            tested = [_on_integers("id", "==", value) for value in self.values]
+            wanted = [str(v) for _, v in tested if not isinstance(v, bool)]
+            return f"id in [{', '.join(wanted)}]" if wanted else "id < 0"
         if not self.field.startswith("attrs."):
             return f"{fields[0]} in [{', '.join(map(milvus_literal, self.values))}]"
         # Milvus takes `in` on fields only: an attribute's values one by one,
@@ -410,14 +421,13 @@ def _on_integers(field: str, op: str, value) -> tuple[str, int | bool]:
     none: a float that is not an integer equals no id, and bounds the
     others between its floor and ceiling.
 
-    Raises:
-        ValueError: for a value beyond the 64-bit integers.
+    A value beyond the 64-bit integers (`id < 1e300`) is compared as a
+    number too: every id is below it, so the test holds for all or none.
     """
     if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError(
-            f"where: {field} is a 64-bit integer, received {_literal(value)}, "
-            "beyond its range"
-        )
+        above = value > INT64_MAX
+        holds = {"==": False, "!=": True, "<": above, "<=": above}
+        return op, holds.get(op, not above)
     if isinstance(value, int) or value.is_integer():
         return op, int(value)
     if op in ("==", "!="):

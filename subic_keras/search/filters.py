@@ -43,8 +43,6 @@ from subic_keras.search.checks import check_ids
 from subic_keras.search.filter_terms import (
     COMPARISONS,
     FIELDS,
-    INT64_MAX,
-    INT64_MIN,
     MAX_DEPTH,
     MAX_NESTING,
     Columns,
@@ -273,10 +271,12 @@ class _Parser:
             return Under(folder)
         if self._keyword("in"):
             self._take("[")
-            values = [self._value()]
-            while self._keyword(",", kind="symbol"):
+            values = []
+            if not self._keyword("]", kind="symbol"):  # `in []`: no item
                 values.append(self._value())
-            self._take("]")
+                while self._keyword(",", kind="symbol"):
+                    values.append(self._value())
+                self._take("]")
             return In(field, tuple(values))
         token = self._peek()
         if token is None or token[1] not in COMPARISONS:
@@ -298,11 +298,9 @@ class _Parser:
             number = float(raw)
             if not np.isfinite(number):
                 raise self._error(f"number {raw} is out of range")
-            if not re.fullmatch(r"-?\d+", raw):
-                return number
-            if not INT64_MIN <= int(raw) <= INT64_MAX:
-                raise self._error(f"integer {raw[:40]} is beyond the 64-bit integers")
-            return int(raw)
+            # An integer stays exact, whatever its size: compared as a
+            # number, one beyond the 64-bit integers bounds every id.
+            return int(raw) if re.fullmatch(r"-?\d+", raw) else number
         if kind == "string":
             return re.sub(r"\\(.)", r"\1", raw[1:-1])
         if kind == "name" and raw in ("true", "false"):

@@ -358,14 +358,48 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         (relative,) = self.paths([item_id])
         return resolve(self._root, relative)
 
+    @property
+    def copy_record(self) -> dict | None:
+        """The record of the model whose codes tell copies (the instance
+        codes kept beside class codes, else the index's own), with the copy
+        rules chosen on this folder under `"copies"` (`record_copy_rules`)."""
+        return self.model if self._instance is None else self._instance.model
+
+    def record_copy_rules(self, rules: dict) -> None:
+        """Records the copy rules chosen on this folder's pictures
+        (`folder_rules.calibrate_folder`) in `copy_record`, saved with the index:
+        they mark its copies and list its duplicates from then on."""
+        record = dict(self.copy_record or {})
+        record["copies"] = dict(rules)
+        with self._lock.write():
+            if self._instance is None:
+                self.model = record
+            else:
+                self._instance.model = record
+
+    def copy_items(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """`(paths, codes, fingerprints)` of every picture, in insertion
+        order: the codes that tell copies (`copy_record`'s model's)."""
+        part = self._codes if self._instance is None else self._instance.codes
+        with self._lock.read():
+            ids = self._items.ids.copy()
+            return (
+                list(self._items.paths),
+                part.get_codes(ids),
+                np.array(self._items.fingerprints, np.uint64),
+            )
+
     def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
         """Groups of pictures that are copies of each other, by their codes
         (`subic_keras.copies.duplicate_groups`: exact, all pairs).
 
         Args:
             copy_blocks: the least equal blocks of two copies; default: the
-                one the instance code that wrote the index (or its instance
-                codes) chose on validation (`model["copy_blocks"]`).
+                one chosen on this folder's pictures (`record_copy_rules`;
+                none: exact copies alone), else the one the instance code
+                that wrote the index (or its instance codes) chose on
+                validation (`model["copy_blocks"]`). Pictures of the same
+                pixels are grouped whatever the count.
 
         Returns:
             The groups' paths, each group in insertion order, largest first.
@@ -377,12 +411,16 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         from subic_keras.copies import duplicate_groups, recorded_copy_blocks
 
         part = self._codes if self._instance is None else self._instance.codes
-        model = self.model if self._instance is None else self._instance.model
-        copy_blocks = recorded_copy_blocks(model, copy_blocks)
+        copy_blocks = recorded_copy_blocks(
+            self.copy_record, copy_blocks, part.num_blocks
+        )
         with self._lock.read():
             ids = self._items.ids.copy()
             codes = part.get_codes(ids)
-        groups = duplicate_groups(codes, ids, part.block_size, copy_blocks)
+            fingerprints = np.array(self._items.fingerprints, np.uint64)
+        groups = duplicate_groups(
+            codes, ids, part.block_size, copy_blocks, fingerprints=fingerprints
+        )
         return [self.paths(group) for group in groups]
 
     def exact_copies(self, fingerprint: int) -> np.ndarray:
@@ -454,6 +492,10 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             return scores, ids, exact_first(scores, ids, queries, found, copy), copy
 
     # Persistence --------------------------------------------------------
+
+    def persist(self, path: str | os.PathLike) -> None:
+        """`save`: an index held in memory lasts in its file."""
+        self.save(path)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes codes, ids and the item table atomically to one file."""

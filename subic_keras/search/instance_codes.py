@@ -150,8 +150,13 @@ def checked_instance_queries(
 
 def copy_margin_of(record: dict | None) -> float | None:
     """The least copy margin of a copy that an instance model's record
-    holds (None: the model chose none)."""
-    value = (record or {}).get("copy_margin")
+    holds: the one chosen on the folder's own pictures where the index
+    chose one (`folder_rules.calibrate_folder`, under `"copies"`), else the
+    model's (None: none chosen, exact copies only)."""
+    record = record or {}
+    if isinstance(record.get("copies"), dict):
+        record = record["copies"]
+    value = record.get("copy_margin")
     return float(value) if isinstance(value, (int, float)) else None
 
 

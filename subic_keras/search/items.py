@@ -103,14 +103,15 @@ def check_attributes(
                 )
             ok = (
                 isinstance(value, bool)
-                or (isinstance(value, int) and abs(value) < 2**63)
+                or (isinstance(value, int) and -(2**63) <= value < 2**63)
                 or (isinstance(value, float) and math.isfinite(value))
                 or (isinstance(value, str) and len(value) <= MAX_STRING)
             )
             if not ok:
                 raise ValueError(
                     f"{name}: values must be strings of at most {MAX_STRING} "
-                    "characters, finite numbers, true or false; received "
+                    "characters, finite numbers (integers of 64 bits), true or "
+                    "false; received "
                     f"{key}={str(value)[:100]!r}"
                 )
             if isinstance(value, str) and not is_utf8(value):

@@ -23,6 +23,8 @@ whole. `subic index build MODEL DIR --output photos.db` writes one.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -171,6 +173,43 @@ class MilvusPictures(MilvusIndex, PictureIndex):
         view = super().by_instance()
         assert isinstance(view, MilvusPictures)
         return view
+
+    @property
+    def copy_record(self) -> dict | None:
+        """The record of the model whose codes tell copies, with the rules
+        chosen on this folder (`ImageIndex.copy_record`)."""
+        if self.instance is None or self._view:
+            return self.model
+        return self.instance_model
+
+    def record_copy_rules(self, rules: dict) -> None:
+        """Records the copy rules chosen on this folder's pictures in the
+        collection's properties (`ImageIndex.record_copy_rules`)."""
+        self._check_writable()
+        record = dict(self.copy_record or {})
+        record["copies"] = dict(rules)
+        name = "model" if self.instance is None else "instance_model"
+        with milvus_errors(self._uri, self._name):
+            self._client.alter_collection_properties(
+                self._name, properties={f"subic.{name}": json.dumps(record)}
+            )
+        if name == "model":
+            self._recorded = dataclasses.replace(self._recorded, model=record)
+        else:
+            self._recorded = dataclasses.replace(self._recorded, instance_model=record)
+
+    def copy_items(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """`(paths, codes, fingerprints)` of every picture, in insertion
+        order, by the codes that tell copies (`ImageIndex.copy_items`)."""
+        codes_of = self if self.instance is None or self._view else self.by_instance()
+        rows = self._rows(["path", "fingerprint", codes_of._vectors])
+        codes = milvus_schema.codes_of(
+            [row[codes_of._vectors] for row in rows],
+            codes_of.num_blocks,
+            codes_of.block_size,
+        )
+        fingerprints = np.array([row["fingerprint"] for row in rows], np.int64)
+        return [row["path"] for row in rows], codes, fingerprints.view(np.uint64)
 
     # Writing --------------------------------------------------------------
 
@@ -330,14 +369,20 @@ class MilvusPictures(MilvusIndex, PictureIndex):
         from subic_keras.copies import duplicate_groups, recorded_copy_blocks
 
         codes_of = self if self.instance is None or self._view else self.by_instance()
-        copy_blocks = recorded_copy_blocks(codes_of.model, copy_blocks)
+        copy_blocks = recorded_copy_blocks(
+            self.copy_record, copy_blocks, codes_of.num_blocks
+        )
         field = codes_of._vectors
-        rows = self._rows(["id", "path", field])
+        rows = self._rows(["id", "path", "fingerprint", field])
         ids = np.array([row["id"] for row in rows], dtype=np.int64)
         codes = milvus_schema.codes_of(
             [row[field] for row in rows], codes_of.num_blocks, codes_of.block_size
         )
-        groups = duplicate_groups(codes, ids, codes_of.block_size, copy_blocks)
+        fingerprints = np.array([row["fingerprint"] for row in rows], np.int64)
+        groups = duplicate_groups(
+            codes, ids, codes_of.block_size, copy_blocks,
+            fingerprints=fingerprints.view(np.uint64),
+        )  # fmt: skip
         path_of = {int(row["id"]): row["path"] for row in rows}
         return [[path_of[int(i)] for i in group] for group in groups]
 

@@ -515,7 +515,7 @@ class RayIndex(PictureIndex):
                 "duplicates lists pictures, and these shards hold codes alone"
             )
         part = self if self._instance_model is None else self.by_instance()
-        copy_blocks = recorded_copy_blocks(part.model, copy_blocks)
+        copy_blocks = recorded_copy_blocks(part.model, copy_blocks, part.num_blocks)
         ids = part.get_ids()
         codes = part.get_codes(ids)
         groups = duplicate_groups(codes, ids, part.block_size, copy_blocks, index=part)

@@ -189,9 +189,7 @@ def test_numbers_and_strings_compare_exactly(table, text, kept):
     assert table.ids[filters.parse(text).mask(table)].tolist() == kept
 
 
-def test_integers_beyond_int64_are_refused_and_large_ones_compare_exactly():
-    with pytest.raises(ValueError, match="beyond the 64-bit integers"):
-        filters.parse("id == 9223372036854775808")
+def test_numbers_beyond_int64_bound_every_id_and_large_ones_compare_exactly():
     table = ItemTable()
     big = 2**53
     table.append(
@@ -210,9 +208,22 @@ def test_integers_beyond_int64_are_refused_and_large_ones_compare_exactly():
         (f"attrs.n == {float(big)}", [0]),
     ):
         assert table.ids[filters.parse(text).mask(table)].tolist() == kept, text
-    for text in ("id in [1e300]", "id > 1e19", "id == -1e19"):
-        with pytest.raises(ValueError, match="id is a 64-bit integer.*beyond"):
-            filters.parse(text).mask(table)
+    # Compared as numbers: a bound past every id keeps all or none, here
+    # and in Milvus's expression alike.
+    for text, kept, milvus in (
+        ("id < 1e300", [0, 1, 2, 3], "id >= 0"),
+        ("id > -1e300", [0, 1, 2, 3], "id >= 0"),
+        ("id < 9223372036854775808", [0, 1, 2, 3], "id >= 0"),
+        ("id in [1e300]", [], "id < 0"),
+        ("id > 1e19", [], "id < 0"),
+        ("id == -1e19", [], "id < 0"),
+        ("id in []", [], "id < 0"),
+        ("not id in []", [0, 1, 2, 3], "not (id < 0)"),
+        ("id in [1e300, 2]", [2], "id in [2]"),
+    ):
+        filtered = filters.parse(text)
+        assert table.ids[filtered.mask(table)].tolist() == kept, text
+        assert filtered.milvus() == milvus, text
 
 
 def test_lone_surrogates_are_refused_at_add_naming_the_item(tmp_path):
@@ -253,3 +264,25 @@ def test_milvus_expressions_of_a_folder_collection():
         filters.parse("attrs.x < true").milvus(held)
     with pytest.raises(ValueError, match="filtered on id alone, received a test on"):
         under.milvus()
+
+
+def test_attributes_at_the_int64_bounds_are_kept_exactly(tmp_path):
+    from subic_keras.search import ImageIndex
+    from subic_keras.search import open as search_open
+
+    index = ImageIndex(2, 4, str(tmp_path), (8, 8, 3))
+    index.add(
+        np.zeros((2, 2), int),
+        ["low.png", "high.png"],
+        attributes=[{"n": -(2**63)}, {"n": 2**63 - 1}],
+    )
+    index.save(tmp_path / "bounds.subic")
+    loaded = search_open(tmp_path / "bounds.subic")
+    kept = [row["attributes"]["n"] for row in loaded.describe(loaded.get_ids())]
+    assert kept == [-(2**63), 2**63 - 1]
+    query = np.zeros((1, 8))
+    low = loaded.answer(query, 2, where=f"attrs.n == {-(2**63)}")[0]
+    assert [row["path"] for row in low] == ["low.png"]
+    for beyond in (2**63, -(2**63) - 1):
+        with pytest.raises(ValueError, match="integers of 64 bits"):
+            index.add(np.zeros((1, 2), int), ["x.png"], attributes=[{"n": beyond}])

@@ -1,5 +1,7 @@
 """The Milvus backend on Milvus Lite: SubicIndex's results, through Milvus."""
 
+import os
+
 import numpy as np
 import pytest
 from search_reference import distinct_codes, relu_queries
@@ -475,3 +477,17 @@ def test_answers_by_both_codes_as_an_image_index_does(rng, uri):
     with pytest.raises(ValueError, match="instance_queries"):
         remote.answer(queries, 5, instance_queries=instance_queries[:2])
     remote.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "é", "a\x00b", "x" * 256, "a b", "a;drop", "1abc"]
+)
+def test_collection_names_milvus_refuses_are_refused_before_it_sees_them(
+    name, tmp_path
+):
+    from subic_keras.search.addresses import check_location
+
+    with pytest.raises(ValueError, match="a name Milvus takes: a letter or _ first"):
+        check_location(str(tmp_path / "codes.db"), name)
+    assert not os.path.exists(tmp_path / "codes.db")
+    check_location(str(tmp_path / "codes.db"), "_photos_" + "x" * 247)  # 255
