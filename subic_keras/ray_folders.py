@@ -211,7 +211,8 @@ def index_folder_on_ray(
         output_target(output)
     root = os.path.realpath(root)
     paths, skipped = find_files(root)
-    model_path = os.path.abspath(model_path)
+    if os.fspath(model_path) != INSTANCE:  # the shipped code, by its name
+        model_path = os.path.abspath(model_path)
     subic = load_encoder(model_path)
     record = model_record(subic, model_path)
     shape = input_shape(subic)
