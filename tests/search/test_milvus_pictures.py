@@ -119,10 +119,14 @@ def test_paths_fields_and_copies_as_an_image_index(rng, tmp_path):
         for row in index.describe(ids[:9])
     ]
     # By their codes, and pictures 5 and 40, of the same pixels, always.
-    assert remote.duplicates() == index.duplicates() == [
-        ["a/x/3.png", "a/41.png"],
-        ["a/5.png", "a/40.png"],
-    ]
+    assert (
+        remote.duplicates()
+        == index.duplicates()
+        == [
+            ["a/x/3.png", "a/41.png"],
+            ["a/5.png", "a/40.png"],
+        ]
+    )
     assert remote.duplicates(copy_blocks=1) == index.duplicates(copy_blocks=1)
     with pytest.raises(KeyError, match="paths not in the index"):
         remote.ids(["a/1.png", "b/none.png"])
