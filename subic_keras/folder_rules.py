@@ -143,32 +143,29 @@ def calibrate_folder(
         (picture[np.maximum(found, 0)] == truth).ravel() & (found.ravel() >= 0),
     )
 
-    # Floors: the drawn pictures, unaltered, against every other picture.
+    # Floors. A code that chose its rules on validation, whose different
+    # pictures are known to be different, is bounded by them: the folder's
+    # own copies (unlabelled) count as different here, and a folder of 10 %
+    # copies left its duplicate rule listing 1 of 20 (its precision on the
+    # folder's copies still decides). Else: what the drawn pictures,
+    # unaltered, reach with every other picture.
+    floors = {name: getattr(code, name, None) for name in COPY_RULES}
     width = min(CALIBRATION_K + 1, count)
-    originals = code.query(pictures, batch_size)
-    scores, found = every.search(originals, width)
-    other = picture[found] != picture[drawn][:, None]
-    best = np.where(other, scores, -np.inf).max(1)
-    margins = copy_margins(originals, best[:, None], code.block_size)[:, 0]
-    equal, found = every.search_codes(codes[drawn], width)
-    other = picture[found] != picture[drawn][:, None]
-    most = np.where(other, equal, -1).max(1)
-    share = FOLDER_DIFFERENT_SHARE
-    margin = share_above(margins[np.isfinite(margins)], share)
-    floors = {
-        "copy_margin": np.floor(margin * 1e6 + 1) / 1e6,
+    if floors["copy_margin"] is None:
+        originals = code.query(pictures, batch_size)
+        scores, found = every.search(originals, width)
+        other = picture[found] != picture[drawn][:, None]
+        best = np.where(other, scores, -np.inf).max(1)
+        margins = copy_margins(originals, best[:, None], code.block_size)[:, 0]
+        margin = share_above(margins[np.isfinite(margins)], FOLDER_DIFFERENT_SHARE)
+        floors["copy_margin"] = np.floor(margin * 1e6 + 1) / 1e6
+    if floors["copy_blocks"] is None:
+        equal, found = every.search_codes(codes[drawn], width)
+        other = picture[found] != picture[drawn][:, None]
+        most = np.where(other, equal, -1).max(1)
         # Pairs among stored codes: a duplicate rule's mistakes add up as
         # pairs, so different pictures bound it as on validation.
-        "copy_blocks": share_above(most[most >= 0]) + 1,
-    }
-    # A code that chose its rules on validation, whose different pictures
-    # are known to be different, is bounded by them instead: the folder's own
-    # copies (unlabelled) count as different here, and a folder of 10 %
-    # copies left its duplicate rule listing 1 of 20 (its precision on the
-    # folder's copies still decides).
-    for name in COPY_RULES:
-        if getattr(code, name, None) is not None:
-            floors[name] = getattr(code, name)
+        floors["copy_blocks"] = share_above(most[most >= 0]) + 1
     chosen = choose_rules(scored, blocks, floors, precision)
     result = {**none, "copies": len(drawn)}
     if (

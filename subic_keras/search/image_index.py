@@ -380,10 +380,16 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
     def copy_items(self) -> tuple[list[str], np.ndarray, np.ndarray]:
         """`(paths, codes, fingerprints)` of every picture, in insertion
         order: the codes that tell copies (`copy_record`'s model's)."""
+        return self._copy_columns()[1:]
+
+    def _copy_columns(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """`(ids, paths, codes, fingerprints)` of every picture, in insertion
+        order, by the codes that tell copies, from one state of the index."""
         part = self._codes if self._instance is None else self._instance.codes
         with self._lock.read():
             ids = self._items.ids.copy()
             return (
+                ids,
                 list(self._items.paths),
                 part.get_codes(ids),
                 np.array(self._items.fingerprints, np.uint64),
@@ -414,10 +420,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
         copy_blocks = recorded_copy_blocks(
             self.copy_record, copy_blocks, part.num_blocks
         )
-        with self._lock.read():
-            ids = self._items.ids.copy()
-            codes = part.get_codes(ids)
-            fingerprints = np.array(self._items.fingerprints, np.uint64)
+        ids, _, codes, fingerprints = self._copy_columns()
         groups = duplicate_groups(
             codes, ids, part.block_size, copy_blocks, fingerprints=fingerprints
         )

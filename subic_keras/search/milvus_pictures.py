@@ -201,15 +201,21 @@ class MilvusPictures(MilvusIndex, PictureIndex):
     def copy_items(self) -> tuple[list[str], np.ndarray, np.ndarray]:
         """`(paths, codes, fingerprints)` of every picture, in insertion
         order, by the codes that tell copies (`ImageIndex.copy_items`)."""
+        return self._copy_rows()[1:]
+
+    def _copy_rows(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """`(ids, paths, codes, fingerprints)` of every picture, in insertion
+        order, by the codes that tell copies: read from the collection once."""
         codes_of = self if self.instance is None or self._view else self.by_instance()
-        rows = self._rows(["path", "fingerprint", codes_of._vectors])
+        field = codes_of._vectors
+        rows = self._rows(["id", "path", "fingerprint", field])
+        ids = np.array([row["id"] for row in rows], dtype=np.int64)
         codes = milvus_schema.codes_of(
-            [row[codes_of._vectors] for row in rows],
-            codes_of.num_blocks,
-            codes_of.block_size,
+            [row[field] for row in rows], codes_of.num_blocks, codes_of.block_size
         )
         fingerprints = np.array([row["fingerprint"] for row in rows], np.int64)
-        return [row["path"] for row in rows], codes, fingerprints.view(np.uint64)
+        paths = [row["path"] for row in rows]
+        return ids, paths, codes, fingerprints.view(np.uint64)
 
     # Writing --------------------------------------------------------------
 
@@ -372,18 +378,11 @@ class MilvusPictures(MilvusIndex, PictureIndex):
         copy_blocks = recorded_copy_blocks(
             self.copy_record, copy_blocks, codes_of.num_blocks
         )
-        field = codes_of._vectors
-        rows = self._rows(["id", "path", "fingerprint", field])
-        ids = np.array([row["id"] for row in rows], dtype=np.int64)
-        codes = milvus_schema.codes_of(
-            [row[field] for row in rows], codes_of.num_blocks, codes_of.block_size
-        )
-        fingerprints = np.array([row["fingerprint"] for row in rows], np.int64)
+        ids, paths, codes, fingerprints = self._copy_rows()
         groups = duplicate_groups(
-            codes, ids, codes_of.block_size, copy_blocks,
-            fingerprints=fingerprints.view(np.uint64),
-        )  # fmt: skip
-        path_of = {int(row["id"]): row["path"] for row in rows}
+            codes, ids, codes_of.block_size, copy_blocks, fingerprints=fingerprints
+        )
+        path_of = dict(zip(ids.tolist(), paths))
         return [[path_of[int(i)] for i in group] for group in groups]
 
     def search(
