@@ -161,7 +161,7 @@ def _as_folder(pictures: np.ndarray, root: str) -> tuple[str, list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="fashion_mnist")
-    parser.add_argument("--data-dir", default=os.environ.get("SUBIC_DATA_DIR"))
+    common.add_data_dir(parser, "cifar-10-batches-bin/ and fashion-mnist/")
     parser.add_argument("--pictures", type=int, default=10_000)
     parser.add_argument("--planted", type=int, default=50)
     parser.add_argument("--queries", type=int, default=1000)
