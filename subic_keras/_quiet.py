@@ -3,15 +3,20 @@
 TensorFlow prints a dozen start-up lines (CUDA drivers, oneDNN, absl's
 `InitializeLog`) from C++ when it loads, some before any Python setting can
 reach them; `quiet_imports` hides them by pointing the process's standard
-error at `/dev/null` while the heavy modules load. The package loads its
-TensorFlow modules through it (`subic_keras.__getattr__`) unless the user
-set `TF_CPP_MIN_LOG_LEVEL` (they asked for TensorFlow's own lines), as the
-command line does unless `--verbose`.
+error at `/dev/null` while the heavy modules load. Importing the package sets
+`TF_CPP_MIN_LOG_LEVEL=3` where the user set no level and TensorFlow is not
+loaded yet, so a submodule imported directly loads it quietly too, and the
+package loads its TensorFlow modules through `quiet_imports`
+(`subic_keras.__getattr__`); a level the user set (they asked for
+TensorFlow's own lines) is kept, and the command line's `--verbose` shows
+them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import logging
 import os
 import sys
@@ -72,9 +77,53 @@ def _quiet_python_loggers() -> None:
 _CHOSEN = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
 
 
+class _QuietTensorFlow(importlib.abc.MetaPathFinder):
+    """Loads `tensorflow`, the first time anything imports it, inside
+    `quiet_imports`: its start-up lines are written as its libraries load,
+    where no environment variable set from Python reaches them."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "tensorflow":
+            return None
+        _stop_hiding()
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        with quiet_imports(loggers=False):
+            self.loader.exec_module(module)
+
+
+_HOOK = _QuietTensorFlow()
+if _CHOSEN and "tensorflow" not in sys.modules:
+    # Set before any of the package's modules can import TensorFlow (a
+    # submodule imported directly as well as `subic_keras.X`): the level
+    # quiets what it logs later (device set-up), the hook its loading.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.meta_path.insert(0, _HOOK)
+
+
+def _stop_hiding() -> None:
+    if _HOOK in sys.meta_path:
+        sys.meta_path.remove(_HOOK)
+
+
 def show_native_logs() -> None:
     """TensorFlow's C++ lines shown from now on (`subic --verbose`)."""
     global _CHOSEN
+    if _CHOSEN and "tensorflow" not in sys.modules:
+        os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    _stop_hiding()
     _CHOSEN = False
 
 

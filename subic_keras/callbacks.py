@@ -1,12 +1,14 @@
 """Training callbacks: entropy warm-up, validation retrieval mAP, best-epoch
 selection, epoch-level TensorBoard logs and a NaN-safe, atomic checkpoint;
-and a progress bar of `predict` on standard error."""
+one short line per epoch with the time left; and a progress bar of
+`predict` on standard error."""
 
 from __future__ import annotations
 
 import math
 import os
 import sys
+import time
 
 import keras
 import numpy as np
@@ -392,6 +394,72 @@ class EpochTensorBoard(keras.callbacks.Callback):
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
+
+
+def duration(seconds: float) -> str:
+    """`seconds` as a person reads it: `"48 s"`, `"4 min 10 s"`, `"1 h 05 min"`."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """One line per epoch: the stage, the epoch, its main figures, the time
+    spent and an estimate of what is left of the stage.
+
+    The estimate is the mean time of the epochs run so far (by this
+    callback, so a resumed run counts only its own) times the epochs left.
+    The figures shown are the loss, the accuracies and the validation mAPs;
+    the other logs stay in TensorBoard.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> _ = model.fit(np.zeros((8, 3)), np.zeros((8, 1)), epochs=2, verbose=0,
+    ...               callbacks=[EpochProgress("fitting", stream=sys.stdout)])
+    ... # doctest: +ELLIPSIS
+    fitting epoch 1/2: loss 0.000 (... s; about ... s left)
+    fitting epoch 2/2: loss 0.000 (... s)
+
+    Args:
+        stage: the name the lines start with ("pre-training", "SuBiC").
+        stream: where the lines go (standard output by default).
+    """
+
+    def __init__(self, stage: str, stream=None):
+        super().__init__()
+        self.stage, self.stream = stage, stream
+        self._start: float | None = None
+        self._first: int | None = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._start is None:  # once: a stage fitted in phases runs on
+            self._start, self._first = time.perf_counter(), epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        assert self._start is not None and self._first is not None
+        total = int(self.params.get("epochs") or epoch + 1)
+        elapsed = time.perf_counter() - self._start
+        left = total - (epoch + 1)
+        logs = logs or {}
+        shown = [key for key in ("loss", "accuracy", "val_accuracy") if key in logs]
+        shown += sorted(key for key in logs if key.startswith("val_map"))
+        figures = ", ".join(f"{key} {float(np.mean(logs[key])):.3f}" for key in shown)
+        timing = duration(elapsed)
+        if left > 0:
+            rate = elapsed / (epoch + 1 - self._first)
+            timing += f"; about {duration(rate * left)} left"
+        print(
+            f"{self.stage} epoch {epoch + 1}/{total}: {figures} ({timing})",
+            file=self.stream or sys.stdout,
+            flush=True,
+        )
 
 
 class PredictionProgress(keras.callbacks.Callback):

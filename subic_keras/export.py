@@ -12,7 +12,9 @@
     `SubicIndex.search`;
   - `encode_images`: encoded images `(batch,)` (tf.string: JPEG, PNG, GIF,
     BMP or WebP, as `tf.io.decode_image` reads them; a GIF's first frame) →
-    the same outputs. Each image is decoded to `C` channels, scaled by
+    the same outputs. Each image is decoded to `C` channels (a picture with
+    transparency composited over white first, as files are decoded for
+    training, indexing and search), scaled by
     `1/255` (exactly the float32 values of `x.astype("float32") / 255`, as
     in training), and resized to `H×W` (bilinear, *without* keeping the
     aspect ratio; the identity when the image is already `H×W`); the
@@ -377,6 +379,55 @@ def _encoder_model(subic: Subic | InstanceSubic, int8: bool = False) -> keras.Mo
     return keras.Model(images, outputs, name="encoder")
 
 
+def _decoded_over_white(data, channels: int):
+    """One encoded picture as uint8 `(h, w, channels)`, a transparent one
+    (grey or colour with alpha) composited over white first, as
+    `subic_keras.images` decodes files: `round(c·a + 255·(1 − a))`."""
+    image = tf.io.decode_image(
+        data, channels=0, dtype=tf.uint8, expand_animations=False
+    )
+    depth = tf.shape(image)[-1]
+
+    def over_white():
+        colour, alpha = image[..., :-1], image[..., -1:]
+        alpha = tf.cast(alpha, tf.float32) / 255.0
+        blended = tf.cast(colour, tf.float32) * alpha + 255.0 * (1.0 - alpha)
+        blended = tf.cast(tf.round(blended), tf.uint8)
+        if channels == 3:
+            blended = tf.cond(
+                tf.shape(blended)[-1] == 1,
+                lambda: tf.image.grayscale_to_rgb(blended),
+                lambda: blended,
+            )
+        else:
+            blended = tf.cond(
+                tf.shape(blended)[-1] == 3,
+                lambda: tf.cast(
+                    tf.round(tf.image.rgb_to_grayscale(tf.cast(blended, tf.float32))),
+                    tf.uint8,
+                ),
+                lambda: blended,
+            )
+        return blended
+
+    def opaque():
+        if channels == 3:  # grey replicated, as the decoders expand it
+            return tf.cond(
+                depth == 1, lambda: tf.image.grayscale_to_rgb(image), lambda: image
+            )
+        # Colour decoded again as grey: the decoders' own conversion (libjpeg's).
+        return tf.cond(
+            depth == 1,
+            lambda: image,
+            lambda: tf.io.decode_image(
+                data, channels=1, dtype=tf.uint8, expand_animations=False
+            ),
+        )
+
+    picture = tf.cond((depth == 2) | (depth == 4), over_white, opaque)
+    return tf.ensure_shape(picture, (None, None, channels))
+
+
 def _serving_module(
     subic: Subic | InstanceSubic, height: int, width: int, channels: int
 ):
@@ -398,9 +449,7 @@ def _serving_module(
         }
 
     def decode(data):
-        image = tf.io.decode_image(
-            data, channels=channels, dtype=tf.uint8, expand_animations=False
-        )
+        image = _decoded_over_white(data, channels)
         scaled = scale_pixels(image)
         # Bilinear resampling to the same size is the identity, exactly.
         return tf.image.resize(scaled, (height, width), method="bilinear")

@@ -2,17 +2,24 @@
 
 `image_folder` reads the class-per-subfolder layout of
 `keras.utils.image_dataset_from_directory` (`root/cat/…`, `root/dog/…`):
-the files are listed and checked once, then decoded a picture at a time
-on every pass, with the package's one decoder (`subic_keras.images`: EXIF
-orientation, transparency over white, 16-bit to 8-bit, antialiased resize),
-so a picture trained on gives the pixels it gives when indexed or searched.
-Memory holds the file names and labels, not the pictures.
+the files are listed and decoded once, with the package's one decoder
+(`subic_keras.images`: EXIF orientation, transparency over white, 16-bit
+to 8-bit, antialiased resize), so a picture trained on gives the pixels it
+gives when indexed or searched. The decoded pictures are kept at the
+training size in an unnamed temporary file (mapped, so memory stays flat;
+gone when the stream is, or when the process ends), and every later epoch
+reads them there: a folder of large photos costs one decode, not one per
+epoch. A file whose identity (inode, size, modification time) changed since
+is decoded again. Memory holds the file names and labels, not the pictures.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Sequence
 
@@ -25,6 +32,9 @@ from subic_keras.paths import check_folder, open_in_folder
 from subic_keras.protocols import train_validation_split
 
 _DECODE_BATCH = 64  # pictures per decoding call
+# Free space left on the temporary folder's disk when the cache is made;
+# with less, epochs decode the files again as they come.
+_CACHE_SPARE = 1 << 30
 
 
 @dataclasses.dataclass
@@ -135,12 +145,12 @@ def image_folder(
         if name == "validation" and validation_split is None:
             splits.append((None, []))
             continue
-        kept, summary = _check_files(
+        kept, summary, cache = _check_files(
             root, [paths[i] for i in index], class_names, shape, name, skipped, workers
         )
         if name == "training":  # a small class may lend validation nothing
             images.check_classes(summary.labels, class_names, root)
-        stream = _stream(root, kept, summary, shape, reshuffled, seed, skipped)
+        stream = _stream(root, kept, summary, cache, shape, reshuffled, seed, skipped)
         splits.append((stream, kept))
     (training, training_paths), (validation, validation_paths) = splits
     return LabelledFolder(
@@ -181,13 +191,16 @@ def _check_files(
     name: str,
     skipped: list,
     workers: int | None,
-) -> tuple[list[str], streams.StreamSummary]:
-    """Decodes every file once: the readable ones, and the split's summary."""
+) -> tuple[list[str], streams.StreamSummary, "_PixelCache"]:
+    """Decodes every file once: the readable ones, their pixels (kept in a
+    `_PixelCache`) and the split's summary."""
     summarizer = streams.Summarizer(name)
+    cache = _PixelCache(len(paths), shape)
     kept: list[str] = []
     for batch in images.image_batches(root, paths, shape, workers=workers):
         skipped += batch.skipped
         if batch.paths:
+            cache.put(len(kept), batch.pixels, batch.identities)
             kept += batch.paths
             summarizer.add(batch.pixels, images.class_ids(batch.paths, class_names))
     if not kept:
@@ -195,11 +208,55 @@ def _check_files(
             f"the {name} split of {root} holds no readable picture "
             f"({len(paths)} files listed)"
         )
-    return kept, summarizer.result(batched=False)
+    return kept, summarizer.result(batched=False), cache
 
 
-def _stream(root, kept, summary, shape, shuffle: bool, seed: int, skipped):
-    decoder = _Decoder(root, kept, summary.labels, shape, skipped)
+class _PixelCache:
+    """A split's decoded pictures, one row each, in an unnamed temporary file
+    mapped into memory (the operating system pages it; nothing outlives the
+    process), with the identity of the file each came from. Without room on
+    the temporary folder's disk it holds nothing and every read misses."""
+
+    def __init__(self, count: int, shape: tuple[int, ...]):
+        self.rows: np.ndarray | None = None
+        self.identities: list[tuple[int, int, int, int] | None] = [None] * count
+        nbytes = count * math.prod(shape)
+        try:
+            room = shutil.disk_usage(tempfile.gettempdir()).free
+        except OSError:
+            return
+        if not count or nbytes + _CACHE_SPARE > room:
+            return
+        try:
+            self._file = tempfile.TemporaryFile(prefix="subic-pixels-")
+            self._file.truncate(nbytes)
+            self.rows = np.memmap(self._file, np.uint8, "r+", shape=(count, *shape))
+        except OSError:  # a temporary folder that refuses: decode as we go
+            self.rows = None
+
+    def put(self, start: int, pixels: np.ndarray, identities: list) -> None:
+        if self.rows is None:
+            return
+        self.rows[start : start + len(pixels)] = pixels
+        self.identities[start : start + len(pixels)] = identities
+
+    def get(self, position: int, path: str) -> np.ndarray | None:
+        """The picture at `position` if the file at `path` is still the one
+        it was decoded from, else `None`."""
+        identity = self.identities[position] if self.rows is not None else None
+        if identity is None:
+            return None
+        try:
+            if images.file_identity(os.stat(path)) != identity:
+                return None
+        except OSError:
+            return None
+        assert self.rows is not None
+        return np.array(self.rows[position])
+
+
+def _stream(root, kept, summary, cache, shape, shuffle: bool, seed: int, skipped):
+    decoder = _Decoder(root, kept, summary.labels, shape, skipped, cache)
     dataset = tf.data.Dataset.from_tensor_slices(
         (np.arange(len(kept)), summary.labels)  # the labels of `kept`, in order
     )
@@ -250,8 +307,9 @@ class _Decoder:
         labels: np.ndarray,
         shape: tuple[int, ...],
         skipped: list,
+        cache: _PixelCache,
     ):
-        self.root, self.shape, self.skipped = root, shape, skipped
+        self.root, self.shape, self.skipped, self.cache = root, shape, skipped, cache
         self.real_root = os.path.realpath(root)
         self.files = kept
         self.labels = np.asarray(labels)
@@ -264,6 +322,9 @@ class _Decoder:
 
     def read(self, position: int) -> np.ndarray:
         relative = self.files[position]
+        cached = self.cache.get(position, os.path.join(self.real_root, relative))
+        if cached is not None:
+            return cached
         fd = open_in_folder(self.real_root, relative)
         return images.read_image(relative, self.shape, fd=fd)
 

@@ -393,6 +393,17 @@ class ImageBatch:
     pixels: np.ndarray  # uint8 (n, H, W, C)
     fingerprints: np.ndarray  # uint64 (n,)
     skipped: list[SkippedFile]
+    # (device, inode, size, modification time in ns) of each decoded file,
+    # taken from the very descriptor it was decoded from.
+    identities: list[tuple[int, int, int, int]] = dataclasses.field(
+        default_factory=list
+    )
+
+
+def file_identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file's contents apart from an earlier version's without
+    reading it: device, inode, size and modification time (ns)."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 def image_batches(
@@ -422,7 +433,13 @@ def image_batches(
 
     def load(relative: str):
         try:
-            return read_image(relative, shape, fd=open_in_folder(real_root, relative))
+            fd = open_in_folder(real_root, relative)
+            try:
+                identity = file_identity(os.fstat(fd))
+            except OSError:
+                os.close(fd)
+                raise
+            return read_image(relative, shape, fd=fd), identity
         except ImageDecodeError as error:
             return SkippedFile(relative, str(error).rsplit(" (", 1)[0])
         except OSError as error:
@@ -440,19 +457,21 @@ def image_batches(
                 )
             if pending is not None:
                 names, results = pending
-                good, pixels, skipped = [], [], []
+                good, pixels, skipped, identities = [], [], [], []
                 for name, result in zip(names, results):
                     if isinstance(result, SkippedFile):
                         skipped.append(result)
                     else:
                         good.append(name)
-                        pixels.append(result)
+                        pixels.append(result[0])
+                        identities.append(result[1])
                 stacked = np.stack(pixels) if pixels else zero
                 yield ImageBatch(
                     good,
                     stacked,
                     np.array([fingerprint(p) for p in pixels], dtype=np.uint64),
                     skipped,
+                    identities,
                 )
             pending = upcoming
 

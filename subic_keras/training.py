@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -29,7 +28,7 @@ from subic_keras.baselines.dsh import build_dsh
 from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.baselines.training import train_hashing
 from subic_keras.building import build_subic
-from subic_keras.callbacks import EpochTensorBoard
+from subic_keras.callbacks import EpochProgress, EpochTensorBoard
 from subic_keras.config import APPLICATIONS, CLASS_NAMES, TRAIN_OUTPUTS
 from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
@@ -106,8 +105,8 @@ def train(
 
     Args:
         config: the settings.
-        verbose: `fit`'s verbosity; `"auto"`: a progress bar on a terminal,
-            a line per epoch otherwise.
+        verbose: `fit`'s verbosity; `"auto"`: one short line per epoch with
+            its main figures and the time left (`EpochProgress`).
         callbacks: more Keras callbacks, given to both stages' `fit`.
         on_skipped: called with the files the folder check passed over
             (`paths.SkippedFile`s), as soon as the folder is checked and
@@ -130,8 +129,6 @@ def train(
     cache_dir = config.cache_dir or default_cache_dir()
     created = not os.path.exists(config.output_dir)
     _make_outputs(config.output_dir, overwrite)
-    if verbose == "auto":
-        verbose = 1 if sys.stdout.isatty() else 2
 
     keras.utils.set_random_seed(config.seed)
     policy = keras.mixed_precision.global_policy()
@@ -443,6 +440,10 @@ def _fit_and_validation(data: _TrainingData) -> tuple:
 def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
     x_fit, y_fit, validation = _fit_and_validation(data)
     logs = os.path.join(config.output_dir, "logs")
+    progress: tuple[list, list] = ([], [])
+    if verbose == "auto":  # a short line per epoch, not Keras's
+        progress = ([EpochProgress("pre-training")], [EpochProgress("SuBiC")])
+        verbose = 0
     return train_subic(
         _backbone(config, shape),
         config.num_blocks,
@@ -457,9 +458,14 @@ def _train_subic(config, data, shape, recipe, cache_dir, callbacks, verbose):
         cache_dir=cache_dir,
         pretrain_callbacks=[
             EpochTensorBoard(os.path.join(logs, "pretrain")),
+            *progress[0],
             *callbacks,
         ],
-        callbacks=[EpochTensorBoard(os.path.join(logs, "subic")), *callbacks],
+        callbacks=[
+            EpochTensorBoard(os.path.join(logs, "subic")),
+            *progress[1],
+            *callbacks,
+        ],
         verbose=verbose,
     )
 

@@ -99,6 +99,44 @@ def test_bad_files_are_reported_not_raised(tmp_path):
     assert folders.folder_failure(ValueError("other")) is None
 
 
+def test_epochs_read_the_check_s_pixels_and_decode_changed_files_again(
+    tmp_path, monkeypatch
+):
+    pictures, _ = _folder(tmp_path)
+    folder = datasets.image_folder(tmp_path, 8, shuffle=False)
+    decoded = []
+    read_image = images.read_image
+    monkeypatch.setattr(
+        images,
+        "read_image",
+        lambda *a, **k: decoded.append(a[0]) or read_image(*a, **k),
+    )
+    first, _ = _decoded(folder.training)
+    np.testing.assert_array_equal(_decoded(folder.training)[0], first)
+    assert decoded == []  # two epochs, no file decoded
+    # A file rewritten with other pixels is decoded again, not read stale.
+    changed = folder.training_paths[3]
+    Image.fromarray(255 - pictures[0]).save(tmp_path / changed)
+    again, _ = _decoded(folder.training)
+    assert decoded == [changed]
+    np.testing.assert_array_equal(again[3], 255 - pictures[0])
+    np.testing.assert_array_equal(np.delete(again, 3, 0), np.delete(first, 3, 0))
+
+
+def test_a_full_temporary_disk_decodes_every_epoch(tmp_path, monkeypatch):
+    _folder(tmp_path)
+    monkeypatch.setattr(folders, "_CACHE_SPARE", 1 << 62)
+    folder = datasets.image_folder(tmp_path, 8, shuffle=False)
+    decoded = []
+    read_image = images.read_image
+    monkeypatch.setattr(
+        images,
+        "read_image",
+        lambda *a, **k: decoded.append(a[0]) or read_image(*a, **k),
+    )
+    assert len(_decoded(folder.training)[0]) == 24 and len(decoded) == 24
+
+
 def test_files_that_become_fifos_during_training_are_replaced(tmp_path):
     _folder(tmp_path)
     folder = datasets.image_folder(tmp_path, 8)
