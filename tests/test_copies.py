@@ -526,3 +526,40 @@ def test_copy_marks_hold_on_a_dataset_the_code_never_saw(shared_data_dir, tmp_pa
     folder = precision(copies.copy_margin_for(index, code))
     assert folder is None or folder >= copies.PRECISION, folder
     assert precision(code.copy_margin) < 0.9  # the validation rule, out of domain
+
+
+def test_distinct_transparent_pictures_are_not_grouped(tmp_path, capsys):
+    """RGBA and LA pictures are composited over white before they are
+    encoded: a dark slate with flowers, a pink-purple gradient, a
+    near-white plain and two half-transparent ones are five pictures, and
+    the shipped code's `subic duplicates` groups none of them."""
+    from PIL import Image, ImageDraw
+
+    root = tmp_path / "walls"
+    root.mkdir()
+    slate = Image.new("RGBA", (640, 400), (47, 62, 70, 255))
+    draw = ImageDraw.Draw(slate)
+    for x in range(40, 640, 90):
+        draw.ellipse((x, 150, x + 50, 200), fill=(230, 120, 160, 255))
+    ramp = np.linspace(0, 1, 640)[None, :, None]
+    gradient = (1 - ramp) * [236, 112, 180] + ramp * [120, 60, 200]
+    gradient = np.broadcast_to(gradient, (400, 640, 3)).astype(np.uint8)
+    pink = Image.fromarray(gradient).convert("RGBA")
+    plain = Image.new("RGBA", (640, 400), (246, 246, 244, 255))
+    veiled = pink.copy()
+    veiled.putalpha(96)
+    grey = Image.new("LA", (640, 400), (30, 160))
+    for name, picture in [
+        ("slate", slate),
+        ("gradient", pink),
+        ("plain", plain),
+        ("veiled", veiled),
+        ("grey", grey),
+    ]:
+        picture.save(root / f"{name}.png")
+    index_path = tmp_path / "walls.subic"
+    argv = ["index", "build", "instance", str(root), "--output", str(index_path)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["duplicates", str(index_path), "--json"]) == 0
+    assert capsys.readouterr().out.strip() == ""
