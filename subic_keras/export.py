@@ -383,48 +383,40 @@ def _decoded_over_white(data, channels: int):
     """One encoded picture as uint8 `(h, w, channels)`, a transparent one
     (grey or colour with alpha) composited over white first, as
     `subic_keras.images` decodes files: `round(c·a + 255·(1 − a))`."""
-    image = tf.io.decode_image(
-        data, channels=0, dtype=tf.uint8, expand_animations=False
-    )
-    depth = tf.shape(image)[-1]
 
-    def over_white():
-        colour, alpha = image[..., :-1], image[..., -1:]
-        alpha = tf.cast(alpha, tf.float32) / 255.0
-        blended = tf.cast(colour, tf.float32) * alpha + 255.0 * (1.0 - alpha)
-        blended = tf.cast(tf.round(blended), tf.uint8)
-        if channels == 3:
-            blended = tf.cond(
-                tf.shape(blended)[-1] == 1,
-                lambda: tf.image.grayscale_to_rgb(blended),
-                lambda: blended,
-            )
-        else:
-            blended = tf.cond(
-                tf.shape(blended)[-1] == 3,
-                lambda: tf.cast(
-                    tf.round(tf.image.rgb_to_grayscale(tf.cast(blended, tf.float32))),
-                    tf.uint8,
-                ),
-                lambda: blended,
-            )
-        return blended
-
-    def opaque():
-        if channels == 3:  # grey replicated, as the decoders expand it
-            return tf.cond(
-                depth == 1, lambda: tf.image.grayscale_to_rgb(image), lambda: image
-            )
-        # Colour decoded again as grey: the decoders' own conversion (libjpeg's).
-        return tf.cond(
-            depth == 1,
-            lambda: image,
-            lambda: tf.io.decode_image(
-                data, channels=1, dtype=tf.uint8, expand_animations=False
-            ),
+    def decoded(depth: int):
+        return tf.io.decode_image(
+            data, channels=depth, dtype=tf.uint8, expand_animations=False
         )
 
-    picture = tf.cond((depth == 2) | (depth == 4), over_white, opaque)
+    image = decoded(0)
+    depth = tf.shape(image)[-1]
+    transparent = (depth == 2) | (depth == 4)
+
+    def over_white():
+        alpha = tf.cast(image[..., -1:], tf.float32) / 255.0
+        blended = tf.cast(image[..., :-1], tf.float32) * alpha + 255.0 * (1.0 - alpha)
+        return tf.cast(tf.round(blended), tf.uint8)
+
+    picture = tf.cond(transparent, over_white, lambda: image)
+    colour = tf.shape(picture)[-1] == 3
+    if channels == 3:  # grey replicated, as the decoders expand it
+        picture = tf.cond(
+            colour, lambda: picture, lambda: tf.image.grayscale_to_rgb(picture)
+        )
+    else:
+
+        def luma():
+            grey = tf.image.rgb_to_grayscale(tf.cast(picture, tf.float32))
+            return tf.cast(tf.round(grey), tf.uint8)
+
+        # An opaque colour picture is decoded again as grey: the decoders'
+        # own conversion (libjpeg's), as before transparency was handled.
+        picture = tf.cond(
+            colour,
+            lambda: tf.cond(transparent, luma, lambda: decoded(1)),
+            lambda: picture,
+        )
     return tf.ensure_shape(picture, (None, None, channels))
 
 

@@ -191,7 +191,7 @@ def _check_files(
     name: str,
     skipped: list,
     workers: int | None,
-) -> tuple[list[str], streams.StreamSummary, "_PixelCache"]:
+) -> tuple[list[str], streams.StreamSummary, _PixelCache]:
     """Decodes every file once: the readable ones, their pixels (kept in a
     `_PixelCache`) and the split's summary."""
     summarizer = streams.Summarizer(name)
@@ -222,10 +222,10 @@ class _PixelCache:
         self.identities: list[tuple[int, int, int, int] | None] = [None] * count
         nbytes = count * math.prod(shape)
         try:
-            room = shutil.disk_usage(tempfile.gettempdir()).free
+            room = shutil.disk_usage(tempfile.gettempdir()).free if count else 0
         except OSError:
             return
-        if not count or nbytes + _CACHE_SPARE > room:
+        if nbytes + _CACHE_SPARE > room:
             return
         try:
             self._file = tempfile.TemporaryFile(prefix="subic-pixels-")
@@ -243,15 +243,13 @@ class _PixelCache:
     def get(self, position: int, path: str) -> np.ndarray | None:
         """The picture at `position` if the file at `path` is still the one
         it was decoded from, else `None`."""
-        identity = self.identities[position] if self.rows is not None else None
-        if identity is None:
+        if self.rows is None or self.identities[position] is None:
             return None
         try:
-            if images.file_identity(os.stat(path)) != identity:
+            if images.file_identity(os.stat(path)) != self.identities[position]:
                 return None
         except OSError:
             return None
-        assert self.rows is not None
         return np.array(self.rows[position])
 
 

@@ -99,18 +99,24 @@ def test_bad_files_are_reported_not_raised(tmp_path):
     assert folders.folder_failure(ValueError("other")) is None
 
 
-def test_epochs_read_the_check_s_pixels_and_decode_changed_files_again(
-    tmp_path, monkeypatch
-):
-    pictures, _ = _folder(tmp_path)
-    folder = datasets.image_folder(tmp_path, 8, shuffle=False)
-    decoded = []
+def _count_decodes(monkeypatch) -> list:
+    """The files decoded from now on, in order (`images.read_image` spied on)."""
+    decoded: list = []
     read_image = images.read_image
     monkeypatch.setattr(
         images,
         "read_image",
         lambda *a, **k: decoded.append(a[0]) or read_image(*a, **k),
     )
+    return decoded
+
+
+def test_epochs_read_the_check_s_pixels_and_decode_changed_files_again(
+    tmp_path, monkeypatch
+):
+    pictures, _ = _folder(tmp_path)
+    folder = datasets.image_folder(tmp_path, 8, shuffle=False)
+    decoded = _count_decodes(monkeypatch)
     first, _ = _decoded(folder.training)
     np.testing.assert_array_equal(_decoded(folder.training)[0], first)
     assert decoded == []  # two epochs, no file decoded
@@ -127,13 +133,7 @@ def test_a_full_temporary_disk_decodes_every_epoch(tmp_path, monkeypatch):
     _folder(tmp_path)
     monkeypatch.setattr(folders, "_CACHE_SPARE", 1 << 62)
     folder = datasets.image_folder(tmp_path, 8, shuffle=False)
-    decoded = []
-    read_image = images.read_image
-    monkeypatch.setattr(
-        images,
-        "read_image",
-        lambda *a, **k: decoded.append(a[0]) or read_image(*a, **k),
-    )
+    decoded = _count_decodes(monkeypatch)
     assert len(_decoded(folder.training)[0]) == 24 and len(decoded) == 24
 
 
