@@ -6,6 +6,7 @@ images and exported once per module; error cases use a tiny 8×8 model.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -380,6 +381,35 @@ def test_encode_images_jpeg_and_resize(saved_path, trained, cifar):
     out = served.signatures["encode_images"](image_bytes=tf.constant(grey))
     rgb = np.repeat(pixels[:2, ..., :1], 3, axis=-1).astype(np.float32) / 255.0
     np.testing.assert_array_equal(out["codes"].numpy(), trained.encode(rgb))
+
+
+def test_encode_images_composites_alpha_as_the_python_decoder(
+    saved_path, trained, cifar
+):
+    # Served and indexed pictures must agree: a transparent PNG is composited
+    # over white by `encode_images` exactly as `images.decode_image` does.
+    from PIL import Image
+
+    from subic_keras.images import decode_image
+
+    served = tf.saved_model.load(saved_path)
+    rng = np.random.default_rng(0)
+    pixels = cifar[2][:6]
+    alpha = rng.integers(0, 256, (*pixels.shape[:3], 1), dtype=np.uint8)
+    pngs = []
+    for image, a in zip(pixels, alpha):
+        rgba = Image.fromarray(np.concatenate([image, a], -1), "RGBA")
+        for picture in (rgba, rgba.convert("LA")):
+            buffer = io.BytesIO()
+            picture.save(buffer, "PNG")
+            pngs.append(buffer.getvalue())
+    out = served.signatures["encode_images"](image_bytes=tf.constant(pngs))
+    decoded = np.stack([decode_image(data, (32, 32, 3)) for data in pngs])
+    floats = decoded.astype(np.float32) / np.float32(255.0)
+    np.testing.assert_array_equal(out["codes"].numpy(), trained.encode(floats))
+    np.testing.assert_allclose(
+        out["query"].numpy(), trained.query(floats), rtol=0, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize(
