@@ -822,3 +822,49 @@ def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
     split = ["index", "build", model, "--dataset", "digits", "--output", plain]
     error, _ = _error(capsys, *split, "--instance-model", "instance")
     assert "--instance-model keeps instance codes of a folder's pictures" in error
+
+
+def test_a_folder_of_photos_as_they_come_trains_indexes_and_finds_each(
+    tmp_path, capsys
+):
+    """A 4096 × 4096 WebP wallpaper, distinct RGBA PNGs and JPEGs of
+    several sizes: trained on (each decoded once, the wallpaper within the
+    default decode budget), indexed, each picture found first as a copy
+    of itself, and no transparent picture grouped with another."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+
+    def field(size):
+        base = rng.integers(0, 256, (5, 5, 3), dtype=np.uint8)
+        return Image.fromarray(base).resize(size, Image.BICUBIC)
+
+    root = tmp_path / "photos"
+    for name in ("walls", "alpha", "shots"):
+        (root / name).mkdir(parents=True)
+    field((4096, 4096)).save(root / "walls" / "wall.webp", quality=60)
+    for number in range(15):
+        field((900 + 40 * number, 600)).save(root / "walls" / f"w{number}.jpg")
+        field((640, 480)).save(root / "shots" / f"s{number}.jpg", quality=85)
+        picture = field((320, 200)).convert("RGBA")
+        alpha = np.linspace(40 * (number % 3), 255, 320, dtype=np.float32)
+        picture.putalpha(Image.fromarray(np.tile(alpha, (200, 1)).astype(np.uint8)))
+        picture.save(root / "alpha" / f"a{number}.png")
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*.*"))
+    assert len(files) == 46
+    run = tmp_path / "run"
+    argv = ["train", "--images", str(root), "--output-dir", str(run)]
+    assert main([*argv, "--pretrain-epochs", "1", "--epochs", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped" not in out + err, out + err
+    model = str(run / "best.keras")
+    index = str(tmp_path / "photos.subic")
+    assert main(["index", "build", model, str(root), "--output", index]) == 0
+    assert "indexed 46 pictures" in capsys.readouterr().out
+    queries = [str(root / name) for name in files]
+    assert main(["search", model, index, *queries, "-k", "1", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["path"] for row in rows] == files
+    assert all(row["copy"] for row in rows), rows
+    assert main(["duplicates", index, "--json"]) == 0
+    assert capsys.readouterr().out.strip() == ""
