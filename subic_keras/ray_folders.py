@@ -19,7 +19,8 @@ is encoded, and a progress file beside the manifest
 the folder and a digest of the run's paths. Run again after an
 interruption, the build encodes only the shards not finished with the same
 model, folder and files; the progress file is removed once the manifest is
-written.
+written. Encoders are not restarted: one lost (a node gone) fails the
+build, which, run again, resumes.
 
 Resources. Decoding happens in the encoder actors themselves (the dataset
 holds only paths), so no reading task waits for a CPU the encoders hold;
@@ -35,6 +36,7 @@ import hashlib
 import itertools
 import json
 import os
+import warnings
 
 import numpy as np
 
@@ -286,14 +288,25 @@ def index_folder_on_ray(
         for i, path in enumerate(run)
     ]
     if rows:
-        encoded = ray.data.from_items(rows).map_batches(
-            _Encoder,
-            fn_constructor_args=(model_path, root, instance_model),
-            batch_size=batch_size,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=encoders),
-            num_cpus=1,
-        )
+        # Ray Data hands each map worker arguments in the object store
+        # (ray-project/ray#57733), from which Ray cannot restart an actor
+        # reliably (#53727) and which it reports at error level where
+        # restarts are asked for. A lost encoder fails the build instead;
+        # run again, it resumes from its finished shards. `max_restarts=0`
+        # is Ray Data's own way (its deprecation names no other yet).
+        from ray.util.annotations import RayDeprecationWarning
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RayDeprecationWarning)
+            encoded = ray.data.from_items(rows).map_batches(
+                _Encoder,
+                fn_constructor_args=(model_path, root, instance_model),
+                batch_size=batch_size,
+                batch_format="numpy",
+                compute=ray.data.ActorPoolStrategy(size=encoders),
+                num_cpus=1,
+                max_restarts=0,
+            )
         # Batches come in any order: each shard is written once every
         # row of its run has come.
         parts: dict[int, list[dict]] = {number: [] for number in runs}

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -78,21 +79,24 @@ def built(ray_cluster, tmp_path_factory):
         real_save(self, path)
 
     ImageIndex.save = interrupted
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            index_folder_on_ray(
-                model, root, manifest, 3, batch_size=8, instance_model=ruled
+    with _NativeStderr() as native:
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                index_folder_on_ray(
+                    model, root, manifest, 3, batch_size=8, instance_model=ruled
+                )
+        finally:
+            ImageIndex.save = real_save
+        progress = json.loads((base / "photos.progress.json").read_text())
+        first = sum(len(ImageIndex.load(path)) for path in saved)
+        out, err = io.StringIO(), io.StringIO()
+        build = ["index", "build", model, str(root), "--output", str(manifest)]
+        build += ["--instance-model", ruled]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            # One encoder actor, where the interrupted build had the default two.
+            status = main(
+                [*build, "--shards", "3", "--batch-size", "8", "--encoders", "1"]
             )
-    finally:
-        ImageIndex.save = real_save
-    progress = json.loads((base / "photos.progress.json").read_text())
-    first = sum(len(ImageIndex.load(path)) for path in saved)
-    out, err = io.StringIO(), io.StringIO()
-    build = ["index", "build", model, str(root), "--output", str(manifest)]
-    build += ["--instance-model", ruled]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        # One encoder actor, where the interrupted build had the default two.
-        status = main([*build, "--shards", "3", "--batch-size", "8", "--encoders", "1"])
     return {
         "base": base,
         "model": model,
@@ -104,7 +108,26 @@ def built(ray_cluster, tmp_path_factory):
         "build": build,
         "interrupted": {"first": first, "progress": progress},
         "resumed": (status, out.getvalue(), err.getvalue()),
+        "native_stderr": native.text,
     }
+
+
+class _NativeStderr:
+    """What this process writes to its standard error below Python (file
+    descriptor 2: Ray's C++ core logs there), as `text` once it ends."""
+
+    def __enter__(self):
+        self.raw = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.raw.fileno(), 2)
+        return self
+
+    def __exit__(self, *_):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.raw.seek(0)
+        self.text = self.raw.read().decode(errors="replace")
+        self.raw.close()
 
 
 def _codes_by_path(files, instance=False):
@@ -167,6 +190,8 @@ def test_an_interrupted_build_resumes_from_the_command_line(built, tmp_path, cap
         "skipped notes.txt",
     ]
     assert not os.path.exists(built["base"] / "photos.progress.json")
+    # Nor of Ray's C++ core (an error-level line on every build, once).
+    assert "core_worker" not in built["native_stderr"], built["native_stderr"]
     # Progress of another model, or another folder, is not trusted.
     progress = interrupted["progress"]
     path = tmp_path / "progress.json"
