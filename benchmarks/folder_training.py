@@ -17,6 +17,7 @@ Both hold out 10% for validation; the folder's split is drawn over its own
 file order, so the two validation sets differ (as two users' would).
 
     python -m benchmarks.folder_training --data-dir DATA --seeds 0,1
+        [--output JSON]
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--pretrain-epochs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--output", default=RESULTS, help="the JSON written")
     args = parser.parse_args()
     folder = write_folders(args.data_dir, args.workdir)[50_000]
     seeds = [int(seed) for seed in args.seeds.split(",")]
@@ -90,7 +92,7 @@ def main() -> None:
         f"difference {difference:+.4f}, largest seed range {spread:.4f}"
     )
     write_json(
-        RESULTS,
+        args.output,
         {
             **run_metadata("folder_training"),
             "budget": {
