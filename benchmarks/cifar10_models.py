@@ -1,9 +1,9 @@
 """One cached model of the CIFAR-10 benchmark: data, training, scoring.
 
 `run_entry` trains one (method, bits, seed, budget, hyper-parameters)
-configuration with the library (`subic_keras.recipe`,
+configuration with the library (`subic_keras.trainers.recipe`,
 `subic_keras.baselines.train_hashing`), scores it with
-`subic_keras.scoring.evaluate` and caches the result as one JSON file;
+`subic_keras.evaluation.scoring.evaluate` and caches the result as one JSON file;
 `benchmarks.cifar10_retrieval` chooses the configurations and
 `benchmarks.cifar10_report` aggregates the cache.
 """
@@ -20,9 +20,12 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.cifar10_report import CLASS_QUERY, SELECTION_METRIC, SUBIC_BLOCK_SIZES
-from subic_keras import backbones, datasets, recipe, scoring
 from subic_keras.baselines import build_dlbhc, build_dsh, train_hashing
-from subic_keras.models import Subic
+from subic_keras.data import datasets
+from subic_keras.evaluation import scoring
+from subic_keras.models import backbones
+from subic_keras.models.subic import Subic
+from subic_keras.trainers import recipe
 from subic_keras.training import standardization
 
 # The Adam rate of the classifier pre-training, as in every method's stage.
@@ -151,7 +154,7 @@ def build(
 def retrieval_metrics(
     scorer, images, labels, protocol: str, seed: int = 0, extras: bool = True, **args
 ) -> dict:
-    """mAP etc. of any method (`subic_keras.scoring.Scorer`) on a protocol.
+    """mAP etc. of any method (`subic_keras.evaluation.scoring.Scorer`) on a protocol.
 
     `map` is the strict definition of the tables (non-interpolated,
     pessimistic ties); `map_expected` averages exactly over random orders of

@@ -289,8 +289,9 @@ def fig5(result: dict, data, scale, models_dir: str, path: str) -> bool:
     _name, protocol, args = scale.protocols[0]
     import keras
 
-    from subic_keras import protocols, retrieval
-    from subic_keras.models import Subic
+    from subic_keras.data import protocols
+    from subic_keras.models.subic import Subic
+    from subic_keras.serving import retrieval
 
     query_idx, database_idx = protocols.protocol_split(
         protocol, data.y_test, seed=0, **args

@@ -12,10 +12,10 @@ replicated to RGB) and CIFAR-10 (in-domain), each by the paper's protocol:
 Methods, all at 64 bits (8 blocks / sub-quantizers of 8 bits): SuBiC 2-layer
 (FC0/FC1 on the standardised features) and 3-layer (a trained 1024 -> 128
 ReLU layer under them, the analogue of VGG-128's last layer), trained by
-`subic_keras.recipe.train_subic` without pre-training; PQ, OPQ (the paper's
+`subic_keras.trainers.recipe.train_subic` without pre-training; PQ, OPQ (the paper's
 CKM) and LSQ, searched asymmetrically; DSH-64 (Hamming), trained by
 `subic_keras.baselines.train_hashing`; the uncompressed features. Every
-method is scored by `subic_keras.scoring.evaluate`: non-interpolated mAP over
+method is scored by `subic_keras.evaluation.scoring.evaluate`: non-interpolated mAP over
 the full ranking, pessimistic ties (relevant items after irrelevant ones of
 equal score).
 
@@ -218,8 +218,8 @@ class Data:
 
 def load_data(args, settings: Settings, cache_dir: Path) -> Data:
     """Features of every set (cached on disk) and the validation split."""
-    from subic_keras import datasets
-    from subic_keras.backbones import LiteRTFeatureExtractor
+    from subic_keras.data import datasets
+    from subic_keras.models.backbones import LiteRTFeatureExtractor
 
     data_dir = Path(args.data_dir)
     (x_train, y_train), (x_cifar, y_cifar) = datasets.load_cifar10(
@@ -269,7 +269,7 @@ def load_data(args, settings: Settings, cache_dir: Path) -> Data:
 
 def evaluate_tests(scorer, data: Data, settings: Settings) -> dict:
     """`scoring.evaluate` of `scorer` on both test sets."""
-    from subic_keras import scoring
+    from subic_keras.evaluation import scoring
 
     per_class = settings.test_queries_per_class
     protocol = (
@@ -355,7 +355,7 @@ def standardize(data: Data, settings: Settings):
 
 def subic_recipe(variant: str, settings: Settings, gamma: float | None):
     """The `Recipe` of a 2-layer or 3-layer SuBiC (γ overridden by a sweep)."""
-    from subic_keras.recipe import Recipe
+    from subic_keras.trainers.recipe import Recipe
 
     prefix = "subic2" if variant == "2-layer" else "subic3"
     epochs = getattr(settings, f"{prefix}_epochs")
@@ -375,8 +375,8 @@ def run_subic(
     variant: str, data: Data, settings: Settings, seed: int, gamma=None
 ) -> dict:
     """Trains a 2-layer or 3-layer SuBiC with the library's recipe."""
-    from subic_keras import backbones
-    from subic_keras.recipe import train_subic
+    from subic_keras.models import backbones
+    from subic_keras.trainers.recipe import train_subic
 
     dim = data.x_train.shape[1]
     if variant == "2-layer":
@@ -426,9 +426,9 @@ def run_subic(
 def run_dsh(data: Data, settings: Settings, seed: int) -> dict:
     import keras
 
-    from subic_keras import backbones
     from subic_keras.baselines import build_dsh, train_hashing
-    from subic_keras.recipe import Recipe
+    from subic_keras.models import backbones
+    from subic_keras.trainers.recipe import Recipe
 
     keras.utils.set_random_seed(seed)
     dsh = build_dsh(

@@ -30,8 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import common
-from subic_keras import datasets
-from subic_keras.export import export_litert, export_saved_model, load_subic
+from subic_keras.data import datasets
+from subic_keras.serving.export import export_litert, export_saved_model, load_subic
 from subic_keras.training import TrainConfig, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))

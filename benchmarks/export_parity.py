@@ -11,7 +11,7 @@ expectation).
 An instance code (`--model instance`, the one that ships, or its `.keras`
 file) has no classes: its `query` is FC0's outputs, and its search is measured as
 copies found first (recall@1) of `--copies` test pictures altered by the
-whole family (`subic_keras.alterations`), among all `--num-images`
+whole family (`subic_keras.instance.alterations`), among all `--num-images`
 (default 10,000) test pictures.
 
     python -m benchmarks.export_parity --model RUN/best.keras --data-dir DIR
@@ -36,16 +36,18 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import common
-from subic_keras import alterations, datasets, evaluation
-from subic_keras.export import (
+from subic_keras.data import datasets
+from subic_keras.evaluation import retrieval_metrics as evaluation
+from subic_keras.instance import alterations
+from subic_keras.instance.instance_code import InstanceSubic
+from subic_keras.pretrained import INSTANCE
+from subic_keras.search import SubicIndex
+from subic_keras.serving.export import (
     export_litert,
     export_saved_model,
     load_encoder,
     run_litert,
 )
-from subic_keras.instance import InstanceSubic
-from subic_keras.pretrained import INSTANCE
-from subic_keras.search import SubicIndex
 from subic_keras.training import TrainConfig, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -34,8 +34,10 @@ import time
 import numpy as np
 
 from benchmarks import common
-from subic_keras import alterations, copies, datasets, folder_rules, images, retrieval
-from subic_keras.export import load_encoder
+from subic_keras.data import datasets, images
+from subic_keras.instance import alterations, copies, folder_rules
+from subic_keras.serving import retrieval
+from subic_keras.serving.export import load_encoder
 
 
 def planted_folder(pictures: np.ndarray, labels, root: str, count: int) -> set:

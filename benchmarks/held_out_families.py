@@ -1,7 +1,7 @@
 """Leave one family out: does the instance code find copies altered otherwise
 than it was trained on?
 
-For each group of `subic_keras.alterations.HELD_OUT` (rotation; crop with
+For each group of `subic_keras.instance.alterations.HELD_OUT` (rotation; crop with
 aspect and border; noise with blur, rescale and JPEG; colour with
 greyscale; overlay), an instance code is trained on copies altered by every
 other family (`alterations.without`), and one more, the reference, on the
@@ -41,7 +41,8 @@ from benchmarks.near_duplicates import (
     database_indexes,
     trained,
 )
-from subic_keras import alterations, datasets, near_duplicates
+from subic_keras.data import datasets
+from subic_keras.instance import alterations, near_duplicates
 
 REFERENCE = "none (reference)"
 # Copies altered by two to four families of the whole family, as in

@@ -175,8 +175,8 @@ def near_duplicates_table(data: dict) -> list[str]:
     if marks and rules:
         lines += [
             "",
-            f"Copy marks (`subic_keras.copies`): a result is marked a copy from a "
-            f"copy margin of {rules['copy_margin']['value']}, chosen for "
+            "Copy marks (`subic_keras.instance.copies`): a result is marked a "
+            f"copy from a copy margin of {rules['copy_margin']['value']}, chosen for "
             f"{rules['precision_target']:.0%} precision on copies of training "
             "pictures. On the whole-family queries' 10 best results, precision "
             + " and ".join(

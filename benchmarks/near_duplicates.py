@@ -1,9 +1,9 @@
 """Find the picture itself: an instance code against the look and perceptual hashes.
 
-Trains an instance code (`subic_keras.instance`; by default 256 bits,
+Trains an instance code (`subic_keras.instance.instance_code`; by default 256 bits,
 M = 64, K = 16, as the one that ships; the paper's instance codes have 64,
 Sec. 4) on CIFAR-10's training pictures without labels, each against its
-own copies altered by `subic_keras.alterations`, then searches for the
+own copies altered by `subic_keras.instance.alterations`, then searches for the
 originals of 1,000 altered test pictures:
 
 - databases: CIFAR-10's 10,000 test pictures, and the same with its 50,000
@@ -47,21 +47,16 @@ import keras
 import numpy as np
 
 from benchmarks import common
-from subic_keras import (
-    alterations,
-    backbones,
-    copies,
-    datasets,
-    instance,
-    losses,
-    near_duplicates,
-    pretrained,
-)
+from subic_keras import pretrained
 from subic_keras.baselines import looks
-from subic_keras.litert_features import LiteRTFeatureExtractor
+from subic_keras.data import datasets
+from subic_keras.instance import alterations, copies, near_duplicates
+from subic_keras.instance import instance_code as instance
+from subic_keras.models import backbones, losses
+from subic_keras.models.litert_features import LiteRTFeatureExtractor
+from subic_keras.models.weights_digest import weights_digest
 from subic_keras.search import SubicIndex
 from subic_keras.training import standardization
-from subic_keras.weights_digest import weights_digest
 
 DATABASES = {"10k": 10_000, "60k": 60_000}
 EXTRACTOR = "mobilenet/mobilenet_v1_1.0_224_quant_embedding_extractor.tflite"

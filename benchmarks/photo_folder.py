@@ -69,8 +69,8 @@ def _large_picture(rng, size, mode, base=None):
 
 def write_photo_folder(data_dir: str, workdir: str) -> str:
     """The benchmark's folder (written once, reused from `workdir`)."""
-    from subic_keras import datasets
     from subic_keras.config import CLASS_NAMES
+    from subic_keras.data import datasets
 
     root = os.path.join(workdir, "photos-626")
     done = os.path.join(root, ".complete")

@@ -1,6 +1,6 @@
 """Encoding a folder on Ray (Ray Data) against `index_folder` in one process.
 
-`subic_keras.ray_folders.index_folder_on_ray` decodes and encodes a folder
+`subic_keras.serving.ray_folders.index_folder_on_ray` decodes and encodes a folder
 with a pool of encoder actors and writes picture shards and a manifest;
 `retrieval.index_folder` does the same in one process. This measures, on
 one machine, for a folder of CIFAR-10 test pictures written as PNG files
@@ -30,11 +30,12 @@ import time
 import keras
 
 from benchmarks import common
-from subic_keras import datasets, retrieval
-from subic_keras.export import load_subic
-from subic_keras.images import write_image_folder
-from subic_keras.ray_folders import index_folder_on_ray
+from subic_keras.data import datasets
+from subic_keras.data.images import write_image_folder
 from subic_keras.search.image_index import ImageIndex
+from subic_keras.serving import retrieval
+from subic_keras.serving.export import load_subic
+from subic_keras.serving.ray_folders import index_folder_on_ray
 from subic_keras.training import TrainConfig, build_model
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "ray_folders.json")

@@ -380,8 +380,8 @@ def model_data(path: str, args) -> tuple[np.ndarray, np.ndarray]:
     if os.path.isfile(cached):
         with np.load(cached, allow_pickle=False) as saved:
             return saved["codes"], saved["queries"]
-    from subic_keras.datasets import load_cifar10
-    from subic_keras.export import load_subic
+    from subic_keras.data.datasets import load_cifar10
+    from subic_keras.serving.export import load_subic
 
     common.log(f"encoding CIFAR-10 with {path}")
     subic = load_subic(path)

@@ -104,7 +104,8 @@ def build_index(directory: str, items: int, seed: int = 0) -> str:
 
 
 def build_model(directory: str) -> str:
-    from subic_keras import backbones, build_subic
+    from subic_keras import build_subic
+    from subic_keras.models import backbones
 
     path = os.path.join(directory, "model.keras")
     build_subic(backbones.dsh_cnn(), M, K, 10).train_model.save(path)

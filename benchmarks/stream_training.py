@@ -47,7 +47,7 @@ CASES = {
 
 
 def _cifar(data_dir: str, count: int):
-    from subic_keras import datasets
+    from subic_keras.data import datasets
 
     (x, y), _ = datasets.load_images("cifar10", data_dir, None)
     return x[:count], y[:count]
@@ -57,7 +57,7 @@ def write_folders(data_dir: str, workdir: str) -> dict[int, str]:
     """The PNG folders of each size (written once, reused from `workdir`)."""
     from benchmarks.common import log
     from subic_keras.config import CLASS_NAMES
-    from subic_keras.images import write_image_folder
+    from subic_keras.data.images import write_image_folder
 
     folders = {}
     for kind, count in CASES.values():
@@ -79,8 +79,9 @@ def run_case(case: str, source: str, epochs: int) -> dict:
     import keras
 
     from benchmarks.train_overhead import EpochTimer
-    from subic_keras import backbones, datasets
-    from subic_keras.recipe import Recipe, train_subic
+    from subic_keras.data import datasets
+    from subic_keras.models import backbones
+    from subic_keras.trainers.recipe import Recipe, train_subic
     from subic_keras.training import standardization
 
     kind, count = CASES[case]

@@ -39,7 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.common import command, machine, write_json
-from subic_keras import backbones, datasets
+from subic_keras.data import datasets
+from subic_keras.models import backbones
 from subic_keras.training import TrainConfig, standardization, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -48,7 +48,6 @@ import keras
 import numpy as np
 
 from benchmarks import common
-from subic_keras import datasets, protocols, scoring
 from subic_keras._validation import check_power_of_two
 from subic_keras.baselines import (
     DSH,
@@ -57,7 +56,9 @@ from subic_keras.baselines import (
     ProductQuantizer,
 )
 from subic_keras.config import TrainConfig
-from subic_keras.export import load_subic
+from subic_keras.data import datasets, protocols
+from subic_keras.evaluation import scoring
+from subic_keras.serving.export import load_subic
 from subic_keras.training import train, train_baseline
 
 HERE = os.path.dirname(os.path.abspath(__file__))

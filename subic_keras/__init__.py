@@ -14,65 +14,73 @@ a `.keras` file once they are loaded: by using any Keras name of the package
 
 import sys
 
+from subic_keras import _moved
 from subic_keras._quiet import load_module
+
+_moved.install()
 
 __version__ = "0.1.0"
 
-_SUBMODULES = (
-    "alterations",
-    "applications",
-    "backbones",
-    "baselines",
-    "building",
-    "callbacks",
-    "config",
-    "copies",
-    "datasets",
-    "evaluation",
-    "export",
-    "folder_rules",
-    "images",
-    "instance",
-    "layers",
-    "litert_features",
-    "losses",
-    "metrics",
-    "models",
-    "pipelines",
-    "pixels",
-    "preprocessing",
-    "protocols",
-    "recipe",
-    "retrieval",
-    "scoring",
-    "search",
-    "streams",
-    "tfds_loaders",
-    "train_model",
-    "training",
-)
+# Submodules by name: each subpackage, and the modules earlier releases
+# had at the top (`subic_keras.datasets` is `subic_keras.data.datasets`).
+_SUBMODULES = {
+    "alterations": "instance.alterations",
+    "applications": "models.applications",
+    "backbones": "models.backbones",
+    "baselines": "baselines",
+    "building": "models.building",
+    "callbacks": "trainers.callbacks",
+    "config": "config",
+    "copies": "instance.copies",
+    "data": "data",
+    "datasets": "data.datasets",
+    "evaluation": "evaluation",
+    "export": "serving.export",
+    "folder_rules": "instance.folder_rules",
+    "images": "data.images",
+    "instance": "instance",
+    "layers": "models.layers",
+    "litert_features": "models.litert_features",
+    "losses": "models.losses",
+    "metrics": "models.metrics",
+    "models": "models",
+    "pipelines": "data.pipelines",
+    "pixels": "data.pixels",
+    "preprocessing": "data.preprocessing",
+    "protocols": "data.protocols",
+    "recipe": "trainers.recipe",
+    "retrieval": "serving.retrieval",
+    "scoring": "evaluation.scoring",
+    "search": "search",
+    "serving": "serving",
+    "streams": "data.streams",
+    "tfds_loaders": "data.tfds_loaders",
+    "train_model": "models.train_model",
+    "trainers": "trainers",
+    "training": "training",
+}
 _NAMES = {
-    "BlockArgmax": "layers",
-    "BlockOneHot": "layers",
-    "BlockSoftmax": "layers",
+    "BlockArgmax": "models.layers",
+    "BlockOneHot": "models.layers",
+    "BlockSoftmax": "models.layers",
     "ImageIndex": "search",
-    "ImageModel": "pixels",
-    "InstanceSubic": "instance",
-    "MilvusIndex": "search.milvus",  # needs the [milvus] extra
-    "MilvusPictures": "search.milvus_pictures",  # needs the [milvus] extra
+    "ImageModel": "data.pixels",
+    "InstanceSubic": "instance.instance_code",
+    "MilvusIndex": "search.milvus",
+    "MilvusPictures": "search.milvus_pictures",
     "Recipe": "config",
     "TrainConfig": "config",
-    "Scorer": "scoring",
+    "Scorer": "evaluation.scoring",
     "SearchBackend": "search",
     "ShardedSubicIndex": "search",
-    "Subic": "models",
+    "Subic": "models.subic",
     "SubicIndex": "search",
-    "SubicTrainModel": "train_model",
-    "build_instance_subic": "instance",
-    "build_subic": "building",
+    "SubicTrainModel": "models.train_model",
+    "build_instance_subic": "instance.instance_code",
+    "build_subic": "models.building",
     "merge_results": "search",
-    "pretrain_backbone": "recipe",
-    "train_subic": "recipe",
+    "pretrain_backbone": "trainers.recipe",
+    "train_subic": "trainers.recipe",
 }
 
 __all__ = sorted([*_NAMES, *_SUBMODULES])
@@ -82,18 +90,18 @@ __all__ = sorted([*_NAMES, *_SUBMODULES])
 # loads all, so that every SuBiC `.keras` file (a DSH backbone's local response
 # normalization, a baseline's `Binarize`) deserializes without custom_objects.
 _KERAS_MODULES = (
-    "applications",
-    "instance",
-    "backbones",
+    "models.applications",
+    "instance.instance_code",
+    "models.backbones",
     "baselines.dlbhc",
     "baselines.dsh",
     "baselines.hashing",
-    "layers",
-    "losses",
-    "metrics",
-    "models",
-    "pixels",
-    "train_model",
+    "models.layers",
+    "models.losses",
+    "models.metrics",
+    "models.subic",
+    "data.pixels",
+    "models.train_model",
 )
 
 
@@ -105,8 +113,8 @@ def _register_keras_objects() -> None:
 def __getattr__(name: str):
     if name not in _SUBMODULES and name not in _NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _NAMES.get(name, name)
-    if module in _KERAS_MODULES:
+    module = _NAMES.get(name) or _SUBMODULES[name]
+    if module in _KERAS_MODULES or module in ("models", "instance"):
         _register_keras_objects()
     loaded = load_module(f"{__name__}.{module}")
     value = loaded if name in _SUBMODULES else getattr(loaded, name)

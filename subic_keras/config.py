@@ -1,7 +1,7 @@
 """The settings of SuBiC's training, with no TensorFlow import.
 
 `Recipe` holds the budgets and weights of the two-stage recipe
-(`subic_keras.recipe`), `TrainConfig` everything `subic train` needs. They
+(`subic_keras.trainers.recipe`), `TrainConfig` everything `subic train` needs. They
 live apart from the code that trains so that the command line can show its
 options and defaults, and check them, without loading TensorFlow.
 """
@@ -57,7 +57,7 @@ TRAIN_OUTPUTS = ("best.keras", "summary.json", "logs")
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """The budgets and weights of SuBiC's two-stage recipe (the docstring of
-    `subic_keras.recipe` says how each default was chosen).
+    `subic_keras.trainers.recipe` says how each default was chosen).
 
     Attributes:
         pretrain_epochs: epochs of classifier pre-training; 0 skips it.
@@ -129,7 +129,7 @@ def default_cache_dir() -> str:
 class TrainConfig:
     """Everything `train` needs; the CLI's flags map one to one onto it.
 
-    The defaults are the recipe of `subic_keras.recipe` (its docstring says
+    The defaults are the recipe of `subic_keras.trainers.recipe` (its docstring says
     how each was chosen): 48-bit codes of 12 blocks of 16, the backbone
     pre-trained as a classifier for 100 epochs, then 5 SuBiC epochs with
     `γ = μ = 0.3` ramped in over the first third, selection by validation
@@ -142,7 +142,7 @@ class TrainConfig:
             tensorflow-datasets (network needed once) for CIFAR-10 and
             Fashion-MNIST.
         images: a folder of your own pictures, one subfolder per class
-            (`subic_keras.folders.image_folder`), trained on instead of
+            (`subic_keras.data.folders.image_folder`), trained on instead of
             `dataset`; the validation split is held out of it.
         validation_images: a labelled folder of the same classes to validate
             on instead of a split of `images`.

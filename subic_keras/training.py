@@ -1,7 +1,7 @@
 """End-to-end training of a SuBiC model on an image dataset (`subic train`).
 
 `train` loads a dataset, holds out a validation split and runs the recipe
-of `subic_keras.recipe` with the settings of a `TrainConfig`;
+of `subic_keras.trainers.recipe` with the settings of a `TrainConfig`;
 `train_baseline` trains a supervised hashing baseline (DSH, DLBHC) on the
 same data with the same budget, for comparisons that differ only in the
 method.
@@ -20,24 +20,30 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from subic_keras import backbones, datasets
 from subic_keras._io import atomic_path, make_folders, output_target
-from subic_keras.backbones import mlp_backbone
 from subic_keras.baselines.dlbhc import build_dlbhc
 from subic_keras.baselines.dsh import build_dsh
 from subic_keras.baselines.hashing import HashingNetwork
 from subic_keras.baselines.training import train_hashing
-from subic_keras.building import build_subic
-from subic_keras.callbacks import EpochProgress, EpochTensorBoard
 from subic_keras.config import APPLICATIONS, CLASS_NAMES, TRAIN_OUTPUTS
 from subic_keras.config import BACKBONES as BACKBONES
 from subic_keras.config import TrainConfig as TrainConfig
 from subic_keras.config import default_cache_dir as default_cache_dir
-from subic_keras.datasets import load_images
-from subic_keras.folders import FolderChangedError, folder_failure
-from subic_keras.images import labelled_files as read_labelled_files
-from subic_keras.models import CLASS_PROBS, Subic, float32_copy
-from subic_keras.recipe import MIN_VALIDATION, Recipe, pretrain_backbone, train_subic
+from subic_keras.data import datasets
+from subic_keras.data.datasets import load_images
+from subic_keras.data.folders import FolderChangedError, folder_failure
+from subic_keras.data.images import labelled_files as read_labelled_files
+from subic_keras.models import backbones
+from subic_keras.models.backbones import mlp_backbone
+from subic_keras.models.building import build_subic
+from subic_keras.models.subic import CLASS_PROBS, Subic, float32_copy
+from subic_keras.trainers.callbacks import EpochProgress, EpochTensorBoard
+from subic_keras.trainers.recipe import (
+    MIN_VALIDATION,
+    Recipe,
+    pretrain_backbone,
+    train_subic,
+)
 
 
 def standardization(images: np.ndarray) -> keras.layers.Normalization:
@@ -93,7 +99,7 @@ def train(
     on_skipped: Callable[[list], None] | None = None,
     overwrite: bool = False,
 ) -> dict:
-    """Trains SuBiC with the recipe of `subic_keras.recipe` as configured.
+    """Trains SuBiC with the recipe of `subic_keras.trainers.recipe` as configured.
 
     Writes `best.keras` (the model of the best validation epoch, its query
     chosen on validation; saved atomically), `summary.json` (both stages)

@@ -165,8 +165,8 @@ def feature_data():
 @pytest.fixture(scope="module")
 def feature_subic():
     """An untrained SuBiC (M = 4, K = 8, 4 classes) on 16-d features."""
-    from subic_keras.backbones import feature_input
-    from subic_keras.building import build_subic
+    from subic_keras.models.backbones import feature_input
+    from subic_keras.models.building import build_subic
 
     return build_subic(feature_input(16), 4, 8, 4, input_shape=(16,))
 

@@ -1,6 +1,6 @@
 """SuBiC under a 2-replica `MirroredStrategy` on CPU: its loss and gradients
-against one device (`tests/test_losses.py`), and the recipe's training
-(`tests/test_recipe.py`).
+against one device (`tests/models/test_losses.py`), and the recipe's training
+(`tests/trainers/test_recipe.py`).
 
 Run as a script (the logical CPU devices must be configured before TensorFlow
 initialises; both checks share one start-up); prints one JSON line,
@@ -19,7 +19,9 @@ tf.config.set_logical_device_configuration(
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from subic_keras import build_subic, losses, recipe  # noqa: E402
+from subic_keras import build_subic  # noqa: E402
+from subic_keras.models import losses  # noqa: E402
+from subic_keras.trainers import recipe  # noqa: E402
 
 NUM_BLOCKS, BLOCK_SIZE, CLASSES, BATCH = 4, 8, 5, 64
 

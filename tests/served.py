@@ -15,7 +15,7 @@ import uuid
 
 import numpy as np
 
-from subic_keras.images import write_image_folder
+from subic_keras.data.images import write_image_folder
 
 
 def picture_folder(root, n: int = 60, seed: int = 0) -> list[str]:
@@ -27,7 +27,8 @@ def picture_folder(root, n: int = 60, seed: int = 0) -> list[str]:
 
 def save_model(path, num_blocks: int = 4, block_size: int = 16) -> str:
     """An untrained SuBiC model on 32×32 RGB pictures, saved to `path`."""
-    from subic_keras import backbones, build_subic
+    from subic_keras import build_subic
+    from subic_keras.models import backbones
 
     subic = build_subic(backbones.dsh_cnn(), num_blocks, block_size, 3)
     subic.train_model.save(path)
@@ -43,7 +44,7 @@ def ruled_instance(path) -> str:
     """The shipped instance code with its copy rules (`COPY_MARGIN`,
     `COPY_BLOCKS`, checked here), saved at `path`: what marks copies and
     lists duplicates by the model's own rules, to test."""
-    from subic_keras.instance import pretrained
+    from subic_keras.instance.instance_code import pretrained
 
     code = pretrained()
     assert (code.copy_margin, code.copy_blocks) == (COPY_MARGIN, COPY_BLOCKS)
@@ -95,7 +96,7 @@ class ThreadServer:
     def __init__(self, service):
         import uvicorn
 
-        from subic_keras.http_app import create_app, server_config
+        from subic_keras.serving.http_app import create_app, server_config
 
         config = server_config(create_app(service), host="127.0.0.1", port=0)
         self.server = uvicorn.Server(config)

@@ -215,7 +215,7 @@ def test_code_shapes_and_bad_arguments(bench):
 # A quick run trains on 600 pictures for an epoch: the recipe says it learned
 # little, as it should.
 QUICK_LEARNS_LITTLE = pytest.mark.filterwarnings(
-    "ignore::subic_keras.recipe.LearnedLittleWarning"
+    "ignore::subic_keras.trainers.recipe.LearnedLittleWarning"
 )
 
 

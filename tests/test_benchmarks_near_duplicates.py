@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import near_duplicates
-from subic_keras import instance
+from subic_keras.instance import instance_code as instance
 
 
 def test_start_from_goes_on_training_that_code_under_its_own_cache_key(tmp_path):

@@ -14,28 +14,28 @@ MODULES = (
     "subic_keras.baselines.quantizers",
     "subic_keras.baselines.uncompressed",
     "subic_keras.baselines.one_hot",
-    "subic_keras.applications",
-    "subic_keras.backbones",
-    "subic_keras.building",
-    "subic_keras.code_scores",
-    "subic_keras.datasets",
-    "subic_keras.litert_features",
-    "subic_keras.pipelines",
-    "subic_keras.preprocessing",
-    "subic_keras.pretraining",
-    "subic_keras.callbacks",
-    "subic_keras.recipe",
+    "subic_keras.models.applications",
+    "subic_keras.models.backbones",
+    "subic_keras.models.building",
+    "subic_keras.evaluation.code_scores",
+    "subic_keras.data.datasets",
+    "subic_keras.models.litert_features",
+    "subic_keras.data.pipelines",
+    "subic_keras.data.preprocessing",
+    "subic_keras.trainers.pretraining",
+    "subic_keras.trainers.callbacks",
+    "subic_keras.trainers.recipe",
     "subic_keras.baselines.training",
-    "subic_keras.export",
-    "subic_keras.litert",
-    "subic_keras.losses",
-    "subic_keras.models",
-    "subic_keras.protocols",
-    "subic_keras.evaluation",
-    "subic_keras.layers",
-    "subic_keras.metrics",
-    "subic_keras.scoring",
-    "subic_keras.images",
+    "subic_keras.serving.export",
+    "subic_keras.models.litert",
+    "subic_keras.models.losses",
+    "subic_keras.models.subic",
+    "subic_keras.data.protocols",
+    "subic_keras.evaluation.retrieval_metrics",
+    "subic_keras.models.layers",
+    "subic_keras.models.metrics",
+    "subic_keras.evaluation.scoring",
+    "subic_keras.data.images",
     "subic_keras.search.base",
     "subic_keras.search.checks",
     "subic_keras.search.filters",
@@ -44,19 +44,21 @@ MODULES = (
     "subic_keras.search.sharding",
     "subic_keras.search.manifests",
     "subic_keras.search.native",
-    "subic_keras.weights_digest",
+    "subic_keras.models.weights_digest",
     "subic_keras.search.subic_index",
     "subic_keras.search.packing",
     "subic_keras.search.milvus",
     "subic_keras.search.milvus_pictures",
-    "subic_keras.near_duplicates",
-    "subic_keras.alterations",
-    "subic_keras.instance",
-    "subic_keras.copies",
-    "subic_keras.pixels",
+    "subic_keras.instance.near_duplicates",
+    "subic_keras.instance.alterations",
+    "subic_keras.instance.instance_code",
+    "subic_keras.instance.copies",
+    "subic_keras.data.pixels",
     "subic_keras.prebuild",
-    "subic_keras.folders",
-    "subic_keras.streams",
+    "subic_keras.models.progress",
+    "subic_keras.search.copy_rules",
+    "subic_keras.data.folders",
+    "subic_keras.data.streams",
 )
 
 
@@ -65,9 +67,10 @@ def namespace() -> dict:
     (uint8, CIFAR-10's shape) with class ids, as a user's data would be."""
     import keras
 
-    from subic_keras import backbones, evaluation
-    from subic_keras.building import build_subic
-    from subic_keras.recipe import Recipe
+    from subic_keras.evaluation import retrieval_metrics as evaluation
+    from subic_keras.models import backbones
+    from subic_keras.models.building import build_subic
+    from subic_keras.trainers.recipe import Recipe
 
     rng = np.random.default_rng(0)
     return {
@@ -84,7 +87,7 @@ def namespace() -> dict:
 
 # Examples that read the official files from `data/` (the layout the loaders
 # document), linked to the offline data directory.
-NEEDS_DATA = ("subic_keras.datasets", "subic_keras.litert_features")
+NEEDS_DATA = ("subic_keras.data.datasets", "subic_keras.models.litert_features")
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -110,10 +113,12 @@ def test_numpy_only_modules_do_not_import_tensorflow():
     import sys
 
     code = (
-        "import sys, subic_keras.evaluation, subic_keras.protocols, "
-        "subic_keras.scoring, subic_keras.search, subic_keras.baselines.quantizers, "
+        "import sys, subic_keras.evaluation.retrieval_metrics, "
+        "subic_keras.data.protocols, subic_keras.evaluation.scoring, "
+        "subic_keras.search, subic_keras.baselines.quantizers, "
         "subic_keras.baselines.uncompressed, subic_keras.config, subic_keras.cli, "
-        "subic_keras.search.milvus, subic_keras.search.milvus_pictures; "
+        "subic_keras.search.milvus, subic_keras.search.milvus_pictures, "
+        "subic_keras.evaluation, subic_keras.protocols, subic_keras.scoring; "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; "
         "assert 'pymilvus' not in sys.modules  # loaded by MilvusIndex() only"
     )

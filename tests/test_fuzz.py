@@ -24,8 +24,8 @@ import pytest
 from subic_keras import build_subic
 from subic_keras.cli import main
 from subic_keras.cli.search_commands import _read_query_images
-from subic_keras.export import load_subic
 from subic_keras.search import ShardedSubicIndex, SubicIndex
+from subic_keras.serving.export import load_subic
 
 SCALE = int(os.environ.get("SUBIC_FUZZ_SCALE", "1"))
 M, K = 4, 16
@@ -337,7 +337,7 @@ def _served(world):
     if "served" not in world:
         import tensorflow as tf
 
-        from subic_keras.export import export_saved_model
+        from subic_keras.serving.export import export_saved_model
 
         path = export_saved_model(world["subic"], str(world["root"] / "serving"))
         world["served"] = tf.saved_model.load(path).signatures
@@ -561,7 +561,7 @@ class _Payload:
 
 def _cifar_payload(where: str):
     def run(world):
-        from subic_keras.datasets import load_cifar10
+        from subic_keras.data.datasets import load_cifar10
 
         directory = world["root"] / f"payload_{where}" / "cifar-10-batches-py"
         directory.mkdir(parents=True, exist_ok=True)

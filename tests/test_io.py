@@ -262,7 +262,7 @@ def test_folders_of_ours_are_made_without_following_links(tmp_path):
 
 
 def test_every_small_file_is_read_bounded_and_never_waited_on(tmp_path):
-    from subic_keras.paths import read_bytes
+    from subic_keras.data.paths import read_bytes
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # nobody writes: a plain open() would block for ever

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras import pixels, prebuild
-from subic_keras.pixels import ImageModel
+from subic_keras import prebuild
+from subic_keras.data import pixels
+from subic_keras.data.pixels import ImageModel
 
 
 class Counting(ImageModel):

@@ -13,7 +13,7 @@ _LOAD = (
 
 # A submodule imported directly, without the package's lazy names.
 _DIRECT = (
-    "import sys; from subic_keras.export import export_saved_model; "
+    "import sys; from subic_keras.serving.export import export_saved_model; "
     "import tensorflow as tf; tf.constant(1) + 1; print('tensorflow' in sys.modules)"
 )
 

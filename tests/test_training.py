@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from subic_keras.recipe import Recipe
+from subic_keras.trainers.recipe import Recipe
 from subic_keras.training import TrainConfig, standardization
 
 
@@ -70,7 +70,7 @@ def test_a_pretrained_backbone_is_frozen_for_a_fifth_of_the_pretraining():
 def test_mixed_precision_trains_and_saves_a_float32_model(tmp_path):
     import keras
 
-    from subic_keras.export import load_subic
+    from subic_keras.serving.export import load_subic
     from subic_keras.training import train
 
     config = TrainConfig(
@@ -94,7 +94,7 @@ def test_mixed_precision_trains_and_saves_a_float32_model(tmp_path):
 
 
 def test_a_small_folder_holds_out_the_20_pictures_selection_needs(tmp_path):
-    from subic_keras.images import write_image_folder
+    from subic_keras.data.images import write_image_folder
     from subic_keras.training import _folder_validation_size
 
     write_image_folder(np.zeros((120, 8, 8, 3), np.uint8), np.arange(120) % 3, tmp_path)
@@ -146,7 +146,7 @@ def test_held_out_classes_never_reach_training():
     """`exclude_classes`: no picture of a held-out class is trained or
     validated on; the others are numbered in order, the model records which
     were held out."""
-    from subic_keras import datasets
+    from subic_keras.data import datasets
     from subic_keras.training import _data, _data_source
 
     config = TrainConfig(dataset="digits", exclude_classes=(6, 2, 4))

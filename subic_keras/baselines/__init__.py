@@ -13,9 +13,9 @@
 - For copy detection, the look (`looks`): 108 bytes of a picture's
   centre, the peer of the instance code.
 
-Each is a `subic_keras.scoring.Scorer`, so `subic_keras.scoring.evaluate`
-scores them like SuBiC. Names load on first use: the quantizers do not
-import TensorFlow.
+Each is a `subic_keras.evaluation.scoring.Scorer`, so
+`subic_keras.evaluation.scoring.evaluate` scores them like SuBiC. Names load
+on first use: the quantizers do not import TensorFlow.
 """
 
 import importlib

@@ -13,8 +13,8 @@ import keras
 
 from subic_keras._validation import check_int
 from subic_keras.baselines.hashing import HashingNetwork
-from subic_keras.building import attach_backbone
-from subic_keras.pixels import ImageModel
+from subic_keras.data.pixels import ImageModel
+from subic_keras.models.building import attach_backbone
 
 LATENT = "latent"
 LOGITS = "logits"

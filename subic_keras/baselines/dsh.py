@@ -18,8 +18,8 @@ from keras import ops
 
 from subic_keras._validation import check_int, check_non_negative
 from subic_keras.baselines.hashing import HashingNetwork
-from subic_keras.building import attach_backbone
-from subic_keras.pixels import ImageModel
+from subic_keras.data.pixels import ImageModel
+from subic_keras.models.building import attach_backbone
 
 RELAXED_CODES = "relaxed_codes"
 

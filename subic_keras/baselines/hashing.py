@@ -17,10 +17,10 @@ import numpy as np
 from keras import ops
 
 from subic_keras._validation import check_int
-from subic_keras.datasets import as_model_inputs
-from subic_keras.evaluation import hamming_scores
-from subic_keras.pixels import ImageModel
-from subic_keras.scoring import Scorer
+from subic_keras.data.datasets import as_model_inputs
+from subic_keras.data.pixels import ImageModel
+from subic_keras.evaluation.retrieval_metrics import hamming_scores
+from subic_keras.evaluation.scoring import Scorer
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")

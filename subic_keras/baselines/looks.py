@@ -2,7 +2,7 @@
 
 Earlier versions of this package ordered the tie groups of a class code's
 best results by a *look* and lifted the near copies of the query above
-them; the instance code (`subic_keras.instance`, the paper's instance
+them; the instance code (`subic_keras.instance.instance_code`, the paper's instance
 retrieval, Sec. 4) replaced it. It stays here as a baseline, beside the
 perceptual hashes, in the copy-detection benchmark
 (`benchmarks/near_duplicates.py`).

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from subic_keras import evaluation
-from subic_keras.scoring import Scorer
+from subic_keras.evaluation import retrieval_metrics as evaluation
+from subic_keras.evaluation.scoring import Scorer
 
 
 class OneHotClassifier(Scorer):

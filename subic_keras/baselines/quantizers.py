@@ -17,7 +17,7 @@ read from per-query look-up tables, `M` additions per database item:
   the full space, `x̂ = Σ_m C_m[c_m]`, encoded by iterated local search.
 
 Integer codes follow SuBiC's convention: `(n, M)` int32 arrays with values in
-`[0, K)`, so that they go straight into `subic_keras.evaluation`.
+`[0, K)`, so that they go straight into `subic_keras.evaluation.retrieval_metrics`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import warnings
 import faiss
 import numpy as np
 
-from subic_keras import evaluation
 from subic_keras._validation import check_features, check_int
-from subic_keras.scoring import Scorer
+from subic_keras.evaluation import retrieval_metrics as evaluation
+from subic_keras.evaluation.scoring import Scorer
 
 # faiss prints a warning below 39 training points per centroid; we warn from
 # Python instead, so that callers can filter it.

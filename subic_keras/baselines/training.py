@@ -1,12 +1,12 @@
 """Training of the hashing baselines with SuBiC's recipe, like for like.
 
 `train_hashing` fits a `HashingNetwork` (DSH, DLBHC) the way
-`subic_keras.recipe.train_subic` fits SuBiC's second stage: the same input
+`subic_keras.trainers.recipe.train_subic` fits SuBiC's second stage: the same input
 pipeline and augmentation, Adam with the learning rate divided by 10 after
 75% of the steps, and the epoch with the best validation retrieval mAP
 (Hamming ranking, pessimistic ties) kept. A comparison of the methods then
 differs only in the method. Pre-train the backbone first with
-`subic_keras.recipe.pretrain_backbone` to match the recipe's stage 1.
+`subic_keras.trainers.recipe.pretrain_backbone` to match the recipe's stage 1.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 import keras
 
 from subic_keras.baselines.hashing import HashingNetwork
-from subic_keras.callbacks import BestWeights, RetrievalValidation
-from subic_keras.recipe import Recipe, check_data
+from subic_keras.trainers.callbacks import BestWeights, RetrievalValidation
+from subic_keras.trainers.recipe import Recipe, check_data
 
 
 def train_hashing(
@@ -48,7 +48,7 @@ def train_hashing(
             whose `train_model` is compiled here.
         images, labels: the training inputs (uint8 images or float inputs)
             and their class ids, or a stream of `(image, label)` pairs and
-            `labels=None` (`subic_keras.streams`).
+            `labels=None` (`subic_keras.data.streams`).
         validation: `(images, labels)` held out for model selection (>= 20),
             or a stream of `(image, label)` pairs.
         recipe: `epochs`, `learning_rate`, `batch_size` and `augment` are

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from subic_keras._validation import check_features
-from subic_keras.scoring import Scorer
+from subic_keras.evaluation.scoring import Scorer
 
 METRICS = ("l2", "cosine")
 

@@ -8,6 +8,10 @@ user's mistake (a missing, unreadable or corrupt file, a directory where a
 file belongs, a non-image, a bad value) is one line on standard error,
 `subic <command>: error: <what went wrong> (<path>)`, with exit status 2;
 `--verbose` or `SUBIC_DEBUG=1` shows the traceback instead.
+
+A new command: its options in `parser.py` (training's in
+`train_options.py`), what it does in `commands.py` (searching ones in
+`search_commands.py`).
 """
 
 from __future__ import annotations

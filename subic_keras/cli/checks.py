@@ -15,7 +15,8 @@ import os
 from subic_keras._io import check_file, check_keras_file, check_output_path
 from subic_keras._validation import check_int
 from subic_keras.config import TRAIN_OUTPUTS
-from subic_keras.paths import check_folder, open_file
+from subic_keras.data.paths import check_folder, open_file
+from subic_keras.models.weights_digest import block_shape, weights_digest
 from subic_keras.pretrained import INSTANCE
 from subic_keras.pretrained import path as pretrained_path
 from subic_keras.search import filters, scanners
@@ -24,7 +25,6 @@ from subic_keras.search.checks import model_writer
 from subic_keras.search.file_format import MAGIC, recorded_metadata
 from subic_keras.search.manifests import read_manifest
 from subic_keras.search.uri import is_database, is_manifest
-from subic_keras.weights_digest import block_shape, weights_digest
 
 # The largest upload or decoding memory a server is told to allow, in MB.
 _MAX_MEGABYTES = 100_000.0
@@ -67,7 +67,7 @@ def _train(args) -> None:
         if folder is not None:
             check_folder(folder)
             # Its classes, from the folder's layout alone (nothing decoded).
-            from subic_keras.images import labelled_files
+            from subic_keras.data.images import labelled_files
 
             labelled_files(folder)
     if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
@@ -315,7 +315,7 @@ def _search(args) -> None:
     _index(args.index, args.collection)
     _model_wrote(args.model, args.index)
     # Pillow, for the headers: loaded here, not for `--help`.
-    from subic_keras.images import ImageDecodeError, check_picture
+    from subic_keras.data.images import ImageDecodeError, check_picture
 
     for path in args.images:
         check_file(path, "query image file")
@@ -376,7 +376,7 @@ def _serve(args) -> None:
     if args.folder is not None:
         check_folder(args.folder)
     # Listening now says a busy port at once; `run_serve` serves on it.
-    from subic_keras.sockets import listen
+    from subic_keras.serving.sockets import listen
 
     args.socket = listen(args.host, port)
 

@@ -15,16 +15,7 @@ import warnings
 
 import numpy as np
 
-from subic_keras import (
-    datasets,
-    evaluation,
-    folder_rules,
-    protocols,
-    retrieval,
-    streams,
-)
 from subic_keras._io import atomic_path
-from subic_keras.applications import WeightsUnavailableError, keras_cache
 from subic_keras.cli.console import debug_requested, plural, printable, quiet_imports
 from subic_keras.cli.loading import index_name, load_model, open_index, open_pictures
 
@@ -36,17 +27,22 @@ from subic_keras.cli.search_commands import (
     run_train_instance as run_train_instance,
 )
 from subic_keras.cli.train_options import config_from_args
-from subic_keras.datasets import load_images
-from subic_keras.export import (
+from subic_keras.data import datasets, protocols, streams
+from subic_keras.data.datasets import load_images
+from subic_keras.data.paths import check_folder
+from subic_keras.evaluation import retrieval_metrics as evaluation
+from subic_keras.instance import folder_rules
+from subic_keras.instance.instance_code import InstanceSubic
+from subic_keras.models.applications import WeightsUnavailableError, keras_cache
+from subic_keras.pretrained import INSTANCE
+from subic_keras.search import uri as search_uri
+from subic_keras.serving import retrieval
+from subic_keras.serving.export import (
     export_litert,
     export_saved_model,
     load_encoder,
 )
-from subic_keras.instance import InstanceSubic
-from subic_keras.paths import check_folder
-from subic_keras.pretrained import INSTANCE
-from subic_keras.recipe import LearnedLittleWarning
-from subic_keras.search import uri as search_uri
+from subic_keras.trainers.recipe import LearnedLittleWarning
 from subic_keras.training import train
 
 
@@ -321,8 +317,8 @@ def _report_rules(rules: dict | None) -> None:
 def _index_folder_on_ray(args) -> int:
     import logging
 
-    from subic_keras.ray_folders import index_folder_on_ray
     from subic_keras.search.ray_cluster import ray_module
+    from subic_keras.serving.ray_folders import index_folder_on_ray
 
     # The command's output is its own, not Ray Data's progress and notices.
     ray_module(args.ray_address)

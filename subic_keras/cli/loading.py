@@ -3,8 +3,8 @@ open (`commands`, `search_commands`)."""
 
 from __future__ import annotations
 
-from subic_keras.export import load_encoder, load_subic
 from subic_keras.search import uri as search_uri
+from subic_keras.serving.export import load_encoder, load_subic
 
 
 def load_model(path: str, instance: bool = False):

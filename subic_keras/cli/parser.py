@@ -186,31 +186,8 @@ def _add_export_parser(commands, common) -> None:
     export.set_defaults(run="run_export", command_name="export")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `subic` parser; each command's `run` names its function in
-    `subic_keras.cli.commands`."""
-    parser = argparse.ArgumentParser(
-        prog="subic", description="SuBiC: supervised structured binary codes"
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {subic_keras.__version__}"
-    )
-    # Without a command, `subic` (and `subic index`) print their help.
-    parser.set_defaults(run=None, help_of=parser, command_name="subic")
-    common = argparse.ArgumentParser(add_help=False)
-    _add_common_arguments(common)
-    commands = parser.add_subparsers(dest="command")
-    quick = commands.add_parser(
-        "quickstart",
-        parents=[common],
-        help="train on the bundled digits, index, search and print the mAP",
-    )
-    add_train_arguments(quick, QUICKSTART)
-    quick.set_defaults(run="run_quickstart", command_name="quickstart")
-    train = commands.add_parser("train", parents=[common], help="train a SuBiC model")
-    add_train_arguments(train, TrainConfig())
-    train.set_defaults(run="run_train", command_name="train")
-
+def _add_train_instance_parser(commands, common) -> None:
+    """`subic train-instance`: the instance code fine-tuned on a folder."""
     tune = commands.add_parser(
         "train-instance",
         parents=[common],
@@ -243,9 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.set_defaults(run="run_train_instance", command_name="train-instance")
 
-    index = commands.add_parser("index", help="build, extend or prune a search index")
-    index.set_defaults(run=None, help_of=index, command_name="index")
-    index_commands = index.add_subparsers(dest="index_command")
+
+def _add_index_build_parser(index_commands, common) -> None:
+    """`subic index build`: a folder or a dataset split encoded into an index."""
     build = index_commands.add_parser(
         "build",
         parents=[common],
@@ -312,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ray_address(build, "build shards on")
     build.set_defaults(run="run_index_build", command_name="index build")
 
+
+def _add_index_add_parser(index_commands, common) -> None:
+    """`subic index add`: a folder's new pictures added to its index."""
     add = index_commands.add_parser(
         "add",
         parents=[common],
@@ -331,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_batch_argument(add)
     add.set_defaults(run="run_index_add", command_name="index add")
 
+
+def _add_index_remove_parser(index_commands, common) -> None:
+    """`subic index remove`: pictures removed from an index by path."""
     remove = index_commands.add_parser(
         "remove",
         parents=[common],
@@ -358,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     remove.set_defaults(run="run_index_remove", command_name="index remove")
 
+
+def _add_search_parser(commands, common) -> None:
+    """`subic search`: an index searched with query pictures."""
     search = commands.add_parser(
         "search", parents=[common], help="search an index with query images"
     )
@@ -403,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scanner_argument(search)
     search.set_defaults(run="run_search", command_name="search")
 
+
+def _add_duplicates_parser(commands, common) -> None:
+    """`subic duplicates`: the groups of copies in an index."""
     duplicates = commands.add_parser(
         "duplicates",
         parents=[common],
@@ -431,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ray_address(duplicates, "search a shard manifest's shards on")
     duplicates.set_defaults(run="run_duplicates", command_name="duplicates")
 
+
+def _add_serve_parser(commands, common) -> None:
+    """`subic serve`: search over HTTP, a REST API and a web page."""
     serve = commands.add_parser(
         "serve",
         parents=[common],
@@ -477,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ray_address(serve, "serve a shard manifest's shards from")
     serve.set_defaults(run="run_serve", command_name="serve")
 
+
+def _add_evaluate_parser(commands, common) -> None:
+    """`subic evaluate`: retrieval mAP and precision@k on a protocol."""
     evaluate = commands.add_parser(
         "evaluate",
         parents=[common],
@@ -538,5 +533,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the JSON result here (default: print it only)",
     )
     evaluate.set_defaults(run="run_evaluate", command_name="evaluate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `subic` parser; each command's `run` names its function in
+    `subic_keras.cli.commands`."""
+    parser = argparse.ArgumentParser(
+        prog="subic", description="SuBiC: supervised structured binary codes"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {subic_keras.__version__}"
+    )
+    # Without a command, `subic` (and `subic index`) print their help.
+    parser.set_defaults(run=None, help_of=parser, command_name="subic")
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common_arguments(common)
+    commands = parser.add_subparsers(dest="command")
+    quick = commands.add_parser(
+        "quickstart",
+        parents=[common],
+        help="train on the bundled digits, index, search and print the mAP",
+    )
+    add_train_arguments(quick, QUICKSTART)
+    quick.set_defaults(run="run_quickstart", command_name="quickstart")
+    train = commands.add_parser("train", parents=[common], help="train a SuBiC model")
+    add_train_arguments(train, TrainConfig())
+    train.set_defaults(run="run_train", command_name="train")
+    _add_train_instance_parser(commands, common)
+
+    index = commands.add_parser("index", help="build, extend or prune a search index")
+    index.set_defaults(run=None, help_of=index, command_name="index")
+    index_commands = index.add_subparsers(dest="index_command")
+    _add_index_build_parser(index_commands, common)
+    _add_index_add_parser(index_commands, common)
+    _add_index_remove_parser(index_commands, common)
+    _add_search_parser(commands, common)
+    _add_duplicates_parser(commands, common)
+    _add_serve_parser(commands, common)
+    _add_evaluate_parser(commands, common)
     _add_export_parser(commands, common)
     return parser

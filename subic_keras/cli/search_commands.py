@@ -10,15 +10,16 @@ import sys
 
 import numpy as np
 
-from subic_keras import copies, folder_rules, retrieval
-from subic_keras import images as image_files
 from subic_keras._io import check_file
 from subic_keras.cli.console import plural, printable
 from subic_keras.cli.loading import join_ray, load_model, open_index, open_pictures
-from subic_keras.instance import InstanceSubic
-from subic_keras.paths import open_file
+from subic_keras.data import images as image_files
+from subic_keras.data.paths import open_file
+from subic_keras.instance import copies, folder_rules
+from subic_keras.instance.instance_code import InstanceSubic
 from subic_keras.search import filters
-from subic_keras.sockets import listen
+from subic_keras.serving import retrieval
+from subic_keras.serving.sockets import listen
 
 
 def _npy_bytes(handle) -> tuple[int, int]:
@@ -213,7 +214,7 @@ def run_duplicates(args) -> int:
 
 
 def run_train_instance(args) -> int:
-    from subic_keras.instance import train_on_folder
+    from subic_keras.instance.instance_code import train_on_folder
 
     code = load_model(args.start, instance=True)
     if not isinstance(code, InstanceSubic):
@@ -256,7 +257,7 @@ def run_train_instance(args) -> int:
 
 
 def run_serve(args) -> int:
-    from subic_keras import http_app, server
+    from subic_keras.serving import http_app, server
 
     # Listened on by the command line's checks (a busy port is said before
     # TensorFlow loads); called otherwise, here.

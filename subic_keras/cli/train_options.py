@@ -38,7 +38,18 @@ def _blocks_from_args(args) -> tuple[int, int]:
     return bits // per_block, block_size
 
 
-def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
+def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """The options of `subic train` (and `quickstart`), each defaulting to
+    `defaults`."""
+    _add_data_options(parser, defaults)
+    _add_code_options(parser, defaults)
+    _add_schedule_options(parser, defaults)
+    _add_network_options(parser, defaults)
+    _add_output_options(parser, defaults)
+
+
+def _add_data_options(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """The data: a dataset, or a folder of pictures."""
     parser.add_argument(
         "--dataset",
         choices=DATASETS,
@@ -72,6 +83,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
         help="with --images: the side, in pixels, pictures are resized to "
         "(default: %(default)s)",
     )
+
+
+def _add_code_options(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """The code: its length, blocks and entropy weights (Eq. 8)."""
     parser.add_argument(
         "--bits",
         type=int,
@@ -104,6 +119,12 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
         default=defaults.mu,
         help="weight of the batch block entropy (default: %(default)s)",
     )
+
+
+def _add_schedule_options(
+    parser: argparse.ArgumentParser, defaults: TrainConfig
+) -> None:
+    """The schedule: epochs, batches, learning rate, validation."""
     parser.add_argument(
         "--pretrain-epochs",
         type=int,
@@ -144,6 +165,12 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
         help="fraction (<1) or number of training images held out for model "
         "selection (default: %(default)s)",
     )
+
+
+def _add_network_options(
+    parser: argparse.ArgumentParser, defaults: TrainConfig
+) -> None:
+    """The network, its weights and what it trains on."""
     parser.add_argument(
         "--backbone",
         choices=BACKBONES,
@@ -201,6 +228,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig):
         default=defaults.seed,
         help="seed of weights, data order and augmentation (default: %(default)s)",
     )
+
+
+def _add_output_options(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """Where the run goes."""
     parser.add_argument(
         "--output-dir",
         default=defaults.output_dir,

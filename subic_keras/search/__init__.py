@@ -28,6 +28,8 @@ concept:
 - `image_index`: `ImageIndex`, a `SubicIndex` and an `ItemTable`: a
   folder's pictures, in one file (`subic index build FOLDER`);
   `picture_shard_answers`: what one answers as a shard.
+- `copy_rules`: which results are copies of their query (`mark`) and
+  which stored codes copy each other (`duplicate_groups`).
 - `instance_codes`: an instance code kept beside the class code of an
   `ImageIndex` (`instance=`), and the answer of both: the query's copies
   first, equal class scores by instance score.
@@ -49,6 +51,10 @@ concept:
   URL), and the one place that tells the kinds of index file apart.
 - `file_format`: the byte-level specification of `.subic` files.
 - `packing`: the bit packing of codes (`M * log2 K` bits per item).
+
+A new backend is a `Searcher` in a module of its own, named by `uri`; a
+new SIMD kernel goes in `_scan.c`, bound by `native` and registered in
+`native_scanner`.
 
 faiss is needed for its own scanners and the quantizer baselines only: where
 the native scan was built, search runs without it. faiss implements neither

@@ -127,7 +127,7 @@ class Searcher(abc.ABC):
         """`search`, each result as a row (`answer_rows`): per query, a list
         of `{"rank", "score", "id", "path", ..., "exact"}`.
 
-        `fingerprints` (one per query, `subic_keras.images.fingerprint`)
+        `fingerprints` (one per query, `subic_keras.data.images.fingerprint`)
         describe the query pictures: an index of pictures lists exact copies
         of a query first (`ImageIndex`); an index of codes alone has no
         pixels to compare and ignores them.
@@ -268,7 +268,7 @@ class PictureIndex(Searcher):
     @abc.abstractmethod
     def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
         """Groups of pictures that are copies of each other, by their
-        instance codes (`subic_keras.copies.duplicate_groups`: exact, all
+        instance codes (`subic_keras.search.copy_rules.duplicate_groups`: exact, all
         pairs): the paths of each group in insertion order, largest first.
 
         Args:

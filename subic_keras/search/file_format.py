@@ -109,7 +109,7 @@ import numpy as np
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import load_json
-from subic_keras.paths import open_in_folder, open_regular
+from subic_keras.data.paths import open_in_folder, open_regular
 from subic_keras.search import packing
 from subic_keras.search.checks import MAX_BLOCK_SIZE, duplicates
 from subic_keras.search.native import checked_groups

@@ -209,7 +209,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             codes: codes `(n, M)`, in any form `SubicIndex.add` takes.
             paths: `n` relative POSIX paths under `root`, new to the index.
             fingerprints: `n` uint64 fingerprints of the decoded pixels
-                (`subic_keras.images.fingerprint`); default: none (0).
+                (`subic_keras.data.images.fingerprint`); default: none (0).
             attributes: `n` flat objects (or None) of the user's fields,
                 which filters read as `attrs.NAME` (`items` says what they
                 may hold); default: none.
@@ -353,7 +353,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             PermissionError: the path leads out of the folder (a link).
             FileNotFoundError: the file is gone.
         """
-        from subic_keras.paths import resolve
+        from subic_keras.data.paths import resolve
 
         (relative,) = self.paths([item_id])
         return resolve(self._root, relative)
@@ -397,7 +397,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
 
     def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
         """Groups of pictures that are copies of each other, by their codes
-        (`subic_keras.copies.duplicate_groups`: exact, all pairs).
+        (`subic_keras.search.copy_rules.duplicate_groups`: exact, all pairs).
 
         Args:
             copy_blocks: the least equal blocks of two copies; default: the
@@ -414,7 +414,7 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             ValueError: with no `copy_blocks` given or recorded (an index of
                 a class code: classes, not copies).
         """
-        from subic_keras.copies import duplicate_groups, recorded_copy_blocks
+        from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
 
         part = self._codes if self._instance is None else self._instance.codes
         copy_blocks = recorded_copy_blocks(

@@ -3,7 +3,7 @@ answer of the two.
 
 A class code (paper Sec. 3) ranks pictures by class: hundreds share a
 code, and a copy of the query is one of them. An instance code (the
-paper's instance retrieval, Sec. 4, Table 4; `subic_keras.instance`) is
+paper's instance retrieval, Sec. 4, Table 4; `subic_keras.instance.instance_code`) is
 trained to find the picture itself. An `ImageIndex` made with `instance=`
 keeps both codes of every picture, and answers a query given both its
 queries (the class model's and the instance model's) as:
@@ -165,7 +165,7 @@ def copy_marks(
 ) -> np.ndarray:
     """Which of the instance scores `near` `(nq, width)` the copy rule marks
     (`margin`, the model's `copy_margin`; None: none)."""
-    from subic_keras.copies import copy_margins
+    from subic_keras.search.copy_rules import copy_margins
 
     if margin is None:
         return np.zeros(near.shape, bool)

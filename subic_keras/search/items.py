@@ -7,7 +7,7 @@ One row per item, in the order of the code store (insertion order):
 - `class` (str): the path's top folder (`""` at the top), derived from the
   path, the folder layout that training reads classes from;
 - `fingerprint` (uint64): a hash of its decoded pixels, 0 if unknown
-  (`subic_keras.images.fingerprint`), which finds exact copies of a query;
+  (`subic_keras.data.images.fingerprint`), which finds exact copies of a query;
 - `added` (float64): when it was added, seconds since 1970 (0 if unknown);
 - `attributes`: a small flat JSON object of the user's, or none: at most
   `MAX_ATTRIBUTES` names (letters, digits and `_`, not starting with a
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from subic_keras.paths import is_utf8
+from subic_keras.data.paths import is_utf8
 from subic_keras.search import filters
 from subic_keras.search.checks import preview
 
@@ -124,7 +124,7 @@ def check_attributes(
 
 
 def check_item_fingerprints(fingerprints, count: int) -> np.ndarray:
-    """`count` pixel fingerprints (`subic_keras.images.fingerprint`), one
+    """`count` pixel fingerprints (`subic_keras.data.images.fingerprint`), one
     per picture, as uint64; None: none known (0 each)."""
     if fingerprints is None:
         return np.zeros(count, np.uint64)

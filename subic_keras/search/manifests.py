@@ -49,7 +49,7 @@ import secrets
 
 from subic_keras._io import atomic_path
 from subic_keras._validation import check_int, load_json
-from subic_keras.paths import is_utf8, open_in_folder, read_bytes, relative_parts
+from subic_keras.data.paths import is_utf8, open_in_folder, read_bytes, relative_parts
 from subic_keras.search import file_format
 from subic_keras.search.checks import BUILD as _BUILD
 from subic_keras.search.subic_index import SubicIndex

@@ -8,7 +8,7 @@ inner product of a query `z*` with that vector is SuBiC's score,
 `.db` file, embedded, no server) and to a Milvus server or cluster
 (`http://host:19530`): distributed storage, replicas and filtering by
 fields come from Milvus itself. A collection made with `instance=(M', K')`
-keeps each item's instance code (`subic_keras.instance`) in a second
+keeps each item's instance code (`subic_keras.instance.instance_code`) in a second
 vector field, searched by `by_instance()` with the same conventions; one of
 a folder's pictures is a `milvus_pictures.MilvusPictures`.
 

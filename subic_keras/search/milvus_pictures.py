@@ -372,7 +372,7 @@ class MilvusPictures(MilvusIndex, PictureIndex):
     def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
         """Groups of copies by the instance codes (by the codes of an
         instance code's collection), as `ImageIndex.duplicates` gives them."""
-        from subic_keras.copies import duplicate_groups, recorded_copy_blocks
+        from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
 
         codes_of = self if self.instance is None or self._view else self.by_instance()
         copy_blocks = recorded_copy_blocks(

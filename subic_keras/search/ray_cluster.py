@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 
-from subic_keras.paths import read_bytes
+from subic_keras.data.paths import read_bytes
 
 
 def ray_module(address: str | None = None, probe_seconds: float = 5.0):

@@ -508,7 +508,7 @@ class RayIndex(PictureIndex):
             ValueError: shards of codes alone (no pictures), or no
                 `copy_blocks` given or recorded.
         """
-        from subic_keras.copies import duplicate_groups, recorded_copy_blocks
+        from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
 
         if not self.holds_pictures:
             raise ValueError(

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from subic_keras import evaluation
+from subic_keras.evaluation import retrieval_metrics as evaluation
 
 
 def clusters(n, dim=16, classes=4, seed=0, spread=0.6):

@@ -3,7 +3,7 @@
 import faiss
 import pytest
 
-from subic_keras import datasets
+from subic_keras.data import datasets
 
 
 @pytest.fixture(scope="module", autouse=True)

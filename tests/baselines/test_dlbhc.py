@@ -4,11 +4,11 @@ import keras
 import numpy as np
 from baselines_data import clusters, map_of_bits
 
-from subic_keras import backbones
 from subic_keras.baselines import (
     DLBHC,
     build_dlbhc,
 )
+from subic_keras.models import backbones
 
 
 def test_dlbhc_learns_separable_features():

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from baselines_data import clusters, map_of_bits
 
-from subic_keras import backbones
 from subic_keras.baselines import (
     DSH,
     DSHLoss,
     build_dsh,
 )
+from subic_keras.models import backbones
 
 
 def _dsh_reference(u, labels, margin, alpha):

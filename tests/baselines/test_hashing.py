@@ -4,11 +4,11 @@ import keras
 import numpy as np
 import pytest
 
-from subic_keras import evaluation
 from subic_keras.baselines import (
     Binarize,
     hamming_search,
 )
+from subic_keras.evaluation import retrieval_metrics as evaluation
 
 
 def test_binarize_layer():

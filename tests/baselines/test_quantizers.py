@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from baselines_data import clusters
 
-from subic_keras import evaluation
 from subic_keras.baselines import (
     LocalSearchQuantizer,
     OptimizedProductQuantizer,
     ProductQuantizer,
 )
+from subic_keras.evaluation import retrieval_metrics as evaluation
 
 
 def _small_quantizers():

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from subic_keras.backbones import feature_input
 from subic_keras.baselines import build_dlbhc, build_dsh, train_hashing
-from subic_keras.callbacks import RetrievalValidation
-from subic_keras.recipe import Recipe
+from subic_keras.models.backbones import feature_input
+from subic_keras.trainers.callbacks import RetrievalValidation
+from subic_keras.trainers.recipe import Recipe
 
 FAST = Recipe(pretrain_epochs=0, epochs=2, batch_size=64, augment=False)
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from subic_keras import scoring
 from subic_keras.baselines import Uncompressed
+from subic_keras.evaluation import scoring
 
 
 def test_l2_scores_are_negative_squared_distances():

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from subic_keras.copies import copy_margins
+from subic_keras.instance.copies import copy_margins
 from subic_keras.search import file_format
 from subic_keras.search.image_index import ImageIndex
 

@@ -373,7 +373,7 @@ def test_a_restarted_shard_reopens_its_own_build_or_fails_naming_it(
     assert message.startswith(f"shard {remote._manifest.shards[1]!r} is unavailable")
     assert "degraded until it is opened again" in message and "\n" not in message
     assert list(remote.unavailable) == [remote._manifest.shards[1]]
-    from subic_keras.server import SearchService
+    from subic_keras.serving.server import SearchService
 
     health = SearchService.health(_Served(remote))
     assert health["status"] == "degraded" and health["items"] is None
@@ -470,7 +470,7 @@ def test_the_command_line_searches_and_evaluates_a_manifest(cluster, tmp_path, c
     build = ["index", "build", model, "--dataset", "digits", "--output", one]
     assert main(build) == 0
     save_shards(SubicIndex.load(one), manifest, 3)
-    from subic_keras.datasets import load_images
+    from subic_keras.data.datasets import load_images
 
     np.save(tmp_path / "queries.npy", load_images("digits")[1][0][:3])
     found = []
