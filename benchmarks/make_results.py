@@ -106,6 +106,10 @@ KNOWN = {
         "Folder against arrays: the same mAP",
         render_folder_training,
     ),
+    "folder_training_cached.json": (
+        "Folder against arrays, each picture decoded once",
+        render_folder_training,
+    ),
     "omp_policy.json": (
         "OpenMP's wait policy and the search ratios",
         render_omp_policy,
