@@ -32,6 +32,7 @@ from subic_keras.search import file_format, filters
 from subic_keras.search.addresses import is_database
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import check_fingerprints, check_ids, preview
+from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
 from subic_keras.search.instance_codes import InstanceCodes, merge_parts, shard_part
 from subic_keras.search.items import (
     MAX_ID,
@@ -401,11 +402,9 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
 
         Args:
             copy_blocks: the least equal blocks of two copies; default: the
-                one chosen on this folder's pictures (`record_copy_rules`;
-                none: exact copies alone), else the one the instance code
-                that wrote the index (or its instance codes) chose on
-                validation (`model["copy_blocks"]`). Pictures of the same
-                pixels are grouped whatever the count.
+                one chosen on this folder (`record_copy_rules`; none: exact
+                copies alone), else the instance code's (`model`'s). The
+                same pixels are grouped whatever the count.
 
         Returns:
             The groups' paths, each group in insertion order, largest first.
@@ -414,8 +413,6 @@ class ImageIndex(PictureShardAnswers, PictureIndex):
             ValueError: with no `copy_blocks` given or recorded (an index of
                 a class code: classes, not copies).
         """
-        from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
-
         part = self._codes if self._instance is None else self._instance.codes
         copy_blocks = recorded_copy_blocks(
             self.copy_record, copy_blocks, part.num_blocks

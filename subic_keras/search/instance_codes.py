@@ -32,6 +32,7 @@ from subic_keras.search.checks import (
     check_model_record,
     check_queries,
 )
+from subic_keras.search.copy_rules import copy_margins
 from subic_keras.search.subic_index import SubicIndex
 from subic_keras.search.views import put_first
 
@@ -165,8 +166,6 @@ def copy_marks(
 ) -> np.ndarray:
     """Which of the instance scores `near` `(nq, width)` the copy rule marks
     (`margin`, the model's `copy_margin`; None: none)."""
-    from subic_keras.search.copy_rules import copy_margins
-
     if margin is None:
         return np.zeros(near.shape, bool)
     return copy_margins(instance_queries, near, block_size) >= margin - 1e-6

@@ -34,6 +34,7 @@ import numpy as np
 from subic_keras.search import filter_terms, filters, milvus_client, milvus_schema
 from subic_keras.search.base import PictureIndex, answer_rows
 from subic_keras.search.checks import check_fingerprints, check_ids, preview
+from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
 from subic_keras.search.filter_terms import milvus_attribute_key, milvus_literal
 from subic_keras.search.items import (
     check_attributes,
@@ -372,8 +373,6 @@ class MilvusPictures(MilvusIndex, PictureIndex):
     def duplicates(self, copy_blocks: int | None = None) -> list[list[str]]:
         """Groups of copies by the instance codes (by the codes of an
         instance code's collection), as `ImageIndex.duplicates` gives them."""
-        from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
-
         codes_of = self if self.instance is None or self._view else self.by_instance()
         copy_blocks = recorded_copy_blocks(
             self.copy_record, copy_blocks, codes_of.num_blocks

@@ -54,6 +54,7 @@ from subic_keras.search.checks import (
     duplicates,
     preview,
 )
+from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
 from subic_keras.search.image_index import ImageIndex, read_file
 from subic_keras.search.instance_codes import merge_parts
 from subic_keras.search.manifests import (
@@ -508,8 +509,6 @@ class RayIndex(PictureIndex):
             ValueError: shards of codes alone (no pictures), or no
                 `copy_blocks` given or recorded.
         """
-        from subic_keras.search.copy_rules import duplicate_groups, recorded_copy_blocks
-
         if not self.holds_pictures:
             raise ValueError(
                 "duplicates lists pictures, and these shards hold codes alone"
