@@ -45,6 +45,7 @@ from subic_keras._validation import check_int, load_json
 from subic_keras.data import images as image_files
 from subic_keras.data.paths import find_files, read_bytes
 from subic_keras.instance.instance_code import InstanceSubic
+from subic_keras.models.subic import Subic
 from subic_keras.pretrained import INSTANCE
 from subic_keras.search import file_format
 from subic_keras.search.image_index import ImageIndex
@@ -197,8 +198,6 @@ def index_folder_on_ray(
         ImportError: without Ray.
         NotADirectoryError, FileNotFoundError: `root` is not a folder.
     """
-    from subic_keras.serving.export import load_encoder
-
     manifest = os.fspath(manifest)
     if not manifest.endswith(MANIFEST_SUFFIX):
         raise ValueError(
@@ -213,53 +212,18 @@ def index_folder_on_ray(
         output_target(output)
     root = os.path.realpath(root)
     paths, skipped = find_files(root)
-    if os.fspath(model_path) != INSTANCE:  # the shipped code, by its name
-        model_path = os.path.abspath(model_path)
-    subic = load_encoder(model_path)
-    record = model_record(subic, model_path)
+    models = _Models.load(model_path, instance_model)
+    subic, instance, record = models.subic, models.instance, models.record
     shape = input_shape(subic)
-    instance = instance_record = None
-    if instance_model is not None and not isinstance(subic, InstanceSubic):
-        if instance_model != INSTANCE:
-            instance_model = os.path.abspath(instance_model)
-        instance = load_encoder(instance_model)
-        if not isinstance(instance, InstanceSubic):
-            raise ValueError(
-                f"instance_model must be an instance code, received the class "
-                f"model {instance_model}"
-            )
-        instance_record = model_record(instance, instance_model)
-    else:
-        instance_model = None
-    # A build is resumed only by one of the same model(s).
-    models = record["digest"] + (instance_record or {}).get("digest", "")
     ray = ray_module(address)
-    cpus = int(ray.cluster_resources().get("CPU", 0))
-    if encoders is None:
-        encoders = max(1, cpus - 1)
-    encoders = check_int("encoders", encoders, minimum=1)
-    if encoders > cpus:
-        # Each encoder asks for a CPU: more than the cluster has would wait
-        # for ever.
-        raise ValueError(
-            f"encoders must be at most the Ray cluster's CPUs ({cpus}), received "
-            f"{encoders}"
-        )
-    build, finished = _read_progress(progress_file, models, root)
+    encoders = _encoder_count(ray, encoders)
+    build, finished = _read_progress(progress_file, models.digests, root)
     # A build resumed by its progress file goes on writing its own files.
     build = build or new_build(manifest)
     report = FolderReport(skipped=list(skipped))
     bounds = np.linspace(0, len(paths), num_shards + 1).astype(np.int64)
     files = shard_paths(manifest, num_shards, build)
-    runs = {}  # the shards to encode now: their files' runs
-    for number, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-        done = finished.get(str(number))
-        reused = _finished_shard(done, paths[lo:hi], files[number], (build, number))
-        if reused is None:
-            runs[number] = paths[lo:hi]
-        else:
-            report.already_indexed += reused[0]
-            report.skipped += reused[1]
+    runs = _runs_to_encode(paths, bounds, finished, files, build, report)
 
     def write(number: int, column: dict[str, np.ndarray] | None) -> None:
         both = None if instance is None else (instance.num_blocks, instance.block_size)
@@ -268,7 +232,7 @@ def index_folder_on_ray(
         )
         index.model, index.shard_label = record, (build, number)
         if index.instance is not None:
-            index.instance.model = instance_record
+            index.instance.model = models.instance_record
         passed = [] if column is None else _add_run(index, column)
         index.save(files[number])
         report.added += len(index)
@@ -278,7 +242,7 @@ def index_folder_on_ray(
             "added": len(index),
             "skipped": [dataclasses.asdict(entry) for entry in passed],
         }
-        _write_progress(progress_file, models, root, build, finished)
+        _write_progress(progress_file, models.digests, root, build, finished)
 
     for number in [n for n, run in runs.items() if not run]:
         write(number, None)
@@ -288,41 +252,8 @@ def index_folder_on_ray(
         for i, path in enumerate(run)
     ]
     if rows:
-        # Ray Data hands each map worker arguments in the object store
-        # (ray-project/ray#57733), from which Ray cannot restart an actor
-        # reliably (#53727) and which it reports at error level where
-        # restarts are asked for. A lost encoder fails the build instead;
-        # run again, it resumes from its finished shards. `max_restarts=0`
-        # is Ray Data's own way (its deprecation names no other yet).
-        from ray.util.annotations import RayDeprecationWarning
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RayDeprecationWarning)
-            encoded = ray.data.from_items(rows).map_batches(
-                _Encoder,
-                fn_constructor_args=(model_path, root, instance_model),
-                batch_size=batch_size,
-                batch_format="numpy",
-                compute=ray.data.ActorPoolStrategy(size=encoders),
-                num_cpus=1,
-                max_restarts=0,
-            )
-        # Batches come in any order: each shard is written once every
-        # row of its run has come.
-        parts: dict[int, list[dict]] = {number: [] for number in runs}
-        missing = {number: len(run) for number, run in runs.items()}
-        for batch in encoded.iter_batches(batch_size=None, batch_format="numpy"):
-            shard_of = np.searchsorted(bounds, batch["id"], side="right") - 1
-            for number in np.unique(shard_of):
-                mine = shard_of == number
-                parts[number].append({k: v[mine] for k, v in batch.items()})
-                missing[number] -= int(np.count_nonzero(mine))
-                if not missing[number]:
-                    pieces = parts.pop(number)
-                    write(
-                        number,
-                        {k: np.concatenate([p[k] for p in pieces]) for k in batch},
-                    )
+        arguments = (models.model_path, root, models.instance_model)
+        _encode(ray, rows, arguments, batch_size, encoders, bounds, runs, write)
     write_manifest(
         manifest,
         subic.num_blocks,
@@ -338,6 +269,114 @@ def index_folder_on_ray(
     # folder's, whichever shard met them and whether it was resumed.
     report.skipped.sort(key=lambda entry: entry.path)
     return files, report
+
+
+@dataclasses.dataclass
+class _Models:
+    """The class model (or instance code) of a build and the instance code
+    kept beside it, loaded, with what the shards record of them."""
+
+    model_path: str
+    subic: Subic | InstanceSubic
+    record: dict
+    instance_model: str | None = None
+    instance: InstanceSubic | None = None
+    instance_record: dict | None = None
+
+    @classmethod
+    def load(cls, model_path, instance_model: str | None) -> _Models:
+        from subic_keras.serving.export import load_encoder
+
+        model_path = os.fspath(model_path)
+        if model_path != INSTANCE:  # the shipped code, by its name
+            model_path = os.path.abspath(model_path)
+        subic = load_encoder(model_path)
+        models = cls(model_path, subic, model_record(subic, model_path))
+        if instance_model is not None and not isinstance(subic, InstanceSubic):
+            if instance_model != INSTANCE:
+                instance_model = os.path.abspath(instance_model)
+            instance = load_encoder(instance_model)
+            if not isinstance(instance, InstanceSubic):
+                raise ValueError(
+                    f"instance_model must be an instance code, received the "
+                    f"class model {instance_model}"
+                )
+            models.instance_model, models.instance = instance_model, instance
+            models.instance_record = model_record(instance, instance_model)
+        return models
+
+    @property
+    def digests(self) -> str:
+        """What a build is resumed by: only one of the same model(s)."""
+        return self.record["digest"] + (self.instance_record or {}).get("digest", "")
+
+
+def _runs_to_encode(paths, bounds, finished, files, build, report) -> dict:
+    """`{shard: its run of paths}` of the shards to encode now; those an
+    interrupted build finished are counted in `report` instead."""
+    runs = {}
+    for number, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        done = finished.get(str(number))
+        reused = _finished_shard(done, paths[lo:hi], files[number], (build, number))
+        if reused is None:
+            runs[number] = paths[lo:hi]
+        else:
+            report.already_indexed += reused[0]
+            report.skipped += reused[1]
+    return runs
+
+
+def _encoder_count(ray, encoders: int | None) -> int:
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if encoders is None:
+        encoders = max(1, cpus - 1)
+    encoders = check_int("encoders", encoders, minimum=1)
+    if encoders > cpus:
+        # Each encoder asks for a CPU: more than the cluster has would wait
+        # for ever.
+        raise ValueError(
+            f"encoders must be at most the Ray cluster's CPUs ({cpus}), received "
+            f"{encoders}"
+        )
+    return encoders
+
+
+def _encode(ray, rows, arguments, batch_size, encoders, bounds, runs, write) -> None:
+    """Encodes `rows` (`{"id", "path"}`) with a pool of `encoders` actors
+    (`_Encoder(*arguments)`), and `write`s each shard of `runs` once every
+    row of its run has come (batches come in any order)."""
+    # Ray Data hands each map worker arguments in the object store
+    # (ray-project/ray#57733), from which Ray cannot restart an actor
+    # reliably (#53727) and which it reports at error level where restarts
+    # are asked for. A lost encoder fails the build instead; run again, it
+    # resumes from its finished shards. `max_restarts=0` is Ray Data's own
+    # way (its deprecation names no other yet).
+    from ray.util.annotations import RayDeprecationWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RayDeprecationWarning)
+        encoded = ray.data.from_items(rows).map_batches(
+            _Encoder,
+            fn_constructor_args=arguments,
+            batch_size=batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=encoders),
+            num_cpus=1,
+            max_restarts=0,
+        )
+    parts: dict[int, list[dict]] = {number: [] for number in runs}
+    missing = {number: len(run) for number, run in runs.items()}
+    for batch in encoded.iter_batches(batch_size=None, batch_format="numpy"):
+        shard_of = np.searchsorted(bounds, batch["id"], side="right") - 1
+        for number in np.unique(shard_of):
+            mine = shard_of == number
+            parts[number].append({k: v[mine] for k, v in batch.items()})
+            missing[number] -= int(np.count_nonzero(mine))
+            if not missing[number]:
+                pieces = parts.pop(number)
+                write(
+                    number, {k: np.concatenate([p[k] for p in pieces]) for k in batch}
+                )
 
 
 def _finished_shard(done, run: list[str], file: str, label: tuple[str, int]):
