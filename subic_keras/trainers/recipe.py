@@ -176,12 +176,7 @@ def train_subic(
     training, held_out, num_classes, input_shape = check_data(
         images, labels, validation, num_classes, input_shape
     )
-    if len(held_out) < MIN_VALIDATION:
-        raise ValueError(
-            f"validation must hold at least {MIN_VALIDATION} images for model "
-            f"selection, received {len(held_out)} (hold out more: subic "
-            "train's --validation-size, or more pictures)"
-        )
+    _check_held_out(held_out)
     pretraining = None
     if recipe.pretrain_epochs:
         pretraining = pretrain_backbone(
@@ -200,10 +195,44 @@ def train_subic(
         )
 
     stage_start = time.time()
+    subic = _subic_on_copy(
+        backbone, num_blocks, block_size, num_classes, recipe, seed,
+        preprocessing, input_shape,
+    )  # fmt: skip
+    history, selector = _fit(
+        subic, training, held_out, recipe, seed, callbacks, verbose
+    )
+    summary = _summary(subic, history, selector, recipe, seed, num_classes)
+    summary["pretrain"] = pretraining
+    summary["subic_train_seconds"] = round(time.time() - stage_start, 1)
+    summary["train_seconds"] = round(time.time() - start, 1)
+    warning = learned_little(summary, held_out.labels)
+    if warning is not None:
+        summary["warning"] = warning
+        warnings.warn(warning, LearnedLittleWarning, stacklevel=2)
+    return subic, summary
+
+
+def _check_held_out(held_out) -> None:
+    if len(held_out) < MIN_VALIDATION:
+        raise ValueError(
+            f"validation must hold at least {MIN_VALIDATION} images for model "
+            f"selection, received {len(held_out)} (hold out more: subic "
+            "train's --validation-size, or more pictures)"
+        )
+
+
+def _subic_on_copy(
+    backbone, num_blocks, block_size, num_classes, recipe, seed, preprocessing,
+    input_shape,
+) -> Subic:  # fmt: skip
+    """SuBiC on a fresh copy of `backbone` with its weights, the random
+    generators re-seeded: the head's initial weights do not depend on
+    whether stage 1 ran or came from the cache."""
     keras.utils.set_random_seed(seed)
     fresh = _fresh_copy(backbone)
     fresh.set_weights(backbone.get_weights())
-    subic = build_subic(
+    return build_subic(
         fresh,
         num_blocks,
         block_size,
@@ -214,6 +243,11 @@ def train_subic(
         preprocessing=_fresh_copy(preprocessing),
         optimizer=None,
     )
+
+
+def _fit(subic, training, held_out, recipe, seed, callbacks, verbose):
+    """Stage 2's `fit`, with the entropy warm-up, keeping the epoch of the
+    best validation mAP of the paper's query: `(history, selector)`."""
     subic.compile(training.optimizer(recipe, recipe.epochs))
     validator = RetrievalValidation(
         subic, held_out.images, held_out.fit_labels, queries=QUERY_KINDS
@@ -233,14 +267,20 @@ def train_subic(
         verbose=verbose,
         shuffle=False,
     )
+    return history, selector
+
+
+def _summary(subic, history, selector, recipe, seed, num_classes) -> dict:
+    """Stage 2's summary; sets `subic.default_query`, the query kind with the
+    higher validation mAP at the best epoch."""
     losses = history.history.get("loss", [])
     summary = {
-        "pretrain": pretraining,
+        "pretrain": None,
         "recipe": dataclasses.asdict(recipe),
         "seed": seed,
-        "num_blocks": num_blocks,
-        "block_size": block_size,
-        "bits": num_blocks * int(math.log2(block_size)),
+        "num_blocks": subic.num_blocks,
+        "block_size": subic.block_size,
+        "bits": subic.num_blocks * int(math.log2(subic.block_size)),
         "num_classes": num_classes,
         "epochs_run": len(losses),
         # TerminateOnNaN ends the epoch it stops in with a NaN loss.
@@ -260,13 +300,7 @@ def train_subic(
         kind: [float(v) for v in history.history.get(f"val_map_{kind}", [])]
         for kind in QUERY_KINDS
     }
-    summary["subic_train_seconds"] = round(time.time() - stage_start, 1)
-    summary["train_seconds"] = round(time.time() - start, 1)
-    warning = learned_little(summary, held_out.labels)
-    if warning is not None:
-        summary["warning"] = warning
-        warnings.warn(warning, LearnedLittleWarning, stacklevel=2)
-    return subic, summary
+    return summary
 
 
 class LearnedLittleWarning(UserWarning):
