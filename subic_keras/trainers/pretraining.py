@@ -257,8 +257,43 @@ def pretrain_backbone(
     classifier = _classifier(backbone, preprocessing, input_shape, num_classes)
     selector = BestWeights("val_accuracy", mode="max")
     stage_callbacks = [selector, keras.callbacks.TerminateOnNaN(), *callbacks]
-    phases = [(0, recipe.frozen_epochs), (recipe.frozen_epochs, recipe.pretrain_epochs)]
     flags = _trainable_flags(backbone)
+    resumed = _fit_phases(
+        classifier, backbone, flags, training, held_out, recipe, seed,
+        stage_callbacks, selector, paths, verbose,
+    )  # fmt: skip
+    _restore_flags(backbone, flags)
+    initial_epoch = resumed or 0
+    if selector.best_epoch is None:
+        raise RuntimeError(
+            "pre-training produced no epoch with finite losses; lower "
+            f"learning_rate (received {recipe.learning_rate})"
+        )
+    record = {
+        "key": key,
+        "epochs": recipe.pretrain_epochs,
+        "best_epoch": selector.best_epoch + 1,
+        "best_validation_accuracy": selector.best,
+        "validation_accuracy_per_epoch": selector.history,
+        "train_seconds": round(time.time() - start, 1),
+        "resumed_at_epoch": initial_epoch or None,
+        "num_train": training.known_count(),
+        "num_validation": len(held_out),
+        "num_classes": num_classes,
+    }
+    if paths is not None:
+        _save_pretraining(backbone, record, *paths)
+    return {**record, "cached": False}
+
+
+def _fit_phases(
+    classifier, backbone, flags, training, held_out, recipe, seed,
+    stage_callbacks, selector, paths, verbose,
+) -> int | None:  # fmt: skip
+    """Fits the classifier: the backbone frozen for `recipe.frozen_epochs`,
+    then fine-tuned at a tenth of the rate; a run interrupted is resumed
+    from its partial state (`paths[2]`). Returns the epoch resumed at."""
+    phases = [(0, recipe.frozen_epochs), (recipe.frozen_epochs, recipe.pretrain_epochs)]
     resumed = None
     for first, last in phases:
         if first == last:
@@ -294,28 +329,7 @@ def pretrain_backbone(
             # ignores the flag for a tf.data.Dataset.
             shuffle=False,
         )
-    _restore_flags(backbone, flags)
-    initial_epoch = resumed or 0
-    if selector.best_epoch is None:
-        raise RuntimeError(
-            "pre-training produced no epoch with finite losses; lower "
-            f"learning_rate (received {recipe.learning_rate})"
-        )
-    record = {
-        "key": key,
-        "epochs": recipe.pretrain_epochs,
-        "best_epoch": selector.best_epoch + 1,
-        "best_validation_accuracy": selector.best,
-        "validation_accuracy_per_epoch": selector.history,
-        "train_seconds": round(time.time() - start, 1),
-        "resumed_at_epoch": initial_epoch or None,
-        "num_train": training.known_count(),
-        "num_validation": len(held_out),
-        "num_classes": num_classes,
-    }
-    if paths is not None:
-        _save_pretraining(backbone, record, *paths)
-    return {**record, "cached": False}
+    return resumed
 
 
 def _trainable_flags(backbone) -> list:
