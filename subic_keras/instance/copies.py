@@ -196,11 +196,25 @@ def calibrate(
     equal, ids = index.search_codes(own, k)
     blocks = equal.ravel(), (ids == truth).ravel()
 
+    floors = _floors(code, index, database, queried[n:], seed, batch_size)
+
+    result = choose_rules(scored, blocks, floors, precision)
+    result["queries"] = 2 * queries
+    for name in COPY_RULES:
+        setattr(code.model, name, result[name]["value"])
+    return result
+
+
+def _floors(code, index, database, lacking, seed, batch_size) -> dict:
+    """The least value of each rule that different pictures do not reach
+    in more than `DIFFERENT_SHARE` of cases; `lacking`: FC0's outputs of
+    the pictures the database lacks, unaltered."""
+    blocks_of = code.num_blocks, code.block_size
     # Different pictures, as each rule meets them in use: unaltered, each
     # picture's best margin and most equal blocks among the others' codes.
     every = SubicIndex(*blocks_of)
     every.add(index.get_codes())
-    every.add(queried[n:].reshape(queries, *blocks_of).argmax(-1))
+    every.add(lacking.reshape(len(lacking), *blocks_of).argmax(-1))
     rows = np.arange(len(every))
     if len(rows) > STORED_ROWS:
         rows = np.sort(
@@ -219,7 +233,7 @@ def calibrate(
         fc0 = np.concatenate(
             [
                 code.query(database[part[stored]], batch_size),
-                queried[n:][part[~stored] - len(database)],
+                lacking[part[~stored] - len(database)],
             ]
         )
         best = _best_other(*every.search(fc0, 2), part)
@@ -227,16 +241,10 @@ def calibrate(
     margin = share_above(np.concatenate(other_margins))
     # Strictly above what the share of pictures reach: the next margin of
     # 6 decimals (as saved), the next count of blocks.
-    floors = {
+    return {
         "copy_margin": np.floor(margin * 1e6 + 1) / 1e6,
         "copy_blocks": equal_blocks + 1,
     }
-
-    result = choose_rules(scored, blocks, floors, precision)
-    result["queries"] = 2 * queries
-    for name in COPY_RULES:
-        setattr(code.model, name, result[name]["value"])
-    return result
 
 
 def choose_rules(scored, blocks, floors: dict, precision: float) -> dict:
