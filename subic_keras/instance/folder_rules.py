@@ -143,6 +143,26 @@ def calibrate_folder(
         (picture[np.maximum(found, 0)] == truth).ravel() & (found.ravel() >= 0),
     )
 
+    floors = _floors(code, every, codes, pictures, picture, drawn, batch_size)
+    chosen = choose_rules(scored, blocks, floors, precision)
+    result = {**none, "copies": len(drawn)}
+    if (
+        chosen["copy_margin"]["value"] is None
+        and chosen["copy_blocks"]["value"] is None
+    ):
+        result["reason"] = _why_none(floors, code.num_blocks, precision, len(drawn))
+    for name, short in zip(COPY_RULES, ("margin", "blocks")):
+        result[name] = chosen[name]["value"]
+        result[short] = {
+            key: chosen[name].get(key) for key in ("precision", "recall", "floor")
+        }
+    return result
+
+
+def _floors(code, every, codes, pictures, picture, drawn, batch_size) -> dict:
+    """The least value of each rule, for `calibrate_folder`: `every` holds
+    the folder's `codes`, `picture` tells pictures apart by their pixels,
+    `pictures` are those `drawn`."""
     # Floors. A code that chose its rules on validation, whose different
     # pictures are known to be different, is bounded by them: the folder's
     # own copies (unlabelled) count as different here, and a folder of 10 %
@@ -150,7 +170,7 @@ def calibrate_folder(
     # folder's copies still decides). Else: what the drawn pictures,
     # unaltered, reach with every other picture.
     floors = {name: getattr(code, name, None) for name in COPY_RULES}
-    width = min(CALIBRATION_K + 1, count)
+    width = min(CALIBRATION_K + 1, len(codes))
     if floors["copy_margin"] is None:
         originals = code.query(pictures, batch_size)
         scores, found = every.search(originals, width)
@@ -166,19 +186,7 @@ def calibrate_folder(
         # Pairs among stored codes: a duplicate rule's mistakes add up as
         # pairs, so different pictures bound it as on validation.
         floors["copy_blocks"] = share_above(most[most >= 0]) + 1
-    chosen = choose_rules(scored, blocks, floors, precision)
-    result = {**none, "copies": len(drawn)}
-    if (
-        chosen["copy_margin"]["value"] is None
-        and chosen["copy_blocks"]["value"] is None
-    ):
-        result["reason"] = _why_none(floors, code.num_blocks, precision, len(drawn))
-    for name, short in zip(COPY_RULES, ("margin", "blocks")):
-        result[name] = chosen[name]["value"]
-        result[short] = {
-            key: chosen[name].get(key) for key in ("precision", "recall", "floor")
-        }
-    return result
+    return floors
 
 
 def _why_none(floors: dict, num_blocks: int, precision: float, copies: int) -> str:
