@@ -344,33 +344,11 @@ def read(
         if not (1 <= m and 2 <= k <= MAX_BLOCK_SIZE and not k & (k - 1)):
             raise fail(f"invalid block shape num_blocks={m}, block_size={k}")
         header = Header(m, k, int(n), shortlist or None)
-        known = _FLAG_EXACT
-        if version >= VERSION_WITH_ITEMS:
-            known |= _FLAG_ITEMS
-        if version >= VERSION_WITH_LOOKS:
-            known |= _FLAG_LOOKS
-        if version >= VERSION_WITH_GROUPS:
-            known |= _FLAG_GROUPS
-        if version >= VERSION_WITH_INSTANCE:
-            known |= _FLAG_INSTANCE
-        if code_size != header.code_size or flags & ~known:
+        if code_size != header.code_size or flags & ~_known_flags(version):
             raise fail(f"inconsistent header: code_size={code_size}, flags={flags}")
         with_items = version == VERSION_WITH_PATHS or bool(flags & _FLAG_ITEMS)
-        expected = _HEADER.size + n * (code_size + 8) + _DIGEST_SIZE
+        expected = _least_size(version, flags, n, code_size, with_items)
         if version != VERSION:
-            # The metadata's length, and the item table's lengths and
-            # fixed-size columns, at the least.
-            expected += _LENGTH.size
-            if with_items:
-                expected += _LENGTH.size + 8 * n
-            if with_items and version >= VERSION_WITH_ITEMS:
-                expected += _LENGTH.size + 8 * n
-            if flags & _FLAG_LOOKS:
-                expected += _LENGTH.size + n
-            if flags & _FLAG_GROUPS:
-                expected += _LENGTH.size + 4 * n + 4
-            if flags & _FLAG_INSTANCE:
-                expected += _SHAPE.size
             if size < expected:
                 raise fail(
                     f"size is {size} bytes, the header announces at least "
@@ -434,6 +412,41 @@ def read(
         except ValueError as error:
             raise fail(str(error)) from None
     return header, packed, ids, items
+
+
+def _known_flags(version: int) -> int:
+    """The flags a file of `version` may set."""
+    known = _FLAG_EXACT
+    if version >= VERSION_WITH_ITEMS:
+        known |= _FLAG_ITEMS
+    if version >= VERSION_WITH_LOOKS:
+        known |= _FLAG_LOOKS
+    if version >= VERSION_WITH_GROUPS:
+        known |= _FLAG_GROUPS
+    if version >= VERSION_WITH_INSTANCE:
+        known |= _FLAG_INSTANCE
+    return known
+
+
+def _least_size(version, flags, n, code_size, with_items: bool) -> int:
+    """The size of a file of `n` items: exact for version 1, at the least
+    (the metadata's length, the item table's lengths and fixed-size
+    columns) for the others."""
+    expected = _HEADER.size + n * (code_size + 8) + _DIGEST_SIZE
+    if version == VERSION:
+        return expected
+    expected += _LENGTH.size
+    if with_items:
+        expected += _LENGTH.size + 8 * n
+    if with_items and version >= VERSION_WITH_ITEMS:
+        expected += _LENGTH.size + 8 * n
+    if flags & _FLAG_LOOKS:
+        expected += _LENGTH.size + n
+    if flags & _FLAG_GROUPS:
+        expected += _LENGTH.size + 4 * n + 4
+    if flags & _FLAG_INSTANCE:
+        expected += _SHAPE.size
+    return expected
 
 
 def _read_items(
