@@ -99,6 +99,7 @@ _KERAS_MODULES = (
     "models.layers",
     "models.losses",
     "models.metrics",
+    "models.mobilenet",
     "models.subic",
     "data.pixels",
     "models.train_model",

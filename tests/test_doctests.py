@@ -59,6 +59,8 @@ MODULES = (
     "subic_keras.search.copy_rules",
     "subic_keras.data.folders",
     "subic_keras.data.streams",
+    "subic_keras.models.mobilenet",
+    "subic_keras.trainers.resuming",
 )
 
 
@@ -87,7 +89,11 @@ def namespace() -> dict:
 
 # Examples that read the official files from `data/` (the layout the loaders
 # document), linked to the offline data directory.
-NEEDS_DATA = ("subic_keras.data.datasets", "subic_keras.models.litert_features")
+NEEDS_DATA = (
+    "subic_keras.data.datasets",
+    "subic_keras.models.litert_features",
+    "subic_keras.models.mobilenet",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)

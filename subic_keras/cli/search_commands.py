@@ -214,7 +214,7 @@ def run_duplicates(args) -> int:
 
 
 def run_train_instance(args) -> int:
-    from subic_keras.instance.instance_code import train_on_folder
+    from subic_keras.instance.folder_training import train_on_folder
 
     code = load_model(args.start, instance=True)
     if not isinstance(code, InstanceSubic):
@@ -223,8 +223,19 @@ def run_train_instance(args) -> int:
             "(`instance`, or a .keras file written by `subic train-instance`)"
         )
     done = train_on_folder(
-        code, args.folder, epochs=args.epochs, batch_size=args.batch_size, verbose=2
+        code,
+        args.folder,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        verbose=2,
+        checkpoint=args.output,
     )
+    if done["resumed_at"]:
+        print(
+            f"resumed after epoch {done['resumed_at']} of {args.epochs} "
+            f"(from {printable(os.fspath(args.output))}.epoch-*.keras)",
+            file=sys.stderr,
+        )
     code.save(args.output, include_optimizer=False, replace=args.overwrite)
     for skipped in done["skipped"]:
         print(f"skipped {printable(skipped.path)}: {skipped.reason}", file=sys.stderr)

@@ -429,6 +429,7 @@ def train_instance(
     schedule: str = "cosine",
     callbacks=(),
     verbose: int | str = "auto",
+    initial_epoch: int = 0,
 ) -> keras.callbacks.History:
     """Trains `instance.model` on `pictures` with `model.fit`, no labels.
 
@@ -446,12 +447,14 @@ def train_instance(
         seed: the seed of the order and the alterations.
         families: the alteration families trained on.
         schedule: `"cosine"` (above) or `"constant"`.
-        callbacks, verbose: `fit`'s.
+        callbacks, verbose, initial_epoch: `fit`'s (`initial_epoch`: the
+            epochs done, of a run resumed; its rates go on where they were).
 
     Returns:
         `fit`'s `History`.
     """
     epochs = check_int("epochs", epochs, minimum=1)
+    initial_epoch = check_int("initial_epoch", initial_epoch, minimum=0)
     if steps_per_epoch is None:
         steps_per_epoch = max(1, len(pictures) // batch_size)
     steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, minimum=1)
@@ -476,103 +479,15 @@ def train_instance(
         shuffle=False,  # `copy_batches` draws a new order every epoch
         callbacks=callbacks,
         verbose=verbose,
+        initial_epoch=initial_epoch,
     )
 
 
-def folder_pictures(
-    root: str | os.PathLike, shape: Sequence[int], batch_size: int = 256
-) -> tuple[np.ndarray, list]:
-    """Every picture under `root` decoded to `shape` (uint8), in path order,
-    and the files skipped (`images.image_batches`, within its decode budget)."""
-    from subic_keras.data import images
-    from subic_keras.data.paths import find_files
+def __getattr__(name: str):
+    # A folder's fine-tune lives in `folder_training` (it imports this
+    # module); its names are this module's too, as they were.
+    if name in ("folder_pictures", "train_on_folder"):
+        from subic_keras.instance import folder_training
 
-    paths, skipped = find_files(root)
-    parts = [np.zeros((0, *shape), np.uint8)]
-    for batch in images.image_batches(root, paths, shape, batch_size):
-        parts.append(batch.pixels)
-        skipped += batch.skipped
-    return np.concatenate(parts), skipped
-
-
-def train_on_folder(
-    code: InstanceSubic,
-    root: str | os.PathLike,
-    *,
-    epochs: int = 5,
-    learning_rate: float = 1e-4,
-    batch_size: int = 256,
-    seed: int = 0,
-    verbose: int | str = "auto",
-) -> dict:
-    """Fine-tunes an instance code on a folder's pictures, without labels,
-    then chooses its copy rules on them (`copies.calibrate`), measuring
-    how much better it finds copies of pictures it was not trained on.
-
-    The folder may have any layout: no classes are read. Every picture is
-    decoded once to the model's input and held in memory (32 × 32 pictures:
-    3 KB each), then trained on as `train_instance` does, at a tenth of the
-    rate the code was first trained at, and calibrated: a fifth of the
-    pictures (at most 1,000) are copied, and so many others are held out of
-    the calibration's database.
-
-    Args:
-        code: the instance code to start from (`pretrained()` for the one
-            that ships); changed in place and recompiled.
-        root: the folder.
-        epochs, batch_size, seed: `train_instance`'s.
-        learning_rate: Adam's, falling to zero over the epochs.
-        verbose: `fit`'s.
-
-    Returns:
-        `{"pictures", "skipped", "calibration", "loss", "recall"}`: the
-        pictures decoded, the files skipped (with reasons), `calibrate`'s
-        result, the last epoch's loss, and recall@1 of altered copies of a
-        tenth of the pictures (at most 1,000), held out of the training,
-        among the whole folder: `"before"` and `"after"` the fine-tune.
-
-    Raises:
-        ValueError: for a folder of fewer than 10 pictures.
-    """
-    shape = tuple(code.model.input_shape[1:])
-    pictures, skipped = folder_pictures(root, shape)
-    if len(pictures) < 10:
-        raise ValueError(
-            f"the folder holds {len(pictures)} pictures that decode; an instance "
-            "code is trained on 10 or more"
-        )
-    check_non_negative("learning_rate", learning_rate)
-    from subic_keras.instance import copies
-    from subic_keras.instance.folder_rules import copy_recall
-
-    # A tenth of the pictures (at most 1,000) held out of the training: their
-    # altered copies, searched among the whole folder before and after.
-    order = np.random.default_rng(seed).permutation(len(pictures))
-    held = np.sort(order[: min(1000, len(pictures) // 10)])
-    trained = np.sort(order[len(held) :])
-    recall = {"before": copy_recall(code, pictures, held, seed=seed + 2)}
-    code.model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
-        loss=InstanceContrastiveLoss(code.num_blocks, code.block_size),
-    )
-    history = train_instance(
-        code,
-        pictures[trained],
-        epochs=epochs,
-        batch_size=min(check_int("batch_size", batch_size, minimum=2), len(trained)),
-        seed=seed,
-        verbose=verbose,
-    )
-    recall["after"] = copy_recall(code, pictures, held, seed=seed + 2)
-    recall["held_out"] = len(held)
-
-    calibration = copies.calibrate(
-        code, pictures, queries=min(1000, len(pictures) // 5), seed=seed + 1
-    )
-    return {
-        "pictures": len(pictures),
-        "skipped": skipped,
-        "calibration": calibration,
-        "loss": float(history.history["loss"][-1]),
-        "recall": recall,
-    }
+        return getattr(folder_training, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

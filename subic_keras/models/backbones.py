@@ -9,7 +9,9 @@ SuBiC's encoder (`FC0` and the block non-linearity) is put on top of one of:
 - `feature_input`: the identity on precomputed feature vectors;
 - `mlp_backbone`: a two-layer perceptron, for tiny images (8x8 digits);
 - `LiteRTFeatureExtractor`: a frozen LiteRT (TFLite) feature extractor run
-  outside Keras, whose outputs are cached on disk and fed to `feature_input`.
+  outside Keras, whose outputs are cached on disk and fed to `feature_input`;
+- `mobilenet_v1_from_litert`: MobileNet v1 with the ImageNet weights of a
+  quantized LiteRT file, rebuilt as a trainable float Keras network.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from subic_keras.models.applications import (
 from subic_keras.models.applications import keras_application as keras_application
 from subic_keras.models.litert_features import (
     LiteRTFeatureExtractor as LiteRTFeatureExtractor,
+)
+from subic_keras.models.mobilenet import (
+    mobilenet_v1_from_litert as mobilenet_v1_from_litert,
 )
 
 

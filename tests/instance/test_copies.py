@@ -351,6 +351,41 @@ def test_train_instance_fine_tunes_on_a_folder_and_chooses_its_rules(
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_train_instance_stopped_goes_on_from_its_last_epoch(
+    instance_model, photos, tmp_path, capsys, monkeypatch
+):
+    from subic_keras.trainers import resuming
+
+    out = tmp_path / "mine.keras"
+    argv = ["train-instance", str(photos), "--from", str(instance_model)]
+    argv += ["--output", str(out), "--epochs", "3"]
+    save = resuming.EpochCheckpoints.on_epoch_end
+
+    def stopped_after_two(self, epoch, logs=None):
+        save(self, epoch, logs)
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(resuming.EpochCheckpoints, "on_epoch_end", stopped_after_two)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 130
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.glob("mine.keras.*")) == [
+        "mine.keras.epoch-2.keras",
+        "mine.keras.resume.json",
+    ]
+    capsys.readouterr()
+    monkeypatch.setattr(resuming.EpochCheckpoints, "on_epoch_end", save)
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "resumed after epoch 2 of 3" in captured.err
+    assert "Epoch 3/3" in captured.out and "Epoch 1/3" not in captured.out
+    # What was measured before the first epoch is the start's, not epoch 2's.
+    assert " before, " in captured.out and "None" not in captured.out
+    assert out.exists() and not list(tmp_path.glob("mine.keras.*"))
+
+
 def _planted_folder(shared_data_dir, root, count: int, pictures: int = 200) -> set:
     """CIFAR-10's first `pictures` test pictures in class folders, and
     copies of the first `count` (JPEG at 75 after a doubling, a 2-pixel
