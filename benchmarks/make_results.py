@@ -476,6 +476,10 @@ KNOWN["held_out_reference_width2.json"] = (
     "Copies by family, 4 epochs: a CNN twice as wide",
     _held_out_section,
 )
+KNOWN["mobilenet_instance.json"] = (
+    "Copies found first: an instance code on MobileNet v1, fine-tuned",
+    render_generic,
+)
 for _dataset in ("fashion_mnist", "cifar10"):
     KNOWN[f"folder_copies_{_dataset}.json"] = (
         f"Copy rules chosen on a folder of {_dataset} pictures",

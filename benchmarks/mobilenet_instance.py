@@ -35,9 +35,10 @@ import tensorflow as tf
 
 from benchmarks import common
 from benchmarks.near_duplicates import EXTRACTOR, query_sets
+from subic_keras import pretrained
 from subic_keras.data import datasets
+from subic_keras.instance import copies, near_duplicates
 from subic_keras.instance import instance_code as instance
-from subic_keras.instance import near_duplicates
 from subic_keras.models.mobilenet import mobilenet_v1_from_litert
 from subic_keras.search import SubicIndex
 
@@ -58,6 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-only", action="store_true")
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="calibrate the trained code on the validation pictures and write "
+        "it where the package ships it (subic_keras/pretrained/instance.keras)",
+    )
     parser.add_argument("--cache-dir", default="benchmarks/cache/mobilenet_instance")
     parser.add_argument(
         "--output", default="benchmarks/results/mobilenet_instance.json"
@@ -202,6 +209,12 @@ def main(argv=None) -> dict:
     }
     common.write_json(args.output, output)
     common.log(f"wrote {args.output}")
+    if args.ship:
+        # What counts as a copy, chosen on copies of pictures never trained on.
+        calibration = copies.calibrate(code, x_train[-VALIDATION:], seed=args.seed + 2)
+        common.log(f"calibrated: {calibration}")
+        code.save(pretrained.path(), include_optimizer=False)
+        common.log(f"wrote {pretrained.path()}")
     return output
 
 
