@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from benchmarks import common
-from benchmarks.near_duplicates import EXTRACTOR, query_sets
-from subic_keras import pretrained
+from benchmarks.near_duplicates import EXTRACTOR, cached, query_sets, train_and_cache
 from subic_keras.data import datasets
-from subic_keras.instance import copies, near_duplicates
 from subic_keras.instance import instance_code as instance
+from subic_keras.instance import near_duplicates
 from subic_keras.models.mobilenet import mobilenet_v1_from_litert
 from subic_keras.search import SubicIndex
 
@@ -59,12 +57,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-only", action="store_true")
-    parser.add_argument(
-        "--ship",
-        action="store_true",
-        help="calibrate the trained code on the validation pictures and write "
-        "it where the package ships it (subic_keras/pretrained/instance.keras)",
-    )
     parser.add_argument("--cache-dir", default="benchmarks/cache/mobilenet_instance")
     parser.add_argument(
         "--output", default="benchmarks/results/mobilenet_instance.json"
@@ -92,11 +84,8 @@ def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float |
     path = os.path.join(
         args.cache_dir, common.settings_key("mobilenet", settings) + ".keras"
     )
-    record = path[: -len(".keras")] + ".json"
     if os.path.isfile(path):
-        return instance.InstanceSubic.load(path), common.read_json(record)[
-            "train_seconds"
-        ]
+        return cached(path)
     backbone = mobilenet_v1_from_litert(
         os.path.join(args.data_dir, EXTRACTOR),
         (args.size, args.size, 3),
@@ -105,20 +94,7 @@ def trained(args, pictures: np.ndarray) -> tuple[instance.InstanceSubic, float |
     code = instance.build_instance_subic(
         backbone, optimizer=keras.optimizers.Adam(args.learning_rate)
     )
-    began = time.time()
-    instance.train_instance(
-        code,
-        pictures,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        verbose=2,
-    )
-    seconds = time.time() - began
-    os.makedirs(args.cache_dir, exist_ok=True)
-    code.save(path)
-    common.write_json(record, {"train_seconds": round(seconds, 1)})
-    return code, seconds
+    return code, train_and_cache(code, pictures, path, args)
 
 
 def recalls(code, database: np.ndarray, sets: dict, chosen, sizes: dict) -> dict:
@@ -170,33 +146,21 @@ def main(argv=None) -> dict:
     )
     f_sets = query_sets(f_test[test_chosen], args.seed + 4)
     codes = {"mobilenet": code, "shipped": instance.pretrained()}
+    # Each search: its name, database, query sets, originals and sizes.
+    searches = [
+        ("validation", np.concatenate([held, train]), val_sets, val_chosen,
+         {"5k": VALIDATION, "50k": VALIDATION + len(train)}),
+        ("test", np.concatenate([x_test, x_train]), test_sets, test_chosen,
+         {"10k": 10_000, "60k": 60_000}),
+        ("fashion", np.concatenate([f_test, f_train]), f_sets, test_chosen,
+         {"10k": 10_000, "70k": 70_000}),
+    ]  # fmt: skip
     results: dict = {}
     for name, each in codes.items():
-        common.log(f"{name}: validation")
-        validation = recalls(
-            each,
-            np.concatenate([held, train]),
-            val_sets,
-            val_chosen,
-            {"5k": VALIDATION, "50k": VALIDATION + len(train)},
-        )
-        common.log(f"{name}: test")
-        test = recalls(
-            each,
-            np.concatenate([x_test, x_train]),
-            test_sets,
-            test_chosen,
-            {"10k": 10_000, "60k": 60_000},
-        )
-        common.log(f"{name}: Fashion-MNIST, never trained on")
-        fashion = recalls(
-            each,
-            np.concatenate([f_test, f_train]),
-            f_sets,
-            test_chosen,
-            {"10k": 10_000, "70k": 70_000},
-        )
-        results[name] = {"validation": validation, "test": test, "fashion": fashion}
+        results[name] = {}
+        for part, database, sets, chosen, sizes in searches:
+            common.log(f"{name}: {part}")
+            results[name][part] = recalls(each, database, sets, chosen, sizes)
     output = {
         **common.run_metadata("mobilenet_instance", "tensorflow", "keras"),
         "settings": {
@@ -209,12 +173,6 @@ def main(argv=None) -> dict:
     }
     common.write_json(args.output, output)
     common.log(f"wrote {args.output}")
-    if args.ship:
-        # What counts as a copy, chosen on copies of pictures never trained on.
-        calibration = copies.calibrate(code, x_train[-VALIDATION:], seed=args.seed + 2)
-        common.log(f"calibrated: {calibration}")
-        code.save(pretrained.path(), include_optimizer=False)
-        common.log(f"wrote {pretrained.path()}")
     return output
 
 

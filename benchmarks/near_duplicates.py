@@ -155,12 +155,8 @@ def trained(
     path = os.path.join(
         args.cache_dir, common.settings_key("instance", settings) + ".keras"
     )
-    record = path[: -len(".keras")] + ".json"  # its training seconds
     if os.path.isfile(path):
-        seconds = None
-        if os.path.isfile(record):
-            seconds = common.read_json(record)["train_seconds"]
-        return instance.InstanceSubic.load(path), seconds
+        return cached(path)
     if start is None:
         code = instance.build_instance_subic(
             backbones.dsh_cnn(width=args.width),
@@ -175,6 +171,23 @@ def trained(
             optimizer=keras.optimizers.Adam(rate),
             loss=losses.InstanceContrastiveLoss(code.num_blocks, code.block_size),
         )
+    return code, train_and_cache(code, pictures, path, args, families)
+
+
+def cached(path: str) -> tuple[instance.InstanceSubic, float | None]:
+    """A cached instance code and its training seconds (None if unrecorded)."""
+    record = path[: -len(".keras")] + ".json"
+    seconds = None
+    if os.path.isfile(record):
+        seconds = common.read_json(record)["train_seconds"]
+    return instance.InstanceSubic.load(path), seconds
+
+
+def train_and_cache(
+    code, pictures, path: str, args, families=alterations.FAMILIES
+) -> float:
+    """Trains `code` as `args` say, saves it at `path` with its training
+    seconds beside it (`cached` reads both), and returns those seconds."""
     began = time.time()
     instance.train_instance(
         code,
@@ -186,10 +199,11 @@ def trained(
         verbose=2,
     )
     seconds = time.time() - began
-    os.makedirs(args.cache_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     code.save(path)
+    record = path[: -len(".keras")] + ".json"
     common.write_json(record, {"train_seconds": round(seconds, 1)})
-    return code, seconds
+    return seconds
 
 
 def _start_path(start_from: str | None) -> str | None:
