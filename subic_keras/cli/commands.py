@@ -345,6 +345,7 @@ def _index_folder_on_ray(args) -> int:
         f"{plural(len(report.skipped), 'file')}; {plural(len(files), 'shard')} "
         f"listed in {args.output}"
     )
+    _report_rules(report.copy_rules)
     return 0
 
 

@@ -13,6 +13,15 @@ list, so shards need not wait for one another. With `instance_model`,
 every shard keeps an instance code of each picture beside its class code
 (`search.instance_codes`), as `index_folder` does with `instance`.
 
+Copy rules. A build of instance codes chooses its copy rules on the whole
+folder once every shard is written, as `subic index build` does for one
+index (`retrieval.folder_copy_rules`: altered copies of a sample of its
+own pictures, no labels), and records the same rules in every shard before
+the manifest names them, so each shard marks copies and lists duplicates
+by the folder's rules. The driver reads every shard's instance codes for
+it (`num_blocks` int32 a picture) and decodes at most
+`folder_rules.FOLDER_SAMPLE` pictures.
+
 Resuming. A shard's file is written (atomically) only once its whole run
 is encoded, and a progress file beside the manifest
 (`<stem>.progress.json`) records each finished shard: the model's digest,
@@ -58,7 +67,12 @@ from subic_keras.search.manifests import (
     write_manifest,
 )
 from subic_keras.search.ray_cluster import ray_module
-from subic_keras.serving.retrieval import FolderReport, input_shape, model_record
+from subic_keras.serving.retrieval import (
+    FolderReport,
+    folder_copy_rules,
+    input_shape,
+    model_record,
+)
 
 PROGRESS_FORMAT = "subic.shards.progress"
 _MAX_PROGRESS_BYTES = 64 << 20
@@ -190,7 +204,10 @@ def index_folder_on_ray(
         `(files, report)`: the shards' paths, and the counts of pictures
         added (encoded now), already indexed (shards finished by an
         interrupted build) and skipped, with each skipped file's reason
-        (in path order, however the shards finished).
+        (in path order, however the shards finished), and the copy rules
+        chosen on the folder and recorded in every shard (`copy_rules`,
+        as `retrieval.choose_copy_rules` returns them; None for class codes
+        alone).
 
     Raises:
         ValueError: for a manifest path without the `.shards.json` suffix,
@@ -254,6 +271,11 @@ def index_folder_on_ray(
     if rows:
         arguments = (models.model_path, root, models.instance_model)
         _encode(ray, rows, arguments, batch_size, encoders, bounds, runs, write)
+    code = instance or (subic if isinstance(subic, InstanceSubic) else None)
+    if code is not None:
+        beside = code is not subic
+        chooser = (code, beside, root, shape, batch_size)
+        report.copy_rules = _record_copy_rules(files, *chooser)
     write_manifest(
         manifest,
         subic.num_blocks,
@@ -377,6 +399,31 @@ def _encode(ray, rows, arguments, batch_size, encoders, bounds, runs, write) -> 
                 write(
                     number, {k: np.concatenate([p[k] for p in pieces]) for k in batch}
                 )
+
+
+def _record_copy_rules(files, code: InstanceSubic, beside, root, shape, batch_size):
+    """Chooses the copy rules on every shard's pictures as one folder (in
+    manifest order: the order one index lists them) and rewrites each shard
+    with them (atomically, before the manifest names it); returns them, or
+    None for a folder of no picture."""
+    paths: list[str] = []
+    codes, fingerprints = [], []
+    for file in files:
+        more_paths, more_codes, more_fingerprints = ImageIndex.load(file).copy_items()
+        paths += more_paths
+        codes.append(more_codes)
+        fingerprints.append(more_fingerprints)
+    if not paths:
+        return None
+    rules = folder_copy_rules(
+        code, root, shape, paths, np.concatenate(codes),
+        np.concatenate(fingerprints), beside=beside, batch_size=batch_size,
+    )  # fmt: skip
+    for file in files:
+        shard = ImageIndex.load(file)
+        shard.record_copy_rules(rules)
+        shard.save(file)
+    return rules
 
 
 def _finished_shard(done, run: list[str], file: str, label: tuple[str, int]):

@@ -70,11 +70,14 @@ def input_shape(subic: Encoder) -> tuple[int, int, int]:
 
 @dataclasses.dataclass
 class FolderReport:
-    """What `index_folder` did with the files of a folder."""
+    """What `index_folder` did with the files of a folder (and, for a Ray
+    build, `ray_folders.index_folder_on_ray`, the copy rules it recorded in
+    every shard: `choose_copy_rules` does that for one index)."""
 
     added: int = 0
     already_indexed: int = 0
     skipped: list[image_files.SkippedFile] = dataclasses.field(default_factory=list)
+    copy_rules: dict | None = None
 
 
 def index_folder(
@@ -203,12 +206,47 @@ def choose_copy_rules(
         return None
     paths, codes, fingerprints = index.copy_items()
     shape = index.image_shape or input_shape(subic)
+    rules = folder_copy_rules(
+        code, index.root, shape, paths, codes, fingerprints, beside=beside,
+        sample=sample, batch_size=batch_size, seed=seed,
+    )  # fmt: skip
+    index.record_copy_rules(rules)
+    return rules
+
+
+def folder_copy_rules(
+    code: InstanceSubic,
+    root: str | os.PathLike,
+    shape: tuple[int, ...],
+    paths: list[str],
+    codes: np.ndarray,
+    fingerprints: np.ndarray,
+    *,
+    beside: bool = False,
+    sample: int = folder_rules.FOLDER_SAMPLE,
+    batch_size: int = 256,
+    seed: int = 0,
+) -> dict:
+    """`folder_rules.calibrate_folder` of a folder's pictures as an index
+    lists them (`copy_items`), the sample decoded from their files: what
+    `choose_copy_rules` records in one index, and a Ray build in each of
+    its shards (`ray_folders.index_folder_on_ray`).
+
+    Args:
+        code: the instance code that wrote `codes`.
+        root: the folder the `paths` are relative to.
+        shape: the pictures' decoded shape (the index's).
+        paths, codes, fingerprints: every picture's, in the index's order.
+        beside: whether `shape` is a class model's, whose pictures `code`
+            takes as its own (`InstanceSubic.own_pictures`).
+        sample, batch_size, seed: as `choose_copy_rules`.
+    """
 
     def decode(positions):
         chosen = [paths[place] for place in positions]
         place_of = dict(zip(chosen, positions))
         pictures, decoded = [np.zeros((0, *input_shape(code)), np.uint8)], []
-        for batch in image_files.image_batches(index.root, chosen, shape, batch_size):
+        for batch in image_files.image_batches(root, chosen, shape, batch_size):
             if batch.paths:
                 pixels = code.own_pictures(batch.pixels) if beside else batch.pixels
                 pictures.append(pixels)
@@ -217,14 +255,12 @@ def choose_copy_rules(
 
     show, code.show_progress = code.show_progress, False
     try:
-        rules = folder_rules.calibrate_folder(
+        return folder_rules.calibrate_folder(
             code, codes, fingerprints, decode, sample=sample, seed=seed,
             batch_size=batch_size,
         )  # fmt: skip
     finally:
         code.show_progress = show
-    index.record_copy_rules(rules)
-    return rules
 
 
 def folder_collection(

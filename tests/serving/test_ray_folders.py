@@ -24,11 +24,12 @@ from served import (
 from swapping import outside_folder
 
 from subic_keras.cli import main
+from subic_keras.instance import folder_rules
 from subic_keras.instance.instance_code import InstanceSubic
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as open_index
 from subic_keras.search.image_index import ImageIndex
-from subic_keras.search.manifests import save_shards, write_manifest
+from subic_keras.search.manifests import read_manifest, save_shards, write_manifest
 from subic_keras.search.ray_index import RayIndex
 from subic_keras.serving import retrieval
 from subic_keras.serving.export import load_subic
@@ -64,9 +65,10 @@ def built(ray_cluster, tmp_path_factory):
     # with copy rules).
     ruled = ruled_instance(base / "ruled.keras")
     instance = {"instance": InstanceSubic.load(ruled), "instance_path": ruled}
-    single, _ = retrieval.index_folder(
-        load_subic(model), root, model_path=model, **instance
-    )
+    subic = load_subic(model)
+    single, _ = retrieval.index_folder(subic, root, model_path=model, **instance)
+    # Its copy rules chosen on the folder, as `subic index build` chooses them.
+    retrieval.choose_copy_rules(single, subic, instance["instance"], batch_size=8)
     single.save(base / "photos.subic")
     manifest = base / "photos.shards.json"
     saved = []
@@ -263,7 +265,9 @@ def test_serve_answers_from_shards_as_from_one_index(built):
                         for r in answer["results"]
                     ]
                 )
-            # A copy of picture 3, a little brighter: found first, marked.
+            # A copy of picture 3, a little brighter: found first, marked as
+            # the folder's rules say (on its 30 noise pictures, none reached
+            # 99 %: exact copies alone are marked).
             copy = io.BytesIO()
             pixels = np.asarray(Image.open(root / paths[3]), np.int16) + 3
             Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(copy, "PNG")
@@ -284,7 +288,7 @@ def test_serve_answers_from_shards_as_from_one_index(built):
     assert sharded == one
     assert sharded[0][0] == (paths[0], one[0][0][1], True, True)  # the query itself
     assert all(path.startswith("b/") for path, *_ in sharded[1])
-    assert sharded[2][0] == (paths[3], True)  # the copy's original, marked
+    assert sharded[2][0] == (paths[3], False)  # the copy's original, first
     assert sharded[3][1] is True  # instance codes
 
 
@@ -393,6 +397,20 @@ def test_shards_list_the_copies_one_index_lists(built, capsys):
     out, err = capsys.readouterr()
     assert [json.loads(line)["paths"] for line in out.splitlines()] == want
     assert f"among 30 pictures of {manifest}" in err
+
+
+def test_a_build_records_in_every_shard_the_copy_rules_one_index_chooses(built):
+    """The rules are chosen on the whole folder once (its own altered
+    copies, as `index build` of one file chooses them), said in one line,
+    and kept by each shard, so the shards mark copies as the one file does."""
+    rules = ImageIndex.load(built["base"] / "photos.subic").copy_record["copies"]
+    assert rules["pictures"] == 30 and rules["num_blocks"] == 64
+    status, out, _ = built["resumed"]
+    assert status == 0 and folder_rules.rules_line(rules) in out.splitlines()
+    for shard in read_manifest(built["manifest"]).shards:
+        assert ImageIndex.load(shard).copy_record["copies"] == rules
+    sharded = open_index(built["manifest"])
+    assert sharded.instance_model["copies"] == rules
 
 
 def test_a_planted_progress_file_or_manifest_is_refused_before_any_work(tmp_path):
