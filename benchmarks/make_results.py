@@ -480,6 +480,10 @@ KNOWN["mobilenet_instance.json"] = (
     "Copies found first: an instance code on MobileNet v1, fine-tuned",
     render_generic,
 )
+KNOWN["picture_views.json"] = (
+    "Copies found first with views of a picture (database and query side)",
+    render_generic,
+)
 for _dataset in ("fashion_mnist", "cifar10"):
     KNOWN[f"folder_copies_{_dataset}.json"] = (
         f"Copy rules chosen on a folder of {_dataset} pictures",

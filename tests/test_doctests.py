@@ -53,6 +53,7 @@ MODULES = (
     "subic_keras.instance.alterations",
     "subic_keras.instance.instance_code",
     "subic_keras.instance.copies",
+    "subic_keras.instance.picture_views",
     "subic_keras.data.pixels",
     "subic_keras.prebuild",
     "subic_keras.models.progress",
