@@ -7,7 +7,10 @@ to meet crops without training (`subic_keras.instance.picture_views`):
   (1 view: the picture alone; 2: and its centre crop keeping 0.8 of each
   side; 6: and its four corner crops of 0.8), answers by picture;
 - query-side views: each query searched as it is (1) and with its centre
-  crop (2), each picture's best copy margin kept.
+  crop (2), each picture's best copy margin kept;
+- gated: the picture and its 5 crops, a crop's margin lowered by a gate
+  chosen on 2,000 altered copies of the database's own pictures (not the
+  queries' originals; no labels), `picture_views.choose_gate`.
 
 Queries and databases as `benchmarks/near_duplicates.py`: 1,000 altered
 copies of CIFAR-10 test pictures among the 10,000 test pictures and all
@@ -32,14 +35,15 @@ from benchmarks import common
 from benchmarks.mobilenet_instance import resized
 from benchmarks.near_duplicates import query_sets
 from subic_keras.data import datasets
+from subic_keras.instance import alterations, near_duplicates, picture_views
 from subic_keras.instance import instance_code as instance
-from subic_keras.instance import near_duplicates, picture_views
 from subic_keras.search import SubicIndex
 from subic_keras.search.copy_rules import copy_margins
 
 DATABASE_VIEWS = (1, 2, 6)
 QUERY_VIEWS = (1, 2)
 K = 10
+GATE_COPIES = 2000
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -124,7 +128,52 @@ def run_database(code, database, sets, chosen, sizes) -> dict:
                     for k, v in results[f"{views} database views"][set_name].items()
                 )
             )
+    results["gated"] = gated_search(code, database, codes, sets, chosen, sizes)
     return results
+
+
+def gated_search(code, database, codes, sets, chosen, sizes) -> dict:
+    """recall@1 and @10 with the pictures and their crops searched apart,
+    merged under the gate each database size chooses on its own pictures."""
+    out: dict = {"gates": {}}
+    rng = np.random.default_rng(7)
+    for name, size in sizes.items():
+        own = SubicIndex(code.num_blocks, code.block_size)
+        own.add(codes[:size, 0])
+        crops = SubicIndex(code.num_blocks, code.block_size)
+        crops.add(codes[:size, 1:].reshape(-1, code.num_blocks))
+        others = np.setdiff1d(np.arange(size), chosen)
+        drawn = np.sort(rng.choice(others, min(GATE_COPIES, len(others)), False))
+        copies = alterations.alter_batch(database[drawn], seed=11)
+        gate, tried = picture_views.choose_gate(
+            *_both(code, own, crops, code.query(copies)), drawn
+        )
+        out["gates"][name] = {"gate": gate, "recall@1 of own copies": tried}
+        common.log(f"  gate at {name}: {gate}")
+        for set_name, queries in sets.items():
+            start = time.perf_counter()
+            both = _both(code, own, crops, code.query(queries))
+            _, ids = picture_views.gated(*both, gate, K)
+            seconds = time.perf_counter() - start
+            row = out.setdefault(set_name, {})
+            row[name] = near_duplicates.recall_at(ids, chosen)
+            row[name]["ms_per_query"] = round(1e3 * seconds / len(queries), 3)
+    for set_name in ("whole family", "crop"):
+        common.log(
+            f"  gated, {set_name}: "
+            + "; ".join(f"{k} {v['recall@1']:.3f}" for k, v in out[set_name].items())
+        )
+    return out
+
+
+def _both(code, own, crops, queried):
+    """`(margins, ids)` among the pictures and `(margins, pictures)` among
+    their crops (5 a picture), for `picture_views.gated`."""
+    scores, ids = own.search(queried, K)
+    found = (copy_margins(queried, scores, code.block_size), ids)
+    scores, ids = crops.search(queried, 5 * K)
+    margins = copy_margins(queried, scores, code.block_size)
+    return found, (margins, np.where(ids >= 0, ids // 5, -1))
 
 
 def main(argv=None) -> dict:

@@ -8,6 +8,11 @@ picture's best. Either way the answers are pictures, each once, by its best
 view (`by_picture`). Query views are compared by their copy margins
 (`copy_rules.copy_margins`: a score less the best the view could reach),
 since each view's scores have a scale of their own.
+
+A picture's crops are also distractors for copies of other pictures. A
+gate keeps them from outranking the pictures themselves by less than
+`gate` (`gated`), chosen on a folder's own altered copies, no labels
+(`choose_gate`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from subic_keras._validation import check_int, check_pictures
+
+# The gates `choose_gate` tries: margins are sums over blocks of
+# log-probabilities less their best, tens to hundreds apart at 64 blocks.
+GATES = tuple(range(0, 201, 10))
 
 # The side of the crops `crop_boxes` cuts, as a share of the picture's: the
 # crop family keeps 0.63 to 1 of each side (area 0.4 to 1), 0.82 on average.
@@ -134,3 +143,71 @@ def by_picture(
         best[row, : len(kept)] = values[row, kept]
         found[row, : len(kept)] = pictures[row, kept]
     return best, found
+
+
+def gated(
+    pictures: tuple[np.ndarray, np.ndarray],
+    views: tuple[np.ndarray, np.ndarray],
+    gate: float,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Answers by picture from the pictures' own codes and their crops'
+    codes, a crop's margin lowered by `gate`: `max(m_picture, m_crop - gate)`
+    for each picture, the `k` best.
+
+    Example:
+
+    >>> own = (np.array([[-30.0, -50.0]]), np.array([[4, 9]]))
+    >>> crops = (np.array([[-10.0]]), np.array([[9]]))
+    >>> gated(own, crops, 10.0, 2)[1], gated(own, crops, 40.0, 2)[1]
+    (array([[9, 4]]), array([[4, 9]]))
+
+    Args:
+        pictures: `(margins, ids)` `(n, m)` of the search among the
+            pictures' own codes.
+        views: `(margins, pictures)` `(n, m')` of the search among their
+            crops' codes, each result's picture id.
+        gate: how much a crop's margin is lowered, >= 0.
+        k: pictures kept per query.
+
+    Returns:
+        `(values, ids)`, each `(n, k)`, as `by_picture`.
+    """
+    if not gate >= 0:
+        raise ValueError(f"gate must be >= 0, received {gate}")
+    values = np.concatenate([pictures[0], np.asarray(views[0]) - gate], axis=1)
+    return by_picture(values, np.concatenate([pictures[1], views[1]], axis=1), k)
+
+
+def choose_gate(
+    pictures: tuple[np.ndarray, np.ndarray],
+    views: tuple[np.ndarray, np.ndarray],
+    originals: np.ndarray,
+    gates=GATES,
+) -> tuple[float, dict]:
+    """The gate under which altered copies of a folder's own pictures find
+    their originals first most often (the largest of equals: crops win the
+    least that they need).
+
+    Example:
+
+    >>> own = (np.array([[-30.0], [-5.0]]), np.array([[4], [2]]))
+    >>> crops = (np.array([[-10.0], [-3.0]]), np.array([[9], [8]]))
+    >>> choose_gate(own, crops, np.array([9, 2]), gates=(0, 10, 30))
+    (10, {0: 0.5, 10: 1.0, 30: 0.5})
+
+    Args:
+        pictures, views: the copies' searches, as `gated` takes them.
+        originals: `(n,)` the picture each copy was made from.
+        gates: the gates tried.
+
+    Returns:
+        `(gate, {gate: recall@1})`.
+    """
+    originals = np.asarray(originals, np.int64)
+    recall = {
+        gate: float(np.mean(gated(pictures, views, gate, 1)[1][:, 0] == originals))
+        for gate in gates
+    }
+    best = max(recall.values())
+    return max(gate for gate, value in recall.items() if value == best), recall

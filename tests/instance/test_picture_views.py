@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from subic_keras.instance.picture_views import by_picture, crop_boxes, picture_views
+from subic_keras.instance.picture_views import (
+    by_picture,
+    choose_gate,
+    crop_boxes,
+    gated,
+    picture_views,
+)
 
 
 def test_crop_boxes_are_the_picture_its_centre_and_its_corners():
@@ -71,3 +77,18 @@ def test_a_corner_crop_finds_its_picture_among_their_views():
     _, ids = index.search(code.query(queries), 12)
     _, found = by_picture(-np.arange(12.0)[None].repeat(2, 0), ids // len(boxes), 3)
     np.testing.assert_array_equal(found[:, 0], [7, 21])
+
+
+def test_a_gate_keeps_crops_from_outranking_pictures_by_less_than_it():
+    own = (np.array([[-30.0, -50.0], [-5.0, -6.0]]), np.array([[4, 9], [2, 3]]))
+    crops = (np.array([[-10.0, -12.0], [-3.0, -70.0]]), np.array([[9, 9], [8, 2]]))
+    _, open_gate = gated(own, crops, 0.0, 3)
+    np.testing.assert_array_equal(open_gate, [[9, 4, -1], [8, 2, 3]])
+    values, shut = gated(own, crops, 1000.0, 3)
+    np.testing.assert_array_equal(shut, [[4, 9, -1], [2, 3, 8]])
+    np.testing.assert_array_equal(values[0, :2], [-30.0, -50.0])
+    gate, tried = choose_gate(own, crops, np.array([9, 2]), gates=(0, 10, 15, 30))
+    # 10 and 15 both find both originals: the larger, crops winning least.
+    assert (gate, tried) == (15, {0: 0.5, 10: 1.0, 15: 1.0, 30: 0.5})
+    with pytest.raises(ValueError, match="gate must be >= 0, received -1"):
+        gated(own, crops, -1, 3)
