@@ -2,7 +2,8 @@
 alterations a copy goes through, and the rules that mark copies.
 
 A new alteration goes in `alterations.py`, a new copy rule in `copies.py`
-or `folder_rules.py`. The names of `instance_code.py` are also this
+or `folder_rules.py`, a new view of a picture (crops indexed or searched
+as that picture) in `picture_views.py`. The names of `instance_code.py` are also this
 package's, as they were when it was a module.
 """
 

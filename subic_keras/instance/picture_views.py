@@ -17,6 +17,8 @@ gate keeps them from outranking the pictures themselves by less than
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from subic_keras._validation import check_int, check_pictures
@@ -183,7 +185,7 @@ def choose_gate(
     pictures: tuple[np.ndarray, np.ndarray],
     views: tuple[np.ndarray, np.ndarray],
     originals: np.ndarray,
-    gates=GATES,
+    gates: Sequence[float] = GATES,
 ) -> tuple[float, dict]:
     """The gate under which altered copies of a folder's own pictures find
     their originals first most often (the largest of equals: crops win the
