@@ -104,13 +104,7 @@ def run_database(code, database, sets, chosen, sizes) -> dict:
         else queries
         for name, queries in sets.items()
     }
-    boxes = picture_views.crop_boxes()
-    largest = max(sizes.values())
-    codes = []
-    for start in range(0, largest, 5000):
-        views = picture_views.picture_views(database[start : start + 5000], boxes)
-        codes.append(code.encode(views).reshape(-1, len(boxes), code.num_blocks))
-    codes = np.concatenate(codes)
+    codes = picture_views.encode_views(code, database[: max(sizes.values())])
     results: dict = {}
     for views in DATABASE_VIEWS:
         indexes = {}
@@ -133,27 +127,23 @@ def run_database(code, database, sets, chosen, sizes) -> dict:
 
 
 def gated_search(code, database, codes, sets, chosen, sizes) -> dict:
-    """recall@1 and @10 with the pictures and their crops searched apart,
-    merged under the gate each database size chooses on its own pictures."""
+    """recall@1 and @10 with the pictures and their crops searched apart
+    (`picture_views.ViewIndex`), under the gate each database size chooses
+    on its own pictures."""
     out: dict = {"gates": {}}
     rng = np.random.default_rng(7)
     for name, size in sizes.items():
-        own = SubicIndex(code.num_blocks, code.block_size)
-        own.add(codes[:size, 0])
-        crops = SubicIndex(code.num_blocks, code.block_size)
-        crops.add(codes[:size, 1:].reshape(-1, code.num_blocks))
+        index = picture_views.ViewIndex(code.num_blocks, code.block_size)
+        index.add(codes[:size])
         others = np.setdiff1d(np.arange(size), chosen)
         drawn = np.sort(rng.choice(others, min(GATE_COPIES, len(others)), False))
         copies = alterations.alter_batch(database[drawn], seed=11)
-        gate, tried = picture_views.choose_gate(
-            *_both(code, own, crops, code.query(copies)), drawn
-        )
-        out["gates"][name] = {"gate": gate, "recall@1 of own copies": tried}
+        gate = index.choose_gate(code.query(copies), drawn)
+        out["gates"][name] = {"gate": gate, "recall@1 of own copies": index.gates_tried}
         common.log(f"  gate at {name}: {gate}")
         for set_name, queries in sets.items():
             start = time.perf_counter()
-            both = _both(code, own, crops, code.query(queries))
-            _, ids = picture_views.gated(*both, gate, K)
+            _, ids = index.search(code.query(queries), K)
             seconds = time.perf_counter() - start
             row = out.setdefault(set_name, {})
             row[name] = near_duplicates.recall_at(ids, chosen)
@@ -164,16 +154,6 @@ def gated_search(code, database, codes, sets, chosen, sizes) -> dict:
             + "; ".join(f"{k} {v['recall@1']:.3f}" for k, v in out[set_name].items())
         )
     return out
-
-
-def _both(code, own, crops, queried):
-    """`(margins, ids)` among the pictures and `(margins, pictures)` among
-    their crops (5 a picture), for `picture_views.gated`."""
-    scores, ids = own.search(queried, K)
-    found = (copy_margins(queried, scores, code.block_size), ids)
-    scores, ids = crops.search(queried, 5 * K)
-    margins = copy_margins(queried, scores, code.block_size)
-    return found, (margins, np.where(ids >= 0, ids // 5, -1))
 
 
 def main(argv=None) -> dict:

@@ -12,7 +12,7 @@ since each view's scores have a scale of their own.
 A picture's crops are also distractors for copies of other pictures. A
 gate keeps them from outranking the pictures themselves by less than
 `gate` (`gated`), chosen on a folder's own altered copies, no labels
-(`choose_gate`).
+(`choose_gate`). `ViewIndex` holds both codes and searches them so.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from subic_keras._validation import check_int, check_pictures
+from subic_keras.search.copy_rules import copy_margins
+from subic_keras.search.subic_index import SubicIndex
 
 # The gates `choose_gate` tries: margins are sums over blocks of
 # log-probabilities less their best, tens to hundreds apart at 64 blocks.
@@ -213,3 +215,120 @@ def choose_gate(
     }
     best = max(recall.values())
     return max(gate for gate, value in recall.items() if value == best), recall
+
+
+def encode_views(
+    code, pictures: np.ndarray, boxes: np.ndarray | None = None, batch_size: int = 512
+) -> np.ndarray:
+    """The instance codes of each picture's views, `(n, V, M)`: `boxes`
+    (default `crop_boxes()`, the picture first) cut by `picture_views`, a
+    few thousand pictures at a time.
+
+    Example:
+
+    >>> codes = encode_views(code, pictures)  # doctest: +SKIP
+    >>> codes.shape  # doctest: +SKIP
+    (1000, 6, 64)
+    """
+    boxes = crop_boxes() if boxes is None else np.asarray(boxes, np.float32)
+    pictures = check_pictures("pictures", pictures)
+    parts = [np.zeros((0, len(boxes), code.num_blocks), np.int32)]
+    for start in range(0, len(pictures), 5000):
+        views = picture_views(pictures[start : start + 5000], boxes)
+        codes = code.encode(views, batch_size)
+        parts.append(codes.reshape(-1, len(boxes), code.num_blocks))
+    return np.concatenate(parts)
+
+
+class ViewIndex:
+    """Pictures searched by their own codes and their crops' codes, each
+    picture answered once (`gated`).
+
+    Example:
+
+    >>> index = ViewIndex(code.num_blocks, code.block_size)  # doctest: +SKIP
+    >>> index.add(encode_views(code, pictures))  # doctest: +SKIP
+    >>> copies = alterations.alter_batch(pictures[:2000], seed=1)  # doctest: +SKIP
+    >>> index.choose_gate(code.query(copies), np.arange(2000))  # doctest: +SKIP
+    120
+    >>> margins, ids = index.search(code.query(queries), 10)  # doctest: +SKIP
+
+    Args:
+        num_blocks: `M`, the code's blocks.
+        block_size: `K`, the size of each block.
+        gate: how much a crop's copy margin is lowered (default 0: crops
+            compete as pictures; `choose_gate` sets one).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, gate: float = 0.0):
+        self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
+        self.block_size = check_int("block_size", block_size, minimum=2)
+        self._own = SubicIndex(self.num_blocks, self.block_size)
+        self._crops = SubicIndex(self.num_blocks, self.block_size)
+        self._views = 0
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return len(self._own)
+
+    def add(self, codes: np.ndarray) -> np.ndarray:
+        """Adds pictures by their views' codes `(n, V, M)` (the picture's own
+        first, as `encode_views` gives them); returns their ids, in order
+        from 0.
+
+        Raises:
+            ValueError: for codes of another shape, or of another number of
+                views than those added before.
+        """
+        codes = np.asarray(codes)
+        if codes.ndim != 3 or codes.shape[1] < 2 or codes.shape[2] != self.num_blocks:
+            raise ValueError(
+                f"codes must have shape (n, V >= 2, {self.num_blocks}), received "
+                f"{codes.shape}"
+            )
+        if self._views and codes.shape[1] != self._views:
+            raise ValueError(
+                f"codes must have {self._views} views as those added before, "
+                f"received {codes.shape[1]}"
+            )
+        self._views = codes.shape[1]
+        ids = self._own.add(codes[:, 0])
+        self._crops.add(codes[:, 1:].reshape(-1, self.num_blocks))
+        return ids
+
+    def candidates(self, queries: np.ndarray, k: int) -> tuple[tuple, tuple]:
+        """What `gated` merges: `(margins, ids)` of the `k` best pictures by
+        their own codes, and `(margins, pictures)` of the best `k` crops per
+        crop view (picture ids), for float queries `(n, M * K)`."""
+        queries = np.asarray(queries, np.float32)
+        k = check_int("k", k, minimum=1)
+        scores, ids = self._own.search(queries, min(k, len(self)))
+        own = (copy_margins(queries, scores, self.block_size), ids)
+        crops = self._views - 1
+        scores, ids = self._crops.search(queries, min(crops * k, len(self._crops)))
+        margins = copy_margins(queries, scores, self.block_size)
+        return own, (margins, np.where(ids >= 0, ids // crops, -1))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `k` best pictures of each query, `(margins, ids)`, by
+        `max(m_picture, m_crop - gate)`.
+
+        Raises:
+            ValueError: for an empty index.
+        """
+        if not len(self):
+            raise ValueError("the index holds no picture to search")
+        return gated(*self.candidates(queries, k), self.gate, k)
+
+    def choose_gate(
+        self, copies: np.ndarray, originals: np.ndarray, gates: Sequence[float] = GATES
+    ) -> float:
+        """Sets `gate` to the one under which the queries `copies` (altered
+        copies of pictures the index holds, no labels needed) find their
+        `originals` (ids) first most often (`choose_gate`); returns it."""
+        if not len(self):
+            raise ValueError("the index holds no picture to choose a gate on")
+        self.gate, self.gates_tried = choose_gate(
+            *self.candidates(copies, 1), originals, gates
+        )
+        return self.gate

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 
 from subic_keras.instance.picture_views import (
+    ViewIndex,
     by_picture,
     choose_gate,
     crop_boxes,
+    encode_views,
     gated,
     picture_views,
 )
@@ -59,24 +61,42 @@ def test_answers_keep_each_picture_once_by_its_best_view():
         by_picture(values, pictures, 0)
 
 
-def test_a_corner_crop_finds_its_picture_among_their_views():
-    """Each picture's views indexed: an exact corner crop of one is found
-    first as that picture (ids `i * views` onwards map back to `i`)."""
+def test_a_corner_crop_finds_its_picture_in_a_view_index():
+    """Each picture's views indexed (`encode_views`, `ViewIndex`): an exact
+    corner crop of one is found first as that picture, each picture once;
+    the gate chosen on copies of its pictures is one of those tried."""
+    from subic_keras.instance import alterations
     from subic_keras.instance.instance_code import pretrained
-    from subic_keras.search import SubicIndex
 
     code = pretrained()
     code.show_progress = False
     rng = np.random.default_rng(3)
     smooth = rng.integers(0, 256, (40, 8, 8, 3)).astype(np.uint8)
     pictures = np.repeat(np.repeat(smooth, 4, 1), 4, 2)
-    boxes = crop_boxes()
-    index = SubicIndex(code.num_blocks, code.block_size)
-    index.add(code.encode(picture_views(pictures, boxes)))
-    queries = picture_views(pictures[[7, 21]], boxes[[5]])
-    _, ids = index.search(code.query(queries), 12)
-    _, found = by_picture(-np.arange(12.0)[None].repeat(2, 0), ids // len(boxes), 3)
-    np.testing.assert_array_equal(found[:, 0], [7, 21])
+    codes = encode_views(code, pictures)
+    assert codes.shape == (40, 6, code.num_blocks)
+    np.testing.assert_array_equal(codes[:, 0], code.encode(pictures))
+    index = ViewIndex(code.num_blocks, code.block_size)
+    np.testing.assert_array_equal(index.add(codes[:30]), np.arange(30))
+    index.add(codes[30:])
+    assert len(index) == 40
+    queries = code.query(picture_views(pictures[[7, 21, 36]], crop_boxes()[[5]]))
+    margins, found = index.search(queries, 5)
+    np.testing.assert_array_equal(found[:, 0], [7, 21, 36])
+    assert all(len(set(row)) == 5 for row in found)
+    assert np.all(np.diff(margins, axis=1) <= 0)
+    copies = code.query(alterations.alter_batch(pictures, seed=2))
+    gate = index.choose_gate(copies, np.arange(40), gates=(0, 50, 100))
+    assert gate in (0, 50, 100) and index.gate == gate
+    assert max(index.gates_tried.values()) == index.gates_tried[gate]
+    with pytest.raises(ValueError, match=r"codes must have 6 views .* received 2"):
+        index.add(codes[:, :2])
+    with pytest.raises(
+        ValueError, match=r"shape \(n, V >= 2, 64\), received \(40, 64\)"
+    ):
+        index.add(codes[:, 0])
+    with pytest.raises(ValueError, match="holds no picture to search"):
+        ViewIndex(code.num_blocks, code.block_size).search(queries, 5)
 
 
 def test_a_gate_keeps_crops_from_outranking_pictures_by_less_than_it():
