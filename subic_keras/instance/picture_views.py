@@ -266,6 +266,8 @@ class ViewIndex:
         self._own = SubicIndex(self.num_blocks, self.block_size)
         self._crops = SubicIndex(self.num_blocks, self.block_size)
         self._views = 0
+        if not gate >= 0:
+            raise ValueError(f"gate must be >= 0, received {gate}")
         self.gate = gate
 
     def __len__(self) -> int:
@@ -328,6 +330,12 @@ class ViewIndex:
         `originals` (ids) first most often (`choose_gate`); returns it."""
         if not len(self):
             raise ValueError("the index holds no picture to choose a gate on")
+        originals = np.asarray(originals)
+        if originals.shape != (len(copies),):
+            raise ValueError(
+                f"originals must hold one id per copy, shape ({len(copies)},), "
+                f"received {originals.shape}"
+            )
         self.gate, self.gates_tried = choose_gate(
             *self.candidates(copies, 1), originals, gates
         )

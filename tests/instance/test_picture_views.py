@@ -95,6 +95,12 @@ def test_a_corner_crop_finds_its_picture_in_a_view_index():
         ValueError, match=r"shape \(n, V >= 2, 64\), received \(40, 64\)"
     ):
         index.add(codes[:, 0])
+    with pytest.raises(
+        ValueError, match=r"one id per copy, shape \(40,\), received \(3,\)"
+    ):
+        index.choose_gate(copies, np.arange(3))
+    with pytest.raises(ValueError, match="gate must be >= 0, received -2"):
+        ViewIndex(code.num_blocks, code.block_size, gate=-2)
     with pytest.raises(ValueError, match="holds no picture to search"):
         ViewIndex(code.num_blocks, code.block_size).search(queries, 5)
 
