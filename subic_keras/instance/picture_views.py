@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from subic_keras._validation import check_int, check_pictures
+from subic_keras._validation import check_int, check_non_negative, check_pictures
 from subic_keras.search.copy_rules import copy_margins
 from subic_keras.search.subic_index import SubicIndex
 
@@ -101,8 +101,7 @@ def picture_views(pictures: np.ndarray, boxes: np.ndarray) -> np.ndarray:
             size,
         )  # fmt: skip
         parts.append(np.clip(np.rint(cut.numpy()), 0, 255).astype(np.uint8))
-    views = np.concatenate(parts) if parts else np.zeros((0, *images.shape[1:]))
-    views = views.astype(np.uint8)
+    views = np.concatenate(parts) if parts else np.zeros_like(images[:0])
     return views[..., 0] if grey else views
 
 
@@ -177,8 +176,7 @@ def gated(
     Returns:
         `(values, ids)`, each `(n, k)`, as `by_picture`.
     """
-    if not gate >= 0:
-        raise ValueError(f"gate must be >= 0, received {gate}")
+    gate = check_non_negative("gate", gate)
     values = np.concatenate([pictures[0], np.asarray(views[0]) - gate], axis=1)
     return by_picture(values, np.concatenate([pictures[1], views[1]], axis=1), k)
 
@@ -266,9 +264,9 @@ class ViewIndex:
         self._own = SubicIndex(self.num_blocks, self.block_size)
         self._crops = SubicIndex(self.num_blocks, self.block_size)
         self._views = 0
-        if not gate >= 0:
-            raise ValueError(f"gate must be >= 0, received {gate}")
-        self.gate = gate
+        self.gate = check_non_negative("gate", gate)
+        # `{gate: recall@1}` of the copies `choose_gate` chose on.
+        self.gates_tried: dict | None = None
 
     def __len__(self) -> int:
         return len(self._own)

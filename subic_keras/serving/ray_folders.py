@@ -273,9 +273,9 @@ def index_folder_on_ray(
         _encode(ray, rows, arguments, batch_size, encoders, bounds, runs, write)
     code = instance or (subic if isinstance(subic, InstanceSubic) else None)
     if code is not None:
-        beside = code is not subic
-        chooser = (code, beside, root, shape, batch_size)
-        report.copy_rules = _record_copy_rules(files, *chooser)
+        report.copy_rules = _record_copy_rules(
+            files, code, code is not subic, root, shape, batch_size
+        )
     write_manifest(
         manifest,
         subic.num_blocks,
@@ -405,7 +405,8 @@ def _record_copy_rules(files, code: InstanceSubic, beside, root, shape, batch_si
     """Chooses the copy rules on every shard's pictures as one folder (in
     manifest order: the order one index lists them) and rewrites each shard
     with them (atomically, before the manifest names it); returns them, or
-    None for a folder of no picture."""
+    None for a folder of no picture. Shards are loaded one at a time, so the
+    driver holds the folder's instance codes and one shard, never all."""
     paths: list[str] = []
     codes, fingerprints = [], []
     for file in files:

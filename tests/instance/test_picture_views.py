@@ -99,7 +99,9 @@ def test_a_corner_crop_finds_its_picture_in_a_view_index():
         ValueError, match=r"one id per copy, shape \(40,\), received \(3,\)"
     ):
         index.choose_gate(copies, np.arange(3))
-    with pytest.raises(ValueError, match="gate must be >= 0, received -2"):
+    with pytest.raises(
+        ValueError, match=r"gate must be a finite number >= 0, received -2\.0"
+    ):
         ViewIndex(code.num_blocks, code.block_size, gate=-2)
     with pytest.raises(ValueError, match="holds no picture to search"):
         ViewIndex(code.num_blocks, code.block_size).search(queries, 5)
@@ -116,5 +118,7 @@ def test_a_gate_keeps_crops_from_outranking_pictures_by_less_than_it():
     gate, tried = choose_gate(own, crops, np.array([9, 2]), gates=(0, 10, 15, 30))
     # 10 and 15 both find both originals: the larger, crops winning least.
     assert (gate, tried) == (15, {0: 0.5, 10: 1.0, 15: 1.0, 30: 0.5})
-    with pytest.raises(ValueError, match="gate must be >= 0, received -1"):
+    with pytest.raises(
+        ValueError, match=r"gate must be a finite number >= 0, received -1\.0"
+    ):
         gated(own, crops, -1, 3)
