@@ -328,3 +328,27 @@ def test_encode_and_query_take_a_tf_data_pipeline():
         subic.encode(tf.data.Dataset.from_tensor_slices(images[:, :16, :16]))
     with pytest.raises(TypeError, match="uint8 pixels or floats.*int32"):
         subic.encode(tf.data.Dataset.from_tensor_slices(images.astype("int32")))
+
+
+def test_a_first_small_batch_runs_the_model_directly_with_predicts_outputs():
+    from subic_keras.models.subic import predict
+
+    keras.utils.set_random_seed(3)
+    subic = build_subic(_mlp(), M, K, C)
+    x, _ = _data(40)
+    first = subic.encode(x)  # one batch of 40: no function traced
+    assert subic.encoder.predict_function is None
+    second = subic.encode(x)  # called again: through `Model.predict`
+    assert subic.encoder.predict_function is not None
+    np.testing.assert_array_equal(first, second)
+    # A dict of outputs, as `Model.predict` gives it.
+    direct = predict(subic.train_model, x, 64, "outputs", False)
+    assert subic.train_model.predict_function is None
+    traced = predict(subic.train_model, x, 64, "outputs", False)
+    assert sorted(direct) == sorted(traced) == ["block_probs", "class_probs"]
+    for name in direct:
+        np.testing.assert_allclose(direct[name], traced[name], rtol=1e-6)
+    # More rows than a batch: `Model.predict`, a batch at a time.
+    fresh = build_subic(_mlp(), M, K, C)
+    fresh.query(x, batch_size=16)
+    assert fresh.query_encoder.predict_function is not None
