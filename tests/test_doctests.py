@@ -56,7 +56,7 @@ MODULES = (
     "subic_keras.instance.picture_views",
     "subic_keras.data.pixels",
     "subic_keras.prebuild",
-    "subic_keras.models.progress",
+    "subic_keras.models.prediction",
     "subic_keras.search.copy_rules",
     "subic_keras.data.folders",
     "subic_keras.data.streams",

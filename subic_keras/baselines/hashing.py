@@ -21,6 +21,7 @@ from subic_keras.data.datasets import as_model_inputs
 from subic_keras.data.pixels import ImageModel
 from subic_keras.evaluation.retrieval_metrics import hamming_scores
 from subic_keras.evaluation.scoring import Scorer
+from subic_keras.models.prediction import predict
 
 
 @keras.saving.register_keras_serializable(package="subic_keras")
@@ -219,7 +220,7 @@ class HashingNetwork(Scorer):
             either goes to `hamming_search` or
             `subic_keras.evaluation.hamming_scores` (with the same `packed`).
         """
-        bits = self.encoder.predict(images, batch_size=batch_size, verbose=0)
+        bits = predict(self.encoder, images, batch_size, "encoding", False)
         bits = bits.astype(np.uint8)
         return np.packbits(bits, axis=1) if packed else bits
 

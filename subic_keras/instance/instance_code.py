@@ -60,7 +60,8 @@ from subic_keras.instance import alterations
 from subic_keras.models.building import attach_backbone
 from subic_keras.models.layers import BlockSoftmax
 from subic_keras.models.losses import InstanceContrastiveLoss
-from subic_keras.models.subic import BLOCK_PROBS, FC0, check_model_inputs, predict
+from subic_keras.models.prediction import predict
+from subic_keras.models.subic import BLOCK_PROBS, FC0, check_model_inputs
 from subic_keras.pretrained import path as pretrained_path
 
 SCHEDULES = ("cosine", "constant")

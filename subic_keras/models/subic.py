@@ -21,7 +21,6 @@ Asymmetric search scores a stored code `b` with a real query `q` of width
 from __future__ import annotations
 
 import copy
-import weakref
 
 import keras
 import numpy as np
@@ -43,7 +42,7 @@ from subic_keras.models.metrics import (
     SupportEntropy,
     subic_metrics,
 )
-from subic_keras.models.progress import PredictionProgress
+from subic_keras.models.prediction import predict
 from subic_keras.search import SubicIndex
 
 # Names of the head's layers; views are rebuilt from a reloaded model by them.
@@ -91,36 +90,6 @@ def check_model_inputs(model: keras.Model, images) -> np.ndarray:
             f"images must be finite, received {bad} NaN or infinite values"
         )
     return inputs
-
-
-# Models `predict` has called directly once (its docstring says why).
-_CALLED_DIRECTLY: weakref.WeakSet = weakref.WeakSet()
-
-
-def predict(model, inputs, batch_size: int, description: str, progress: bool):
-    """`model.predict(inputs)`, with a progress bar named `description` on a
-    terminal's standard error when `progress` (and `inputs` is an array).
-
-    A model's first call on one batch (an array of at most `batch_size`
-    rows) runs the model directly. `predict` first traces a function for
-    the model object, which costs more than a small batch: every command
-    and every reload pays it, and a one-picture search or a small folder
-    never gets it back. Later calls go through `predict`: its traced
-    function is the faster from then on for networks of many small ops
-    (MobileNet's)."""
-    if (
-        isinstance(inputs, np.ndarray)
-        and len(inputs) <= batch_size
-        and getattr(model, "predict_function", None) is None
-        and model not in _CALLED_DIRECTLY
-    ):
-        _CALLED_DIRECTLY.add(model)
-        outputs = model(keras.ops.convert_to_tensor(inputs), training=False)
-        return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
-    callbacks = []
-    if progress and isinstance(inputs, np.ndarray):
-        callbacks.append(PredictionProgress(description, len(inputs)))
-    return model.predict(inputs, batch_size=batch_size, verbose=0, callbacks=callbacks)
 
 
 class Subic(Scorer):

@@ -1,7 +1,7 @@
 """Training callbacks: entropy warm-up, validation retrieval mAP, best-epoch
 selection, epoch-level TensorBoard logs and a NaN-safe, atomic checkpoint;
 and one short line per epoch with the time left. (`PredictionProgress`,
-the bar of `predict`, is the models' own: `subic_keras.models.progress`.)"""
+the bar of `predict`, is the models' own: `subic_keras.models.prediction`.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from subic_keras.config import QUERY_KINDS
 from subic_keras.evaluation import retrieval_metrics as evaluation
 from subic_keras.evaluation import scoring
 from subic_keras.models.losses import BlockEntropyLoss
-from subic_keras.models.progress import PredictionProgress
+from subic_keras.models.prediction import PredictionProgress
 
 __all__ = [
     "BestModelCheckpoint",

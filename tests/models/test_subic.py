@@ -330,9 +330,7 @@ def test_encode_and_query_take_a_tf_data_pipeline():
         subic.encode(tf.data.Dataset.from_tensor_slices(images.astype("int32")))
 
 
-def test_a_first_small_batch_runs_the_model_directly_with_predicts_outputs():
-    from subic_keras.models.subic import predict
-
+def test_a_first_small_encoding_traces_no_function_and_gives_the_same_codes():
     keras.utils.set_random_seed(3)
     subic = build_subic(_mlp(), M, K, C)
     x, _ = _data(40)
@@ -341,13 +339,6 @@ def test_a_first_small_batch_runs_the_model_directly_with_predicts_outputs():
     second = subic.encode(x)  # called again: through `Model.predict`
     assert subic.encoder.predict_function is not None
     np.testing.assert_array_equal(first, second)
-    # A dict of outputs, as `Model.predict` gives it.
-    direct = predict(subic.train_model, x, 64, "outputs", False)
-    assert subic.train_model.predict_function is None
-    traced = predict(subic.train_model, x, 64, "outputs", False)
-    assert sorted(direct) == sorted(traced) == ["block_probs", "class_probs"]
-    for name in direct:
-        np.testing.assert_allclose(direct[name], traced[name], rtol=1e-6)
     # More rows than a batch: `Model.predict`, a batch at a time.
     fresh = build_subic(_mlp(), M, K, C)
     fresh.query(x, batch_size=16)

@@ -1,10 +1,13 @@
-"""A progress bar of `model.predict` on standard error, for encoding."""
+"""Predictions for encoding: `predict`, and its progress bar on standard
+error (`PredictionProgress`)."""
 
 from __future__ import annotations
 
 import sys
+import weakref
 
 import keras
+import numpy as np
 
 from subic_keras._validation import check_int
 
@@ -52,3 +55,33 @@ class PredictionProgress(keras.callbacks.Callback):
 
     def on_predict_end(self, logs=None):
         self._bar.close()
+
+
+# Models `predict` has called directly once (its docstring says why).
+_CALLED_DIRECTLY: weakref.WeakSet = weakref.WeakSet()
+
+
+def predict(model, inputs, batch_size: int, description: str, progress: bool):
+    """`model.predict(inputs)`, with a progress bar named `description` on a
+    terminal's standard error when `progress` (and `inputs` is an array).
+
+    A model's first call on one batch (an array of at most `batch_size`
+    rows) runs the model directly. `predict` first traces a function for
+    the model object, which costs more than a small batch: every command
+    and every reload pays it, and a one-picture search or a small folder
+    never gets it back. Later calls go through `predict`: its traced
+    function is the faster from then on for networks of many small ops
+    (MobileNet's)."""
+    if (
+        isinstance(inputs, np.ndarray)
+        and len(inputs) <= batch_size
+        and getattr(model, "predict_function", None) is None
+        and model not in _CALLED_DIRECTLY
+    ):
+        _CALLED_DIRECTLY.add(model)
+        outputs = model(keras.ops.convert_to_tensor(inputs), training=False)
+        return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
+    callbacks = []
+    if progress and isinstance(inputs, np.ndarray):
+        callbacks.append(PredictionProgress(description, len(inputs)))
+    return model.predict(inputs, batch_size=batch_size, verbose=0, callbacks=callbacks)
