@@ -423,7 +423,9 @@ def evaluate_classification(subic: Subic, data, labels: np.ndarray) -> dict:
         subic.train_model.inputs,
         [subic.train_model.get_layer(CLASS_PROBS).output, subic.classifier.output],
     )
-    soft, binary = both.predict(data.map(lambda x, y: x), verbose=0)
+    soft, binary = both.predict(
+        data.map(tf.autograph.experimental.do_not_convert(lambda x, y: x)), verbose=0
+    )
     return {
         "accuracy_soft": float(np.mean(soft.argmax(-1) == labels)),
         "accuracy_binary": float(np.mean(binary.argmax(-1) == labels)),

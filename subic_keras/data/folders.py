@@ -261,6 +261,7 @@ def _stream(root, kept, summary, cache, shape, shuffle: bool, seed: int, skipped
     if shuffle:
         dataset = dataset.shuffle(len(kept), seed=seed, reshuffle_each_iteration=True)
 
+    @tf.autograph.experimental.do_not_convert
     def load(positions, labels):
         pixels = tf.numpy_function(decoder, [positions], tf.uint8, stateful=False)
         return tf.ensure_shape(pixels, (None, *shape)), labels

@@ -126,6 +126,7 @@ def make_dataset(
     else:
         dataset = indices
 
+    @tf.autograph.experimental.do_not_convert
     def load(idx, batch_seed=None):
         batch = tf.gather(images_t, idx)
         if batch_seed is not None:
@@ -189,13 +190,17 @@ def make_stream_dataset(
     if augment:
         batch_seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
         dataset = tf.data.Dataset.zip((dataset, batch_seeds)).map(
-            lambda pair, batch_seed: (_augment_batch(pair[0], batch_seed), pair[1]),
+            tf.autograph.experimental.do_not_convert(
+                lambda pair, batch_seed: (_augment_batch(pair[0], batch_seed), pair[1])
+            ),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
     dataset = dataset.map(
-        lambda images, labels: (
-            scale_pixels(images) if uint8 else tf.cast(images, tf.float32),
-            labels,
+        tf.autograph.experimental.do_not_convert(
+            lambda images, labels: (
+                scale_pixels(images) if uint8 else tf.cast(images, tf.float32),
+                labels,
+            )
         ),
         num_parallel_calls=tf.data.AUTOTUNE,
     )

@@ -113,7 +113,11 @@ def labelled_batches(data, batch_size: int, name: str = "data") -> tf.data.Datas
             f"{name} must give (image, label) pairs, received elements {spec}"
         )
     if len(spec) > 2:
-        dataset = dataset.map(lambda image, label, *rest: (image, label))
+        dataset = dataset.map(
+            tf.autograph.experimental.do_not_convert(
+                lambda image, label, *rest: (image, label)
+            )
+        )
     images, labels = spec[:2]
     if labels.dtype.is_floating or not labels.dtype.is_integer:
         raise ValueError(
@@ -173,6 +177,7 @@ def checked_pixel_range(dataset: tf.data.Dataset) -> tf.data.Dataset:
     if not images.dtype.is_floating or images.shape.rank != 4:
         return dataset
 
+    @tf.autograph.experimental.do_not_convert
     def check(batch, labels):
         message = f"{PIXEL_RANGE_ERROR} (a batch after the first left it)"
         checks = [
@@ -376,11 +381,18 @@ def rows(data, positions: np.ndarray, labels: np.ndarray, name: str = "data"):
     selected = (
         dataset.enumerate()
         .filter(
-            lambda i, pair: tf.logical_and(
-                i < len(wanted), tf.gather(wanted_t, tf.minimum(i, len(wanted) - 1))
+            tf.autograph.experimental.do_not_convert(
+                lambda i, pair: tf.logical_and(
+                    i < len(wanted),
+                    tf.gather(wanted_t, tf.minimum(i, len(wanted) - 1)),
+                )
             )
         )
-        .map(lambda i, pair: (i, pair[0], pair[1]))
+        .map(
+            tf.autograph.experimental.do_not_convert(
+                lambda i, pair: (i, pair[0], pair[1])
+            )
+        )
         .batch(_SUMMARY_BATCH)
         .prefetch(tf.data.AUTOTUNE)
     )

@@ -174,7 +174,9 @@ def load_tfds_images(
         _prepare_tfds(builder, name)
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     return dataset.map(
-        lambda example: _tfds_example_to_pair(example, name, image_size),
+        tf.autograph.experimental.do_not_convert(
+            lambda example: _tfds_example_to_pair(example, name, image_size)
+        ),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 

@@ -397,6 +397,9 @@ def copy_batches(
     # (a picture drawn again in a later epoch gets other copies).
     counter = tf.data.Dataset.counter()
 
+    # The alterations branch by `tf.cond` alone: AutoGraph's rewrite is not
+    # needed, and would write a source file for each function it converts.
+    @tf.autograph.experimental.do_not_convert
     def copies(element, step):
         image, index = element
         image = tf.cast(image, tf.float32) / 255.0
@@ -410,9 +413,11 @@ def copy_batches(
         copies, num_parallel_calls=tf.data.AUTOTUNE
     )
     data = data.batch(batch_size, drop_remainder=True).map(
-        lambda first, second: (
-            tf.concat([first, second], 0),
-            tf.zeros([2 * batch_size]),
+        tf.autograph.experimental.do_not_convert(
+            lambda first, second: (
+                tf.concat([first, second], 0),
+                tf.zeros([2 * batch_size]),
+            )
         )
     )
     return data.prefetch(tf.data.AUTOTUNE)

@@ -336,7 +336,9 @@ class Subic(Scorer):
             return None
         spec = images.element_spec
         if isinstance(spec, tuple):
-            images = images.map(lambda image, *rest: image)
+            images = images.map(
+                tf.autograph.experimental.do_not_convert(lambda image, *rest: image)
+            )
             spec = spec[0]
         expected = tuple(self.train_model.input_shape[1:])
         shape = tuple(spec.shape)

@@ -105,3 +105,15 @@ def test_copy_margins_are_checked_and_the_earlier_ratio_rule_is_dropped():
     assert loaded.copy_margin is None
     kept = instance.InstanceModel.from_config({**config, "copy_margin": -3})
     assert kept.copy_margin == -3
+
+
+def test_copy_batches_write_no_autograph_source_file(pictures, tmp_path, monkeypatch):
+    import tempfile
+
+    # AutoGraph writes each function it converts to a file in the temporary
+    # folder, removed only at a clean exit; the copies need no conversion.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    data = instance.copy_batches(pictures, 8, seed=5, repeat=False)
+    images, _ = next(iter(data))
+    assert images.shape[0] == 16
+    assert list(tmp_path.iterdir()) == []
