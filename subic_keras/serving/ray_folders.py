@@ -215,18 +215,8 @@ def index_folder_on_ray(
         ImportError: without Ray.
         NotADirectoryError, FileNotFoundError: `root` is not a folder.
     """
-    manifest = os.fspath(manifest)
-    if not manifest.endswith(MANIFEST_SUFFIX):
-        raise ValueError(
-            f"manifest must end in {MANIFEST_SUFFIX!r}, received {manifest!r}"
-        )
-    num_shards = check_int("num_shards", num_shards, minimum=1)
-    if num_shards > MAX_SHARDS:
-        raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
-    batch_size = check_int("batch_size", batch_size, minimum=1)
+    manifest, num_shards, batch_size = _checked(manifest, num_shards, batch_size)
     progress_file = _progress_path(manifest)
-    for output in (manifest, progress_file):  # a link or a FIFO: refused now
-        output_target(output)
     root = os.path.realpath(root)
     paths, skipped = find_files(root)
     models = _Models.load(model_path, instance_model)
@@ -291,6 +281,28 @@ def index_folder_on_ray(
     # folder's, whichever shard met them and whether it was resumed.
     report.skipped.sort(key=lambda entry: entry.path)
     return files, report
+
+
+def _checked(
+    manifest: str | os.PathLike, num_shards: int, batch_size: int
+) -> tuple[str, int, int]:
+    """The manifest's path and the counts, checked before Ray starts.
+
+    A link or a FIFO at the manifest or its progress file is refused now,
+    not after every picture was encoded.
+    """
+    manifest = os.fspath(manifest)
+    if not manifest.endswith(MANIFEST_SUFFIX):
+        raise ValueError(
+            f"manifest must end in {MANIFEST_SUFFIX!r}, received {manifest!r}"
+        )
+    num_shards = check_int("num_shards", num_shards, minimum=1)
+    if num_shards > MAX_SHARDS:
+        raise ValueError(f"num_shards must be <= {MAX_SHARDS}, received {num_shards}")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    for output in (manifest, _progress_path(manifest)):
+        output_target(output)
+    return manifest, num_shards, batch_size
 
 
 @dataclasses.dataclass
