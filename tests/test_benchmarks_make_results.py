@@ -560,3 +560,34 @@ def test_a_recipe_run_on_a_cached_backbone_says_so(load_benchmark):
     runs = [{**RECIPE["runs"][0], "pretrain_cached": True}]
     lines = render({**RECIPE, "runs": runs})
     assert "Seed(s) 0 took the pre-trained backbone from a cache" in lines[-1]
+
+
+def _mobilenet_row(whole: float, crop: float, distinct: int) -> dict:
+    families = {"whole family": {"recall@1": whole}, "crop": {"recall@1": crop}}
+    row = {
+        split: {name: {size: value for size in ("50k", "60k", "70k")}
+                for name, value in families.items()}
+        for split in ("validation", "test", "fashion")
+    }  # fmt: skip
+    row["fashion"]["distinct_codes"] = {"70k": distinct}
+    return row
+
+
+def test_mobilenet_runs_get_one_row_per_code(make_results, tmp_path):
+    run = {
+        "command": "python -m benchmarks.mobilenet_instance --learning-rate 1e-3",
+        "settings": {"queries": 1000, "size": 64, "epochs": 14,
+                     "learning_rate": 0.001, "train_pictures": 45000},
+        "train_seconds": 2728.2,
+        "results": {"mobilenet": _mobilenet_row(0.4321, 0.1234, 62287),
+                    "shipped": _mobilenet_row(0.6191, 0.4987, 64807)},
+    }  # fmt: skip
+    _write(tmp_path, "mobilenet_instance_lr1e-3.json", run)
+    text = make_results.make_results(str(tmp_path))
+    assert "MobileNet v1 fine-tuned at a learning rate of 1e-3" in text
+    assert "14 epochs at a learning rate of 0.001" in text and "2,728 s" in text
+    row = "| mobilenet | 0.432 | 0.123 | 0.432 | 0.123 | 0.432 | 0.123 | 62,287 |"
+    assert row in text
+    assert (
+        "| shipped | 0.619 | 0.499 | 0.619 | 0.499 | 0.619 | 0.499 | 64,807 |" in text
+    )
