@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import tempfile
 
 import numpy as np
 import pytest
@@ -103,6 +104,9 @@ def test_docstring_examples(name, tmp_path, monkeypatch, request):
         pytest.importorskip("pymilvus", reason="the [milvus] extra")
     module = importlib.import_module(name)
     monkeypatch.chdir(tmp_path)  # examples that save a model write here
+    # Examples make folders as a user would (`tempfile.mkdtemp()`) and leave
+    # them; here they go into the test's folder, not the machine's /tmp.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     if name in NEEDS_DATA:
         (tmp_path / "data").symlink_to(request.getfixturevalue("shared_data_dir"))
     result = doctest.testmod(

@@ -7,9 +7,11 @@ which layout `data_dir` takes instead.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import socket
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -91,11 +93,29 @@ def _prepare_tfds(builder, name: str) -> None:
         raise
 
 
+def _builder(name: str, data_dir: str | None = None):
+    """`tfds.builder`, without the empty folder it leaves in the temporary
+    folder: a builder of a dataset not prepared yet makes one (`tmp…tfds`)
+    for the dataset's metadata from Google's bucket, and never removes it."""
+    import tensorflow_datasets as tfds
+
+    pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
+    before = set(glob.glob(pattern))
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    finally:
+        for scratch in set(glob.glob(pattern)) - before:
+            try:
+                os.rmdir(scratch)  # only if empty: never a file of anyone's
+            except OSError:
+                pass
+
+
 def _load_tfds_arrays(name: str, limit: int | None, download: bool):
     """Both splits of a small tfds dataset as NumPy arrays."""
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder(name)
+    builder = _builder(name)
     if not builder.is_prepared():
         if not download:
             raise FileNotFoundError(
@@ -159,11 +179,10 @@ def load_tfds_images(
             f"name must be one of {sorted(_TFDS_IMAGE_DATASETS)}, received {name!r}"
         )
     image_size = _check_image_size(image_size)
-    import tensorflow_datasets as tfds
 
     if data_dir is not None:
         data_dir = os.path.expanduser(os.fspath(data_dir))
-    builder = tfds.builder(name, data_dir=data_dir)
+    builder = _builder(name, data_dir=data_dir)
     if not builder.is_prepared():
         if not download:
             raise FileNotFoundError(

@@ -8,16 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from subic_keras.data import preprocessing, tfds_loaders
 from subic_keras.data.datasets import (
-    channel_statistics,
     load_cifar10,
     load_digits,
     load_fashion_mnist,
-    load_tfds_images,
-    make_dataset,
-    standardize,
-    to_rgb,
     train_validation_split,
 )
 
@@ -327,7 +321,7 @@ def test_fashion_mnist_tfds_fallback_squeezes_channel(monkeypatch, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# Digits and tfds images
+# Digits
 
 
 def test_load_digits():
@@ -350,211 +344,6 @@ def test_load_digits():
     np.testing.assert_array_equal(
         x_test.reshape(len(x_test), -1), np.rint(original[test_idx] * 255 / 16)
     )
-
-
-def test_load_tfds_images_not_prepared(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"'caltech101'.*{tmp_path}"):
-        load_tfds_images("caltech101", "train", data_dir=tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"'voc/2007'.*download=True"):
-        load_tfds_images("voc/2007", "test", data_dir=str(tmp_path))
-    assert list(tmp_path.iterdir()) == []  # Nothing was created.
-    with pytest.raises(ValueError, match="name must be one of"):
-        load_tfds_images("mnist", "train", data_dir=tmp_path)
-    with pytest.raises(ValueError, match="image_size"):
-        load_tfds_images("caltech101", "train", data_dir=tmp_path, image_size=(3,))
-
-
-def test_tfds_example_conversion():
-    rng = np.random.default_rng(0)
-    raw = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
-    voc = {"image": tf.constant(raw), "objects": {"label": tf.constant([4, 0, 4])}}
-    image, label = tfds_loaders._tfds_example_to_pair(voc, "voc/2007", (16, 20))
-    assert image.dtype == tf.uint8 and image.shape == (16, 20, 3)
-    expected = np.zeros(20, np.int64)
-    expected[[0, 4]] = 1
-    np.testing.assert_array_equal(label.numpy(), expected)
-    assert label.dtype == tf.int64
-
-    caltech = {"image": tf.constant(raw), "label": tf.constant(17, tf.int64)}
-    image, label = tfds_loaders._tfds_example_to_pair(caltech, "caltech101", None)
-    np.testing.assert_array_equal(image.numpy(), raw)
-    assert int(label) == 17
-
-    empty = tfds_loaders._multi_hot(tf.zeros([0], tf.int64), 20)
-    np.testing.assert_array_equal(empty.numpy(), np.zeros(20))
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        tfds_loaders._multi_hot(tf.constant([20]), 20)
-
-
-# --------------------------------------------------------------------------
-# Preprocessing
-
-
-def test_to_rgb():
-    grey = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
-    for images in (grey, grey[..., None]):
-        rgb = to_rgb(images)
-        assert rgb.shape == (2, 3, 4, 3) and rgb.dtype == np.uint8
-        for c in range(3):
-            np.testing.assert_array_equal(rgb[..., c], grey)
-    colour = np.zeros((2, 3, 4, 3), np.uint8)
-    assert to_rgb(colour) is colour
-    for shape in [(2, 3, 4, 2), (3, 4), (1, 2, 3, 4, 3)]:
-        with pytest.raises(ValueError, match=rf"received shape \({shape[0]}, "):
-            to_rgb(np.zeros(shape, np.uint8))
-
-
-def test_channel_statistics_matches_numpy(monkeypatch):
-    monkeypatch.setattr(preprocessing, "_CHUNK", 3)  # Several chunks.
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (10, 5, 6, 3), dtype=np.uint8)
-    mean, std = channel_statistics(images)
-    scaled = images.astype(np.float64) / 255
-    np.testing.assert_allclose(mean, scaled.mean(axis=(0, 1, 2)), rtol=1e-12)
-    np.testing.assert_allclose(std, scaled.std(axis=(0, 1, 2)), rtol=1e-12)
-    assert mean.dtype == np.float64 and mean.shape == (3,)
-    mean, std = channel_statistics(images[..., 0])
-    assert mean.shape == (1,)
-    np.testing.assert_allclose(std, scaled[..., 0].std(), rtol=1e-12)
-    with pytest.raises(TypeError, match="uint8"):
-        channel_statistics(scaled)
-    with pytest.raises(ValueError, match=r"received shape \(0, 5, 6, 3\)"):
-        channel_statistics(images[:0])
-
-
-def test_standardize():
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (4, 5, 6, 3), dtype=np.uint8)
-    mean, std = np.array([0.1, 0.5, 0.9]), np.array([0.2, 0.25, 0.5])
-    out = standardize(images, mean, std)
-    assert out.dtype == np.float32 and out.shape == images.shape
-    reference = (images / 255.0 - mean) / std
-    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
-    out = standardize(images[..., 0], 0.5, 0.25)
-    assert out.shape == (4, 5, 6)
-    np.testing.assert_allclose(out, (images[..., 0] / 255 - 0.5) / 0.25, atol=1e-5)
-    with pytest.raises(ValueError, match=r"std must be > 0"):
-        standardize(images, mean, [0.1, 0.0, 0.1])
-    with pytest.raises(ValueError, match=r"mean must be a scalar or have shape \(3,\)"):
-        standardize(images, [0.1, 0.2], std)
-
-
-# --------------------------------------------------------------------------
-# make_dataset
-
-
-def _batches(dataset):
-    return [(x.numpy(), y.numpy()) for x, y in dataset]
-
-
-def _images(n=10, size=8, seed=0):
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
-    return images, np.arange(n, dtype=np.int64)
-
-
-def test_make_dataset_shapes_and_values():
-    images, labels = _images()
-    mean, std = np.array([0.4, 0.5, 0.6]), np.array([0.2, 0.3, 0.4])
-    dataset = make_dataset(images, labels, 4, mean=mean, std=std)
-    x_spec, y_spec = dataset.element_spec
-    assert x_spec.dtype == tf.float32 and x_spec.shape.as_list() == [None, 8, 8, 3]
-    assert y_spec.dtype == tf.int64
-    batches = _batches(dataset)
-    assert [len(y) for _, y in batches] == [4, 4, 2]
-    x = np.concatenate([x for x, _ in batches])
-    np.testing.assert_array_equal(np.concatenate([y for _, y in batches]), labels)
-    np.testing.assert_allclose(x, standardize(images, mean, std), atol=1e-6)
-    # No statistics: just x / 255; grey images get a channel axis.
-    (x, _), *_ = _batches(make_dataset(images[..., 0], labels, 10))
-    assert x.shape == (10, 8, 8, 1)
-    np.testing.assert_allclose(x[..., 0], images[..., 0] / 255, atol=1e-6)
-    assert len(_batches(make_dataset(images, labels, 4, drop_remainder=True))) == 2
-
-
-def test_make_dataset_shuffle_is_seeded():
-    images, labels = _images(n=12)
-    first = _batches(make_dataset(images, labels, 5, shuffle=True, seed=3))
-    again = _batches(make_dataset(images, labels, 5, shuffle=True, seed=3))
-    other = _batches(make_dataset(images, labels, 5, shuffle=True, seed=4))
-    order = np.concatenate([y for _, y in first])
-    np.testing.assert_array_equal(order, np.concatenate([y for _, y in again]))
-    assert not np.array_equal(order, np.concatenate([y for _, y in other]))
-    assert not np.array_equal(order, labels)
-    np.testing.assert_array_equal(np.sort(order), labels)  # A permutation.
-    for x, y in first:  # Images follow their labels.
-        np.testing.assert_allclose(x, images[y] / 255, atol=1e-6)
-    # Repeating: more batches than one epoch, each epoch a permutation.
-    repeated = make_dataset(images, labels, 4, shuffle=True, repeat=True, seed=3)
-    seen = np.concatenate([y for _, y in _batches(repeated.take(6))])
-    np.testing.assert_array_equal(np.sort(seen[:12]), labels)
-    np.testing.assert_array_equal(np.sort(seen[12:]), labels)
-    assert not np.array_equal(seen[:12], seen[12:])
-
-
-def _candidates(image, shift=4):
-    """Every flip and shift of `image` by up to `shift` pixels, zero-padded."""
-    size = image.shape[0]
-    out = []
-    for flipped in (image, image[:, ::-1]):
-        padded = np.pad(flipped, ((shift, shift), (shift, shift), (0, 0)))
-        for dy in range(2 * shift + 1):
-            for dx in range(2 * shift + 1):
-                out.append(padded[dy : dy + size, dx : dx + size])
-    return np.stack(out)
-
-
-def test_make_dataset_augmentation():
-    images, labels = _images(n=16)
-    dataset = make_dataset(images, labels, 8, augment=True, seed=5)
-    batches = _batches(dataset)
-    x = np.concatenate([x for x, _ in batches])
-    assert x.shape == (16, 8, 8, 3) and x.dtype == np.float32
-    pixels = np.rint(x * 255).astype(np.uint8)
-    assert not np.array_equal(pixels, images)
-    changed = 0
-    for i in range(16):
-        candidates = _candidates(images[i])
-        matches = np.all(candidates == pixels[i], axis=(1, 2, 3))
-        assert matches.any(), f"image {i} is no flip/shift of its original"
-        changed += not matches[40]  # Index 40: unflipped, unshifted.
-    assert changed >= 8
-    # Deterministic given the seed; a new pass draws new augmentations.
-    again = _batches(make_dataset(images, labels, 8, augment=True, seed=5))
-    np.testing.assert_array_equal(x, np.concatenate([x for x, _ in again]))
-    second_pass = np.concatenate([x for x, _ in _batches(dataset)])
-    assert not np.array_equal(x, second_pass)
-
-
-def test_make_dataset_feeds_keras_fit():
-    import keras
-
-    images, labels = _images(n=20)
-    model = keras.Sequential(
-        [keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(20)]
-    )
-    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    dataset = make_dataset(images, labels, 8, shuffle=True, augment=True)
-    history = model.fit(dataset, epochs=2, verbose=0, shuffle=False)
-    assert len(history.history["loss"]) == 2
-
-
-def test_make_dataset_errors():
-    images, labels = _images(n=6)
-    with pytest.raises(ValueError, match="batch_size must be >= 1, received 0"):
-        make_dataset(images, labels, 0)
-    with pytest.raises(TypeError, match="batch_size must be an integer"):
-        make_dataset(images, labels, 2.0)
-    with pytest.raises(ValueError, match="6 images and labels of shape \\(5,\\)"):
-        make_dataset(images, labels[:5], 2)
-    with pytest.raises(TypeError, match="uint8"):
-        make_dataset(images / 255.0, labels, 2)
-    with pytest.raises(ValueError, match="mean and std must be given together"):
-        make_dataset(images, labels, 2, mean=[0.5, 0.5, 0.5])
-    with pytest.raises(ValueError, match="would yield no batch"):
-        make_dataset(images, labels, 7, drop_remainder=True)
-    with pytest.raises(ValueError, match=r"received shape \(6, 8\)"):
-        make_dataset(images[:, 0, :, 0], labels, 2)
 
 
 class _Payload:
