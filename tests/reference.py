@@ -36,3 +36,18 @@ def subic_loss_terms(probs, num_blocks, block_size, gamma, mu):
     mean_term = gamma / bits * block_entropy(probs, num_blocks, block_size).mean()
     batch_term = -mu / bits * batch_block_entropy(probs, num_blocks, block_size)
     return mean_term, batch_term
+
+
+def bilinear_reference(image, out_h, out_w):
+    """Half-pixel-centre bilinear resizing of one `(H, W, C)` image."""
+    image = image.astype(np.float64)
+
+    def axis(out, size):
+        source = np.clip((np.arange(out) + 0.5) * size / out - 0.5, 0, size - 1)
+        low = np.floor(source).astype(int)
+        return low, np.minimum(low + 1, size - 1), source - low
+
+    r0, r1, fr = axis(out_h, image.shape[0])
+    c0, c1, fc = axis(out_w, image.shape[1])
+    rows = image[r0] * (1 - fr)[:, None, None] + image[r1] * fr[:, None, None]
+    return rows[:, c0] * (1 - fc)[None, :, None] + rows[:, c1] * fc[None, :, None]
