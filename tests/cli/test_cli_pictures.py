@@ -8,13 +8,12 @@ import time
 
 import numpy as np
 import pytest
-from served import COPY_MARGIN, picture_folder, ruled_instance, save_model
+from command_line import one_line_error as _error
+from served import picture_folder, save_model
 
 from subic_keras.cli import main
 from subic_keras.data import images
 from subic_keras.instance import copies
-from subic_keras.instance.instance_code import pretrained
-from subic_keras.models.subic import FC0
 from subic_keras.search import SubicIndex
 from subic_keras.search import open as search_open
 from subic_keras.search.image_index import ImageIndex
@@ -23,25 +22,6 @@ from subic_keras.serving.export import load_subic
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return save_model(tmp_path_factory.mktemp("model") / "model.keras")
-
-
-@pytest.fixture
-def folder(tmp_path):
-    """24 pictures, 3 files that are not pictures and a link out of the folder."""
-    root = tmp_path / "photos"
-    paths = picture_folder(root, n=24)
-    (root / "notes.txt").write_text("not a picture")
-    broken = (root / paths[0]).read_bytes()[:100]
-    (root / "c" / "broken.png").write_bytes(broken)
-    (root / "empty.jpg").write_bytes(b"")
-    (tmp_path / "outside.png").write_bytes((root / paths[1]).read_bytes())
-    (root / "a" / "link.png").symlink_to(tmp_path / "outside.png")
-    return root, paths
 
 
 def test_build_indexes_every_picture_and_lists_the_rest(model, folder, capsys):
@@ -299,17 +279,6 @@ def test_an_interrupted_build_leaves_the_previous_index(model, folder, monkeypat
     assert sorted(os.listdir(root.parent)) == ["outside.png", "photos", "photos.subic"]
 
 
-def _error(capsys, *arguments) -> tuple[str, float]:
-    start = time.perf_counter()
-    with pytest.raises(SystemExit) as stop:
-        main(list(map(str, arguments)))
-    seconds = time.perf_counter() - start
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    return err, seconds
-
-
 def test_folder_mistakes_are_one_line(model, folder, tmp_path, capsys):
     root, _ = folder
     out = str(tmp_path / "x.subic")
@@ -387,70 +356,6 @@ def test_special_files_are_refused_at_once(model, tmp_path, capsys):
     assert "not a regular file" in err and seconds < 1
 
 
-def test_train_on_a_folder_records_its_classes(tmp_path, capsys):
-    import keras
-
-    from subic_keras.serving.server import SearchService
-
-    root = tmp_path / "photos"
-    picture_folder(root, n=200)  # classes a, b, c
-    (root / "stray.txt").write_text("not in a class folder")
-    out = tmp_path / "run"
-    train = ["train", "--images", str(root), "--image-size", "16", "--bits", "8"]
-    train += ["--block-size", "4", "--pretrain-epochs", "1", "--epochs", "1"]
-    assert main([*train, "--output-dir", str(out)]) == 0
-    stdout, stderr = capsys.readouterr()
-    assert "on the pictures of" in stdout and "(resized to 16x16)" in stdout
-    assert "skipped stray.txt: not in a class folder" in stderr
-    # Said when the folder was checked, before training's report.
-    assert stdout.index("skipped 1 file (listed") < stdout.index("pre-training: ")
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["class_names"] == ["a", "b", "c"] and "test" not in summary
-    assert (
-        summary["data"]["images"] == str(root) and summary["config"]["dataset"] is None
-    )
-    assert summary["num_train"] + summary["num_validation"] == 200
-    model = keras.saving.load_model(out / "best.keras")
-    assert model.class_names == ["a", "b", "c"] and model.input_shape[1:] == (16, 16, 3)
-    # The classes name the server's predictions.
-    index = str(tmp_path / "photos.subic")
-    assert (
-        main(["index", "build", str(out / "best.keras"), str(root), "--output", index])
-        == 0
-    )
-    service = SearchService(str(out / "best.keras"), index)
-    answer = service.search_image((root / "a" / "a_00000.png").read_bytes(), 3)
-    assert answer["class_name"] in ("a", "b", "c")
-    assert answer["results"][0]["path"] == "a/a_00000.png"
-    assert service.stats()["class_names"] == ["a", "b", "c"]
-    # The model records its folder: no data options needed afterwards.
-    own = str(tmp_path / "own.subic")
-    capsys.readouterr()
-    assert main(["index", "build", str(out / "best.keras"), "--output", own]) == 0
-    assert f"indexed 200 pictures of {root}" in capsys.readouterr().out
-    assert main(["evaluate", str(out / "best.keras")]) == 0
-    assert capsys.readouterr().out.startswith(f"pictures of {root} (3 classes)")
-    # Trained again into the same folder: refused before training, unless
-    # --overwrite; then the index of the old model is refused in one line
-    # naming both and what differs, before anything is searched.
-    err, seconds = _error(capsys, *train, "--output-dir", out)
-    assert "--output-dir already holds a model; --overwrite replaces it" in err
-    assert str(out / "best.keras") in err and seconds < 5
-    assert main([*train, "--seed", "1", "--output-dir", str(out), "--overwrite"]) == 0
-    capsys.readouterr()
-    query = root / "a" / "a_00000.png"
-    # Told from the weights the files hold, before TensorFlow loads.
-    err, seconds = _error(capsys, "search", out / "best.keras", index, query)
-    model = out / "best.keras"
-    assert f"{index} was written by an earlier training of {model} (weights " in err
-    assert f"not by {model}" in err and "their weights differ" in err
-    assert seconds < 1, seconds
-    err, seconds = _error(capsys, "index", "add", out / "best.keras", index)
-    assert "their weights differ" in err and seconds < 1
-    with pytest.raises(ValueError, match="their weights differ"):
-        SearchService(str(out / "best.keras"), index)
-
-
 def test_an_index_without_its_model_is_searched_with_a_warning(model, folder, capsys):
     root, paths = folder
     output = str(root.parent / "photos.subic")
@@ -483,36 +388,6 @@ def test_an_index_of_an_earlier_version_with_looks_is_searched_by_its_codes(
     assert out == expected
     assert err.count("\n") == 1 and "no longer uses" in err
     assert "searched by its codes alone" in err
-
-
-def test_ties_stay_in_insertion_order_without_an_instance_code(model, tmp_path, capsys):
-    # One picture faded into noise, ever more: the untrained model gives
-    # them few codes (tie groups), each listed in the order indexed.
-    from PIL import Image
-
-    rng = np.random.default_rng(3)
-    base = rng.integers(0, 256, (32, 32, 3)).astype(np.float64)
-    root = tmp_path / "faded"
-    (root / "a").mkdir(parents=True)
-    for i, t in enumerate(np.linspace(0.05, 0.9, 30)[::-1]):
-        noise = rng.integers(0, 256, (32, 32, 3))
-        picture = (base * (1 - t) + noise * t).astype(np.uint8)
-        Image.fromarray(picture).save(root / "a" / f"img_{i:02d}.png")
-    output = str(tmp_path / "faded.subic")
-    argv = ["index", "build", model, str(root), "--output", output]
-    assert main([*argv, "--instance-model", "none"]) == 0
-    query = tmp_path / "query.png"
-    Image.fromarray(base.astype(np.uint8)).save(query)
-    capsys.readouterr()
-    assert main(["search", model, output, str(query), "-k", "30", "--json"]) == 0
-    matches = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert not any(match["copy"] for match in matches)
-    groups: dict[float, list[str]] = {}
-    for match in matches:
-        groups.setdefault(match["score"], []).append(match["path"])
-    tied = [paths for paths in groups.values() if len(paths) > 2]
-    assert tied, groups
-    assert all(paths == sorted(paths) for paths in tied)
 
 
 def test_command_line_basics(model, folder, tmp_path, capsys):
@@ -568,22 +443,6 @@ def paths_of(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*.png") if p.is_file())
 
 
-def test_train_folder_mistakes_are_one_line(tmp_path, capsys):
-    root = tmp_path / "photos"
-    picture_folder(root, n=9)
-    other = tmp_path / "other"
-    picture_folder(other, n=6)
-    (other / "c").rename(other / "z")
-    err, _ = _error(capsys, "train", "--validation-images", other)
-    assert "validation_images needs images" in err
-    err, _ = _error(capsys, "train", "--images", root, "--image-size", "4")
-    assert "image_size must be >= 8, received 4" in err
-    err, _ = _error(capsys, "train", "--images", root, "--validation-images", other)
-    assert "the validation folder's classes ['a', 'b', 'z'] differ" in err
-    err, _ = _error(capsys, "train", "--images", tmp_path / "none")
-    assert "image folder not found" in err
-
-
 def test_outputs_in_missing_folders_are_refused_not_created(model, tmp_path, capsys):
     missing = tmp_path / "no" / "such"
     build = ["index", "build", model, "--dataset", "digits"]
@@ -592,65 +451,6 @@ def test_outputs_in_missing_folders_are_refused_not_created(model, tmp_path, cap
     err, _ = _error(capsys, "evaluate", model, "--output", missing / "e.json")
     assert "the folder of the output file does not exist" in err
     assert not (tmp_path / "no").exists()
-
-
-def test_evaluate_on_a_folder_states_its_split(model, tmp_path, capsys):
-    root = tmp_path / "photos"
-    picture_folder(root, n=60)  # 20 pictures in each of 3 classes
-    output = tmp_path / "eval.json"
-    assert (
-        main(["evaluate", model, "--images", str(root), "--output", str(output)]) == 0
-    )
-    line = capsys.readouterr().out.splitlines()[0]
-    assert line.startswith(f"pictures of {root} (3 classes), protocol 'random' ")
-    assert "(queries per class 4, seed 0)" in line
-    result = json.loads(output.read_text())
-    assert (result["num_queries"], result["num_database"]) == (12, 48)
-    assert result["images"] == str(root) and 0 < result["map"] <= 1
-    # The same seed gives the same split and the same mAP.
-    assert main(["evaluate", model, "--images", str(root), "--seed", "0"]) == 0
-    again = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert again["map"] == result["map"]
-    err, _ = _error(capsys, "evaluate", model, "--images", root, "--dataset", "digits")
-    assert "--dataset select a dataset split or its codes" in err
-    err, _ = _error(capsys, "evaluate", model, "--images", root, "--seed", "0",
-                    "--index", tmp_path / "x.subic")  # fmt: skip
-    assert "--index select" in err
-
-
-def test_a_keras_application_backbone_trains_and_loads_local_weights(tmp_path, capsys):
-    import keras
-
-    from subic_keras.config import TrainConfig
-    from subic_keras.training import build_model
-
-    root = tmp_path / "photos"
-    picture_folder(root, n=90)
-    out = tmp_path / "run"
-    train = ["train", "--images", str(root), "--backbone", "mobilenet_v3_small"]
-    train += ["--weights", "none", "--bits", "8", "--block-size", "4"]
-    train += ["--pretrain-epochs", "0", "--epochs", "1", "--validation-size", "30"]
-    assert main([*train, "--output-dir", str(out)]) == 0
-    assert "model: " in capsys.readouterr().out
-    index = str(tmp_path / "photos.subic")
-    assert (
-        main(["index", "build", str(out / "best.keras"), str(root), "--output", index])
-        == 0
-    )
-
-    # A local weights file is loaded into the backbone.
-    keras.utils.set_random_seed(7)
-    base = keras.applications.MobileNetV3Small(
-        include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg"
-    )
-    base.save_weights(tmp_path / "local.weights.h5")
-    config = TrainConfig(
-        backbone="mobilenet_v3_small", weights=str(tmp_path / "local.weights.h5")
-    )
-    subic = build_model(config, np.zeros((4, 32, 32, 3), np.uint8), num_classes=3)
-    expected = base.get_layer("conv").get_weights()[0]
-    loaded = subic.backbone.get_layer("conv").get_weights()[0]
-    np.testing.assert_array_equal(loaded, expected)
 
 
 def test_hostile_folders_and_index_files_are_one_line_or_safe(model, tmp_path, capsys):
@@ -733,140 +533,3 @@ def _write_metadata(path: str, metadata_json: str) -> None:
     content = header + body
     with open(path, "wb") as handle:
         handle.write(content + hashlib.sha256(content).digest())
-
-
-def test_a_class_index_keeps_the_instance_code_and_lists_copies_first(
-    model, shared_data_dir, tmp_path, capsys
-):
-    from PIL import Image
-
-    from subic_keras.data.datasets import load_cifar10
-
-    (_, _), (x_test, y_test) = load_cifar10(shared_data_dir)
-    root = tmp_path / "photos"
-    paths = images.write_image_folder(x_test[:60], y_test[:60] % 3, root, "abc")
-    output = str(tmp_path / "photos.subic")
-    assert main(["index", "build", model, str(root), "--output", output]) == 0
-    index = ImageIndex.load(output)
-    assert index.instance.num_blocks == 64
-    assert index.instance_model["file"] == "instance"
-    # The shipped code with its rules, as a file of its own.
-    ruled = ruled_instance(tmp_path / "ruled.keras")
-    output = str(tmp_path / "ruled.subic")
-    argv = ["index", "build", model, str(root), "--output", output]
-    assert main([*argv, "--instance-model", ruled]) == 0
-    # Copies: each picture twice as large, recompressed (JPEG 90).
-    copies_of = [3, 11, 27, 40, 52]
-    for number in copies_of:
-        picture = Image.open(root / paths[number]).resize((64, 64), Image.BICUBIC)
-        picture.save(tmp_path / f"copy_{number}.jpg", quality=90)
-    queries = [str(tmp_path / f"copy_{number}.jpg") for number in copies_of]
-    capsys.readouterr()
-    assert main(["search", model, output, *queries, "-k", "60", "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    # Each original comes first where the instance code's copy rule (99 %
-    # precise on validation) marks it; else the class ranking stands (of the
-    # untrained, randomly drawn class model), the original first among
-    # pictures of its class score, by instance score.
-    marked = 0
-    for query, number in zip(queries, copies_of):
-        mine = [row for row in rows if row["query"] == query]
-        first = mine[0]
-        original = next(row for row in mine if row["path"] == paths[number])
-        if first["copy"]:
-            marked += 1
-            assert first["path"] == paths[number], mine[:3]
-        else:
-            assert first["score"] == max(row["score"] for row in mine), mine[:3]
-            if original["score"] == first["score"]:
-                assert first["path"] == paths[number], mine[:3]
-        assert not any(row["copy"] for row in mine[1:]), mine[:3]
-    assert marked >= 3, rows
-    # The same index searched by its instance codes alone.
-    assert main(["search", ruled, output, *queries, "-k", "1", "--json"]) == 0
-    alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [row["path"] for row in alone] == [paths[n] for n in copies_of]
-    # New pictures get both codes; another instance code is refused.
-    extra = root / "d"
-    extra.mkdir()
-    (extra / "new.png").write_bytes((root / paths[0]).read_bytes())
-    assert main(["index", "add", model, output]) == 0
-    index = ImageIndex.load(output)
-    assert len(index.instance.codes) == len(index) == 61
-    np.testing.assert_array_equal(
-        index.instance.codes.get_codes(index.ids(["d/new.png"])),
-        index.instance.codes.get_codes(index.ids([paths[0]])),
-    )
-    other = str(tmp_path / "other.keras")
-    code = pretrained()
-    bias = code.model.get_layer(FC0).bias
-    bias.assign(bias + 1.0)
-    code.save(other)
-    error, _ = _error(capsys, "search", other, output, queries[0])
-    assert f"was written by {ruled}" in error, error
-    # The same weights without the copy rules: the message names the rules.
-    unruled = str(tmp_path / "unruled.keras")
-    code = pretrained()
-    code.model.copy_margin = code.model.copy_blocks = None
-    code.save(unruled)
-    error, _ = _error(capsys, "search", unruled, output, queries[0])
-    assert f"copy_margin {COPY_MARGIN} against None" in error, error
-    assert "weights differ" not in error, error
-    # Without an instance code: the class code alone.
-    plain = str(tmp_path / "plain.subic")
-    argv = ["index", "build", model, str(root), "--output", plain]
-    assert main([*argv, "--instance-model", "none"]) == 0
-    index = ImageIndex.load(plain)
-    assert index.instance is None and not index.written_with_looks
-    assert _error(capsys, *argv, "--instance-model", model)[0].startswith(
-        "subic index build: error: --instance-model must be an instance code"
-    )
-    split = ["index", "build", model, "--dataset", "digits", "--output", plain]
-    error, _ = _error(capsys, *split, "--instance-model", "instance")
-    assert "--instance-model keeps instance codes of a folder's pictures" in error
-
-
-def test_a_folder_of_photos_as_they_come_trains_indexes_and_finds_each(
-    tmp_path, capsys
-):
-    """A 4096 × 4096 WebP wallpaper, distinct RGBA PNGs and JPEGs of
-    several sizes: trained on (each decoded once, the wallpaper within the
-    default decode budget), indexed, each picture found first as a copy
-    of itself, and no transparent picture grouped with another."""
-    from PIL import Image
-
-    rng = np.random.default_rng(7)
-
-    def field(size):
-        base = rng.integers(0, 256, (5, 5, 3), dtype=np.uint8)
-        return Image.fromarray(base).resize(size, Image.BICUBIC)
-
-    root = tmp_path / "photos"
-    for name in ("walls", "alpha", "shots"):
-        (root / name).mkdir(parents=True)
-    field((4096, 4096)).save(root / "walls" / "wall.webp", quality=60)
-    for number in range(15):
-        field((900 + 40 * number, 600)).save(root / "walls" / f"w{number}.jpg")
-        field((640, 480)).save(root / "shots" / f"s{number}.jpg", quality=85)
-        picture = field((320, 200)).convert("RGBA")
-        alpha = np.linspace(40 * (number % 3), 255, 320, dtype=np.float32)
-        picture.putalpha(Image.fromarray(np.tile(alpha, (200, 1)).astype(np.uint8)))
-        picture.save(root / "alpha" / f"a{number}.png")
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*.*"))
-    assert len(files) == 46
-    run = tmp_path / "run"
-    argv = ["train", "--images", str(root), "--output-dir", str(run)]
-    assert main([*argv, "--pretrain-epochs", "1", "--epochs", "1"]) == 0
-    out, err = capsys.readouterr()
-    assert "skipped" not in out + err, out + err
-    model = str(run / "best.keras")
-    index = str(tmp_path / "photos.subic")
-    assert main(["index", "build", model, str(root), "--output", index]) == 0
-    assert "indexed 46 pictures" in capsys.readouterr().out
-    queries = [str(root / name) for name in files]
-    assert main(["search", model, index, *queries, "-k", "1", "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [row["path"] for row in rows] == files
-    assert all(row["copy"] for row in rows), rows
-    assert main(["duplicates", index, "--json"]) == 0
-    assert capsys.readouterr().out.strip() == ""
