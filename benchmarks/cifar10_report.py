@@ -203,13 +203,7 @@ def markdown(result: dict) -> str:
     for row in rows:
         configs.setdefault((row["method"], _config_id(row)), []).append(row)
     order = sorted(configs, key=lambda c: (_rank(c[0]), c[1]))
-    header = "| method | " + " | ".join(f"{b}-bit" for b in bits) + " |"
-    rule = "|---|" + "---|" * len(bits)
-    protocols = []
-    for row in rows:
-        for name in row["test"]:
-            if name not in protocols:
-                protocols.append(name)
+    by_config = [sorted(configs[c], key=lambda r: r["bits"]) for c in order]
     lines = [
         "# CIFAR-10 category retrieval (Table 2)",
         "",
@@ -222,141 +216,12 @@ def markdown(result: dict) -> str:
     ]
     if result.get("comparison"):
         lines += render_cifar10_comparison(result["comparison"])
-    descriptions = {
-        "paper": "Paper protocol: test queries drawn per class (seed 0), the "
-        "rest of the test set as database",
-        "dsh": "DSH protocol: every test image queries the whole test set, "
-        "itself included",
-    }
-    for name in protocols:
-        sample = next(r["test"][name] for r in rows if name in r["test"])
-        args = sample["protocol_args"]
-        lines += [
-            f"## {descriptions.get(name, name)}",
-            "",
-            f"{sample['num_queries']:,} queries, {sample['num_database']:,} database "
-            f"items (`evaluation.protocol_split({sample['protocol']!r}"
-            + "".join(f", {k}={v!r}" for k, v in args.items())
-            + ")`).",
-            "",
-            header,
-            rule,
-        ]
-        if name == "paper":
-            for method, values in PAPER_TABLE2.items():
-                cells = [f"{values[b]:.4f}" if b in values else "—" for b in bits]
-                lines.append(f"| {method} (paper) | " + " | ".join(cells) + " |")
-        for config in order:
-            members = {r["bits"]: r for r in configs[config]}
-            label = cifar_label(configs[config][0])
-            cells = [
-                _format_map(members[b]["test"].get(name)) if b in members else "—"
-                for b in bits
-            ]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
-    definitions = [
-        row
-        for config in order
-        for row in sorted(configs[config], key=lambda r: r["bits"])
-        if row["test"].get("paper", {}).get("map_21point_mean") is not None
-    ]
-    if definitions:
-        lines += [
-            "## The same rankings under other mAP definitions (paper protocol)",
-            "",
-            "Strict: the tables above. Expected ties: the exact mean over random "
-            "orders of equal scores. 21-point: the SuBiC authors' code "
-            "(interpolated precision at recall 0, 0.05, ..., 1; equal scores in "
-            "database order), the definition behind the paper's numbers.",
-            "",
-            "| method | bits | strict | expected ties | 21-point (authors' code) |",
-            "|---|---|---|---|---|",
-        ]
-        for row in definitions:
-            cell = row["test"]["paper"]
-            label = cifar_label(row)
-            lines.append(
-                f"| {label} | {row['bits']} | {cell['map_mean']:.4f} | "
-                f"{cell['map_expected_mean']:.4f} | {cell['map_21point_mean']:.4f} |"
-            )
-        lines.append("")
-    lines += [
-        "## Training cost and settings",
-        "",
-        "| method | bits | epochs | seeds | training time per model (s) | "
-        "best epoch (validation) | validation mAP | test accuracy from the codes | "
-        "hyper-parameters |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for config in order:
-        for row in sorted(configs[config], key=lambda r: r["bits"]):
-            seconds = ", ".join(f"{s:.0f}" for s in row["train_seconds"])
-            lines.append(
-                f"| {LABELS.get(row['method'], row['method'])} | {row['bits']} | "
-                f"{row['epochs']} | {', '.join(map(str, row['seeds']))} | {seconds} | "
-                f"{', '.join(map(str, row['best_epoch']))} | "
-                f"{', '.join(f'{v:.4f}' for v in row['validation_map'])} | "
-                f"{_accuracy_text(row)} | {_hparams_text(row)}; "
-                f"{row.get('hparams_source', '')} |"
-            )
-    lines.append("")
-    if result.get("sweep"):
-        lines += [
-            "## Validation sweep (SuBiC K=64)",
-            "",
-            "Validation mAP only (the test set is not evaluated). The best "
-            "setting is used by the SuBiC models trained after the sweep (see "
-            "each model's hyper-parameter source above).",
-            "",
-            "| bits | epochs | γ | μ | warm-up (fraction) | learning rate | "
-            "validation mAP | best epoch | training time (s) |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for s in result["sweep"]:
-            h = s["hparams"]
-            lines.append(
-                f"| {s['bits']} | {s['epochs']} | {h['gamma']:g} | {h['mu']:g} | "
-                f"{h['warmup_fraction']:.3g} | {h['learning_rate']:g} | "
-                f"{s['validation_map']:.4f} | {s['best_epoch']} | "
-                f"{s['train_seconds']:.0f} |"
-            )
-        lines.append("")
-    if result.get("pretraining"):
-        lines += [
-            "Classifier pre-training of the CNN (`--pretrain-epochs`; shared by "
-            "every method of a seed, selected by validation accuracy):",
-            "",
-            "| seed | epochs | best epoch | validation accuracy | time (s) |",
-            "|---|---|---|---|---|",
-        ]
-        for record in result["pretraining"]:
-            lines.append(
-                f"| {record['seed']} | {record['epochs']} | {record['best_epoch']} "
-                f"| {record['best_validation_accuracy']:.4f} | "
-                f"{record['train_seconds']:.0f} |"
-            )
-        lines.append("")
-    budgets = sorted(
-        {
-            (
-                r["hparams"].get("pretrain_epochs", 0),
-                r["epochs"],
-                r["data"]["num_fit"],
-                r["batch_size"],
-            )
-            for r in rows
-        }
-    )
-    for pretrain, epochs, num_fit, batch in budgets:
-        total = pretrain + epochs
-        steps = math.ceil(num_fit / batch) * total
-        stages = f"{pretrain} (classifier) + {epochs}" if pretrain else f"{epochs}"
-        lines.append(
-            f"Budget: {stages} epochs of {num_fit:,} images = {steps:,} steps of "
-            f"{batch}; DSH's CIFAR-10 recipe (also the paper's base CNN) is "
-            "70,000 steps of 200 images (about 280 epochs of 50,000)."
-        )
+    lines += _protocol_tables(rows, by_config, bits)
+    lines += _definitions_table(by_config)
+    lines += _cost_table(by_config)
+    lines += _sweep_table(result.get("sweep"))
+    lines += _pretraining_table(result.get("pretraining"))
+    lines += _budget_lines(rows)
     lines += [
         "",
         "Same DSH CNN, standardisation, augmentation (flip + shift), batch size "
@@ -368,6 +233,169 @@ def markdown(result: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+_PROTOCOLS = {
+    "paper": "Paper protocol: test queries drawn per class (seed 0), the "
+    "rest of the test set as database",
+    "dsh": "DSH protocol: every test image queries the whole test set, itself included",
+}
+
+
+def _protocol_tables(rows: list, by_config: list, bits: list) -> list[str]:
+    """One table of mAP by bits per test protocol, the paper's beside ours."""
+    protocols: list = []
+    for row in rows:
+        protocols += [name for name in row["test"] if name not in protocols]
+    header = "| method | " + " | ".join(f"{b}-bit" for b in bits) + " |"
+    lines = []
+    for name in protocols:
+        sample = next(r["test"][name] for r in rows if name in r["test"])
+        args = sample["protocol_args"]
+        lines += [
+            f"## {_PROTOCOLS.get(name, name)}",
+            "",
+            f"{sample['num_queries']:,} queries, {sample['num_database']:,} database "
+            f"items (`evaluation.protocol_split({sample['protocol']!r}"
+            + "".join(f", {k}={v!r}" for k, v in args.items())
+            + ")`).",
+            "",
+            header,
+            "|---|" + "---|" * len(bits),
+        ]
+        if name == "paper":
+            for method, values in PAPER_TABLE2.items():
+                cells = [f"{values[b]:.4f}" if b in values else "—" for b in bits]
+                lines.append(f"| {method} (paper) | " + " | ".join(cells) + " |")
+        for members in by_config:
+            at = {r["bits"]: r for r in members}
+            cells = [
+                _format_map(at[b]["test"].get(name)) if b in at else "—" for b in bits
+            ]
+            lines.append(f"| {cifar_label(members[0])} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _definitions_table(by_config: list) -> list[str]:
+    """The paper protocol's mAP under the three definitions, where recorded."""
+    definitions = [
+        row
+        for members in by_config
+        for row in members
+        if row["test"].get("paper", {}).get("map_21point_mean") is not None
+    ]
+    if not definitions:
+        return []
+    lines = [
+        "## The same rankings under other mAP definitions (paper protocol)",
+        "",
+        "Strict: the tables above. Expected ties: the exact mean over random "
+        "orders of equal scores. 21-point: the SuBiC authors' code "
+        "(interpolated precision at recall 0, 0.05, ..., 1; equal scores in "
+        "database order), the definition behind the paper's numbers.",
+        "",
+        "| method | bits | strict | expected ties | 21-point (authors' code) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in definitions:
+        cell = row["test"]["paper"]
+        lines.append(
+            f"| {cifar_label(row)} | {row['bits']} | {cell['map_mean']:.4f} | "
+            f"{cell['map_expected_mean']:.4f} | {cell['map_21point_mean']:.4f} |"
+        )
+    return [*lines, ""]
+
+
+def _cost_table(by_config: list) -> list[str]:
+    lines = [
+        "## Training cost and settings",
+        "",
+        "| method | bits | epochs | seeds | training time per model (s) | "
+        "best epoch (validation) | validation mAP | test accuracy from the codes | "
+        "hyper-parameters |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in (row for members in by_config for row in members):
+        seconds = ", ".join(f"{s:.0f}" for s in row["train_seconds"])
+        lines.append(
+            f"| {LABELS.get(row['method'], row['method'])} | {row['bits']} | "
+            f"{row['epochs']} | {', '.join(map(str, row['seeds']))} | {seconds} | "
+            f"{', '.join(map(str, row['best_epoch']))} | "
+            f"{', '.join(f'{v:.4f}' for v in row['validation_map'])} | "
+            f"{_accuracy_text(row)} | {_hparams_text(row)}; "
+            f"{row.get('hparams_source', '')} |"
+        )
+    return [*lines, ""]
+
+
+def _sweep_table(sweep: list | None) -> list[str]:
+    if not sweep:
+        return []
+    lines = [
+        "## Validation sweep (SuBiC K=64)",
+        "",
+        "Validation mAP only (the test set is not evaluated). The best "
+        "setting is used by the SuBiC models trained after the sweep (see "
+        "each model's hyper-parameter source above).",
+        "",
+        "| bits | epochs | γ | μ | warm-up (fraction) | learning rate | "
+        "validation mAP | best epoch | training time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in sweep:
+        h = s["hparams"]
+        lines.append(
+            f"| {s['bits']} | {s['epochs']} | {h['gamma']:g} | {h['mu']:g} | "
+            f"{h['warmup_fraction']:.3g} | {h['learning_rate']:g} | "
+            f"{s['validation_map']:.4f} | {s['best_epoch']} | "
+            f"{s['train_seconds']:.0f} |"
+        )
+    return [*lines, ""]
+
+
+def _pretraining_table(pretraining: list | None) -> list[str]:
+    if not pretraining:
+        return []
+    lines = [
+        "Classifier pre-training of the CNN (`--pretrain-epochs`; shared by "
+        "every method of a seed, selected by validation accuracy):",
+        "",
+        "| seed | epochs | best epoch | validation accuracy | time (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for record in pretraining:
+        lines.append(
+            f"| {record['seed']} | {record['epochs']} | {record['best_epoch']} "
+            f"| {record['best_validation_accuracy']:.4f} | "
+            f"{record['train_seconds']:.0f} |"
+        )
+    return [*lines, ""]
+
+
+def _budget_lines(rows: list) -> list[str]:
+    """Each training budget in steps, beside DSH's own recipe."""
+    budgets = sorted(
+        {
+            (
+                r["hparams"].get("pretrain_epochs", 0),
+                r["epochs"],
+                r["data"]["num_fit"],
+                r["batch_size"],
+            )
+            for r in rows
+        }
+    )
+    lines = []
+    for pretrain, epochs, num_fit, batch in budgets:
+        steps = math.ceil(num_fit / batch) * (pretrain + epochs)
+        stages = f"{pretrain} (classifier) + {epochs}" if pretrain else f"{epochs}"
+        lines.append(
+            f"Budget: {stages} epochs of {num_fit:,} images = {steps:,} steps of "
+            f"{batch}; DSH's CIFAR-10 recipe (also the paper's base CNN) is "
+            "70,000 steps of 200 images (about 280 epochs of 50,000)."
+        )
+    return lines
 
 
 def hparams_source(row: dict, sweep_rows: list[dict]) -> str:
