@@ -94,7 +94,6 @@ def render_cifar10_comparison(comparison: dict) -> list[str]:
 
 def render_cifar10(data: dict) -> list[str]:
     rows = data["rows"]
-    paper = data.get("paper_table2", {})
     bits = sorted({r["bits"] for r in rows} | set(_PAPER_BITS))
     lines = [
         f"mAP: {data.get('map_definition', 'see the benchmark')}. Model selection: "
@@ -106,15 +105,6 @@ def render_cifar10(data: dict) -> list[str]:
     if data.get("training_commands"):
         lines += ["Models trained by:", ""]
         lines += [f"- `{runnable(c)}`" for c in data["training_commands"]] + [""]
-    protocols = []
-    for row in rows:
-        for name in row["test"]:
-            if name not in protocols:
-                protocols.append(name)
-    titles = {
-        "paper": "Paper protocol (1,000 queries, 9,000 database)",
-        "dsh": "DSH protocol (10,000 queries against the whole test set)",
-    }
     configs: dict = {}
     for row in rows:
         key = (
@@ -123,6 +113,43 @@ def render_cifar10(data: dict) -> list[str]:
         )
         configs.setdefault(key, {})[row["bits"]] = row
     # Rows come in the benchmark's order (`cifar10_retrieval.aggregate`).
+    lines += _cifar10_protocols(rows, configs, bits, data.get("paper_table2", {}))
+    lines += _cifar10_definitions(configs)
+    lines += _cifar10_pretraining(data.get("pretraining"))
+    lines += ["**Training time per model**", ""]
+    lines += table(
+        ["method", "bits", "epochs", "seeds", "training time (s)", "selected epoch"],
+        [
+            [
+                row.get("label", method),
+                b,
+                _epochs_text(row),
+                row["seeds"],
+                ", ".join(f"{t:.0f}" for t in row["train_seconds"]),
+                row["best_epoch"],
+            ]
+            for (method, _), by_bits in configs.items()
+            for b, row in sorted(by_bits.items())
+        ],
+    )
+    lines += _cifar10_sweep(data.get("sweep"))
+    if data.get("figure"):
+        lines += [f"Fig. 5: `benchmarks/results/{data['figure']}`.", ""]
+    return lines
+
+
+_CIFAR10_PROTOCOLS = {
+    "paper": "Paper protocol (1,000 queries, 9,000 database)",
+    "dsh": "DSH protocol (10,000 queries against the whole test set)",
+}
+
+
+def _cifar10_protocols(rows: list, configs: dict, bits: list, paper: dict) -> list:
+    """A table of mAP by bits per test protocol, the paper's rows first."""
+    protocols: list = []
+    for row in rows:
+        protocols += [name for name in row["test"] if name not in protocols]
+    lines = []
     for name in protocols:
         body = []
         if name == "paper":
@@ -139,21 +166,12 @@ def render_cifar10(data: dict) -> list[str]:
                 else:
                     cells.append(f"{cell['map_mean']:.4f} ± {cell['map_std']:.4f}")
             body.append([cifar_label(next(iter(by_bits.values()))), *cells])
-        lines += [f"**{titles.get(name, name)}**", ""]
+        lines += [f"**{_CIFAR10_PROTOCOLS.get(name, name)}**", ""]
         lines += table(["method", *(f"{b}-bit" for b in bits)], body)
-    cost = []
-    for (method, _), by_bits in configs.items():
-        for b, row in sorted(by_bits.items()):
-            cost.append(
-                [
-                    row.get("label", method),
-                    b,
-                    _epochs_text(row),
-                    row["seeds"],
-                    ", ".join(f"{t:.0f}" for t in row["train_seconds"]),
-                    row["best_epoch"],
-                ]
-            )
+    return lines
+
+
+def _cifar10_definitions(configs: dict) -> list:
     definitions = [
         [
             cifar_label(row),
@@ -166,23 +184,25 @@ def render_cifar10(data: dict) -> list[str]:
         for b, row in sorted(by_bits.items())
         if row["test"].get("paper", {}).get("map_21point_mean") is not None
     ]
-    if definitions:
-        lines += [
-            "**Other mAP definitions, paper protocol** (strict = the tables above; "
-            "expected = exact mean over random orders of equal scores; 21-point = "
-            "the SuBiC authors' code, the definition behind the paper's numbers)",
-            "",
-        ]
-        lines += table(
-            ["method", "bits", "strict", "expected ties", "21-point"], definitions
-        )
-    if data.get("pretraining"):
-        lines += [
-            "**Classifier pre-training of the CNN** (one per seed, shared by "
-            "every method; selected by validation accuracy)",
-            "",
-        ]
-        lines += table(
+    if not definitions:
+        return []
+    return [
+        "**Other mAP definitions, paper protocol** (strict = the tables above; "
+        "expected = exact mean over random orders of equal scores; 21-point = "
+        "the SuBiC authors' code, the definition behind the paper's numbers)",
+        "",
+        *table(["method", "bits", "strict", "expected ties", "21-point"], definitions),
+    ]
+
+
+def _cifar10_pretraining(pretraining: list | None) -> list:
+    if not pretraining:
+        return []
+    return [
+        "**Classifier pre-training of the CNN** (one per seed, shared by "
+        "every method; selected by validation accuracy)",
+        "",
+        *table(
             ["seed", "epochs", "validation accuracy", "training time (s)"],
             [
                 [
@@ -191,45 +211,35 @@ def render_cifar10(data: dict) -> list[str]:
                     r["best_validation_accuracy"],
                     f"{r['train_seconds']:.0f}",
                 ]
-                for r in data["pretraining"]
+                for r in pretraining
             ],
-        )
-    lines += ["**Training time per model**", ""]
-    lines += table(
-        ["method", "bits", "epochs", "seeds", "training time (s)", "selected epoch"],
-        cost,
-    )
-    if data.get("sweep"):
-        sweep = [
-            [
-                s["bits"],
-                s["epochs"],
-                *(
-                    f"{s['hparams'][k]:.3g}" if k in s["hparams"] else None
-                    for k in ("gamma", "mu", "warmup_fraction", "learning_rate")
-                ),
-                s["validation_map"],
-                f"{s['train_seconds']:.0f}",
-            ]
-            for s in data["sweep"]
+        ),
+    ]
+
+
+def _cifar10_sweep(sweep: list | None) -> list:
+    if not sweep:
+        return []
+    rows = [
+        [
+            s["bits"],
+            s["epochs"],
+            *(
+                f"{s['hparams'][k]:.3g}" if k in s["hparams"] else None
+                for k in ("gamma", "mu", "warmup_fraction", "learning_rate")
+            ),
+            s["validation_map"],
+            f"{s['train_seconds']:.0f}",
         ]
-        lines += ["**SuBiC validation sweep (validation mAP; no test data)**", ""]
-        lines += table(
-            [
-                "bits",
-                "epochs",
-                "γ",
-                "μ",
-                "warm-up fraction",
-                "learning rate",
-                "validation mAP",
-                "training time (s)",
-            ],
-            sweep,
-        )
-    if data.get("figure"):
-        lines += [f"Fig. 5: `benchmarks/results/{data['figure']}`.", ""]
-    return lines
+        for s in sweep
+    ]
+    headers = ["bits", "epochs", "γ", "μ", "warm-up fraction", "learning rate",
+               "validation mAP", "training time (s)"]  # fmt: skip
+    return [
+        "**SuBiC validation sweep (validation mAP; no test data)**",
+        "",
+        *table(headers, rows),
+    ]
 
 
 def render_cross_domain(data: dict) -> list[str]:
