@@ -362,41 +362,7 @@ def markdown(report: dict) -> str:
             + " | ".join(f"{v:.4f}" for v in values)
             + " |"
         )
-    if report.get("sweep"):
-        lines += [
-            "",
-            f"## γ/μ sweep (2-layer SuBiC, {report['sweep']['fixed']}, seed "
-            f"{report['sweep']['seed']})",
-            "",
-            "| γ/μ | validation mAP | Fashion-MNIST mAP | CIFAR-10 mAP | "
-            "bins used in b_1 (Fashion / CIFAR) | mean code entropy Σ_m E(b̃_m) "
-            "in bits, at most M·log2 K (Fashion / CIFAR) |",
-            "|---|---|---|---|---|---|",
-        ]
-        for p in report["sweep"]["points"]:
-            stats = p["code_statistics"]
-            lines.append(
-                f"| {p['gamma_over_mu']:g} | {p['validation_map']:.4f} | "
-                f"{p['test']['fashion_mnist']['map']:.4f} | "
-                f"{p['test']['cifar10']['map']:.4f} | "
-                f"{stats['fashion_mnist']['first_block_bins_used']} / "
-                f"{stats['cifar10']['first_block_bins_used']} | "
-                f"{stats['fashion_mnist']['mean_block_entropy_bits']:.3f} / "
-                f"{stats['cifar10']['mean_block_entropy_bits']:.3f} |"
-            )
-        selection = report.get("gamma_selection")
-        if selection:
-            lines += [
-                "",
-                f"γ/μ of the table's SuBiC 2-layer: "
-                f"{selection['used_for_subic_2layer']:g}; best validation mAP in "
-                f"the sweep: {selection['best']:g} (rule: {selection['rule']}).",
-            ]
-        lines += [
-            "",
-            f"Figures: `{report['figures']['fig3']}` (Fig. 3), "
-            f"`{report['figures']['fig4']}` (Fig. 4).",
-        ]
+    lines += _sweep_lines(report)
     lines += [
         "",
         f"Total wall time of this run: {report['wall_seconds']:.0f} s "
@@ -410,6 +376,47 @@ def markdown(report: dict) -> str:
         )
     lines.append("")
     return "\n".join(lines)
+
+
+def _sweep_lines(report: dict) -> list[str]:
+    """The γ/μ sweep's table, the choice it made, and its figures."""
+    if not report.get("sweep"):
+        return []
+    lines = [
+        "",
+        f"## γ/μ sweep (2-layer SuBiC, {report['sweep']['fixed']}, seed "
+        f"{report['sweep']['seed']})",
+        "",
+        "| γ/μ | validation mAP | Fashion-MNIST mAP | CIFAR-10 mAP | "
+        "bins used in b_1 (Fashion / CIFAR) | mean code entropy Σ_m E(b̃_m) "
+        "in bits, at most M·log2 K (Fashion / CIFAR) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in report["sweep"]["points"]:
+        stats = p["code_statistics"]
+        lines.append(
+            f"| {p['gamma_over_mu']:g} | {p['validation_map']:.4f} | "
+            f"{p['test']['fashion_mnist']['map']:.4f} | "
+            f"{p['test']['cifar10']['map']:.4f} | "
+            f"{stats['fashion_mnist']['first_block_bins_used']} / "
+            f"{stats['cifar10']['first_block_bins_used']} | "
+            f"{stats['fashion_mnist']['mean_block_entropy_bits']:.3f} / "
+            f"{stats['cifar10']['mean_block_entropy_bits']:.3f} |"
+        )
+    selection = report.get("gamma_selection")
+    if selection:
+        lines += [
+            "",
+            f"γ/μ of the table's SuBiC 2-layer: "
+            f"{selection['used_for_subic_2layer']:g}; best validation mAP in "
+            f"the sweep: {selection['best']:g} (rule: {selection['rule']}).",
+        ]
+    lines += [
+        "",
+        f"Figures: `{report['figures']['fig3']}` (Fig. 3), "
+        f"`{report['figures']['fig4']}` (Fig. 4).",
+    ]
+    return lines
 
 
 def write_outputs(report: dict, output_dir: Path) -> None:
