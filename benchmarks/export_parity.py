@@ -216,6 +216,7 @@ def main(argv=None) -> dict:
         float_lite = run_litert(lite, x_test)
         int8_lite = run_litert(lite8, x_test)
 
+        copy_queries = None
         if args.instance:
             copies = alterations.alter_batch(x_test[: args.copies], seed=args.seed)
             copy_queries = {
@@ -224,58 +225,10 @@ def main(argv=None) -> dict:
                 "litert_int8": run_litert(lite8, copies)["query"],
             }
 
-    if args.instance:
-        split = None
-        maps = {
-            name: copy_recall(queries, database, m, k)
-            for name, queries, database in (
-                ("keras_float", copy_queries["keras_float"], ref_codes),
-                ("litert_float32", copy_queries["litert_float32"], float_lite["codes"]),
-                ("litert_int8", copy_queries["litert_int8"], int8_lite["codes"]),
-                ("int8_queries_float_database", copy_queries["litert_int8"], ref_codes),
-            )
-        }
-    else:
-        split = evaluation.protocol_split(
-            "random", y_test, seed=args.seed, queries_per_class=args.queries_per_class
-        )
-        maps = {
-            "keras_float": retrieval_map(ref_z, ref_codes, y_test, split, m, k),
-            "litert_float32": retrieval_map(
-                float_lite["query"], float_lite["codes"], y_test, split, m, k
-            ),
-            "litert_int8": retrieval_map(
-                int8_lite["query"], int8_lite["codes"], y_test, split, m, k
-            ),
-            "int8_queries_float_database": retrieval_map(
-                int8_lite["query"], ref_codes, y_test, split, m, k
-            ),
-        }
-    results = {
-        "saved_model_float_images": block_parity(
-            served["float"]["codes"], served["float"]["query"], ref_codes, ref_z
-        ),
-        "saved_model_png_bytes": block_parity(
-            served["png"]["codes"], served["png"]["query"], ref_codes, ref_z
-        ),
-        "litert_float32": block_parity(
-            float_lite["codes"], float_lite["query"], ref_codes, ref_z
-        ),
-        "litert_int8": block_parity(
-            int8_lite["codes"], int8_lite["query"], ref_codes, ref_z, quantized=True
-        ),
-    }
-    saved, lite = results["saved_model_float_images"], results["litert_float32"]
-    targets = {
-        "saved_model block agreement >= 0.999": saved["block_agreement"] >= 0.999,
-        "saved_model max |z diff| <= 1e-4": saved["max_abs_z_diff"] <= 1e-4,
-        "litert_float32 block agreement >= 0.999": lite["block_agreement"] >= 0.999,
-        "litert_float32 max |z diff| <= 1e-4": lite["max_abs_z_diff"] <= 1e-4,
-    }
-    # Both kinds' queries are FC0's outputs, which reach the hundreds.
-    targets["litert_float32 max |z diff| / max |z| <= 1e-6"] = (
-        lite["max_abs_z_diff_over_max_abs_z"] <= 1e-6
+    split, maps = _retrieval_maps(
+        args, y_test, ref_codes, ref_z, float_lite, int8_lite, copy_queries, m, k
     )
+    results, targets = _parity(served, float_lite, int8_lite, ref_codes, ref_z)
     report = {
         "command": common.command("export_parity")
         if argv is None
@@ -319,6 +272,70 @@ def main(argv=None) -> dict:
         json.dump(report, handle, indent=2)
     print(f"wrote {args.output}")
     return report
+
+
+def _retrieval_maps(
+    args, y_test, ref_codes, ref_z, float_lite, int8_lite, copy_queries, m, k
+) -> tuple:
+    """`(split, maps)`: recall@1 of the copies (an instance code; split None)
+    or mAP by the random protocol, for Keras and each LiteRT model."""
+    if copy_queries is not None:
+        maps = {
+            name: copy_recall(queries, database, m, k)
+            for name, queries, database in (
+                ("keras_float", copy_queries["keras_float"], ref_codes),
+                ("litert_float32", copy_queries["litert_float32"], float_lite["codes"]),
+                ("litert_int8", copy_queries["litert_int8"], int8_lite["codes"]),
+                ("int8_queries_float_database", copy_queries["litert_int8"], ref_codes),
+            )
+        }
+        return None, maps
+    split = evaluation.protocol_split(
+        "random", y_test, seed=args.seed, queries_per_class=args.queries_per_class
+    )
+    maps = {
+        "keras_float": retrieval_map(ref_z, ref_codes, y_test, split, m, k),
+        "litert_float32": retrieval_map(
+            float_lite["query"], float_lite["codes"], y_test, split, m, k
+        ),
+        "litert_int8": retrieval_map(
+            int8_lite["query"], int8_lite["codes"], y_test, split, m, k
+        ),
+        "int8_queries_float_database": retrieval_map(
+            int8_lite["query"], ref_codes, y_test, split, m, k
+        ),
+    }
+    return split, maps
+
+
+def _parity(served, float_lite, int8_lite, ref_codes, ref_z) -> tuple[dict, dict]:
+    """Each export's agreement with Keras, and the targets it is held to."""
+    results = {
+        "saved_model_float_images": block_parity(
+            served["float"]["codes"], served["float"]["query"], ref_codes, ref_z
+        ),
+        "saved_model_png_bytes": block_parity(
+            served["png"]["codes"], served["png"]["query"], ref_codes, ref_z
+        ),
+        "litert_float32": block_parity(
+            float_lite["codes"], float_lite["query"], ref_codes, ref_z
+        ),
+        "litert_int8": block_parity(
+            int8_lite["codes"], int8_lite["query"], ref_codes, ref_z, quantized=True
+        ),
+    }
+    saved, lite = results["saved_model_float_images"], results["litert_float32"]
+    targets = {
+        "saved_model block agreement >= 0.999": saved["block_agreement"] >= 0.999,
+        "saved_model max |z diff| <= 1e-4": saved["max_abs_z_diff"] <= 1e-4,
+        "litert_float32 block agreement >= 0.999": lite["block_agreement"] >= 0.999,
+        "litert_float32 max |z diff| <= 1e-4": lite["max_abs_z_diff"] <= 1e-4,
+    }
+    # Both kinds' queries are FC0's outputs, which reach the hundreds.
+    targets["litert_float32 max |z diff| / max |z| <= 1e-6"] = (
+        lite["max_abs_z_diff_over_max_abs_z"] <= 1e-6
+    )
+    return results, targets
 
 
 def _summary_beside(model: str | None):
