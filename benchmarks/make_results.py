@@ -384,14 +384,20 @@ KNOWN["held_out_reference_width2.json"] = (
     "Copies by family, 4 epochs: a CNN twice as wide",
     _held_out_section,
 )
+
+
+def _mobilenet_section(data: dict) -> list[str]:
+    return [*render_mobilenet_instance(data), *render_generic(data)]
+
+
 KNOWN["mobilenet_instance.json"] = (
     "Copies found first: an instance code on MobileNet v1, fine-tuned",
-    lambda data: [*render_mobilenet_instance(data), *render_generic(data)],
+    _mobilenet_section,
 )
 for _rate in ("5e-5", "1e-3"):
     KNOWN[f"mobilenet_instance_lr{_rate}.json"] = (
         f"Copies found first: MobileNet v1 fine-tuned at a learning rate of {_rate}",
-        lambda data: [*render_mobilenet_instance(data), *render_generic(data)],
+        _mobilenet_section,
     )
 KNOWN["picture_views.json"] = (
     "Copies found first with views of a picture (database and query side)",
