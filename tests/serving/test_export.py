@@ -1,14 +1,13 @@
-"""Tests of subic_keras.serving.export, checked with TensorFlow's and LiteRT's
+"""Tests of subic_keras.serving.export's SavedModel, checked with TensorFlow's
 own tools.
 
-A DSH-CNN SuBiC (4 blocks of 16) is trained for one epoch on 300 CIFAR-10
-images and exported once per module; error cases use a tiny 8×8 model.
+The DSH-CNN SuBiC of tests/serving/conftest.py is exported once; error cases
+use a tiny 8×8 model.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
@@ -18,123 +17,26 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from exported import K, M, reference_codes, tiny_subic
 
 from subic_keras import build_subic
-from subic_keras.cli import main as cli_main
-from subic_keras.data import datasets
-from subic_keras.instance.instance_code import build_instance_subic
-from subic_keras.models import backbones
 from subic_keras.serving.export import (
     QUANTIZATIONS,
     SAVED_MODEL_SIGNATURES,
     export_litert,
     export_saved_model,
     load_subic,
-    run_litert,
 )
-from subic_keras.training import standardization
 
 # Integration tests (processes, servers, exports): `-m "not slow"` skips them.
-# One worker runs them all (the README's `--dist loadgroup`): the model they
-# export is trained once.
+# One worker runs this module and test_litert_export.py (the README's
+# `--dist loadgroup`): the model they export is trained once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export")]
-
-REPO = Path(__file__).resolve().parents[2]
-M, K = 4, 16
-
-
-def reference_codes(z: np.ndarray, num_blocks: int) -> np.ndarray:
-    """Per-block argmax in NumPy, whose `argmax` returns the first maximum."""
-    return np.argmax(z.reshape(len(z), num_blocks, -1), axis=-1).astype(np.int32)
-
-
-# Fixtures ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cifar(shared_data_dir):
-    (x_train, y_train), (x_test, _) = datasets.load_cifar10(
-        shared_data_dir, max_per_split=300
-    )
-    return x_train, y_train, x_test[:64]
-
-
-@pytest.fixture(scope="module")
-def trained(cifar):
-    x_train, y_train, _ = cifar
-    keras.utils.set_random_seed(0)
-    subic = build_subic(
-        backbones.dsh_cnn(input_shape=(32, 32, 3)),
-        M,
-        K,
-        10,
-        input_shape=(32, 32, 3),
-        preprocessing=standardization(x_train),
-    )
-    subic.train_model.fit(
-        x_train.astype("float32") / 255.0, y_train, batch_size=50, epochs=1, verbose=0
-    )
-    return subic
 
 
 @pytest.fixture(scope="module")
 def saved_path(trained, tmp_path_factory):
     return export_saved_model(trained, str(tmp_path_factory.mktemp("serving")))
-
-
-@pytest.fixture(scope="module")
-def litert_paths(trained, cifar, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("litert")
-    return {
-        "float32": export_litert(trained, str(directory / "subic.tflite")),
-        "int8": export_litert(
-            trained,
-            str(directory / "subic_int8.tflite"),
-            "int8",
-            representative_images=cifar[0][:100],
-        ),
-    }
-
-
-@pytest.fixture(scope="module")
-def keras_outputs(trained, cifar):
-    images = cifar[2].astype("float32") / 255.0
-    return trained.encode(images), trained.query(images)
-
-
-@pytest.fixture(scope="module")
-def keras_class_query(trained, cifar):
-    return trained.query(cifar[2].astype("float32") / 255.0, kind="class_posterior")
-
-
-def tiny_subic(shape=(8, 8, 3), num_classes=3) -> object:
-    x = np.random.default_rng(0).integers(0, 256, (32, *shape), dtype=np.uint8)
-    backbone = keras.Sequential(
-        [
-            keras.Input(shape),
-            keras.layers.Conv2D(4, 3),
-            keras.layers.Flatten(),
-            keras.layers.Dense(16, activation="relu"),
-        ]
-    )
-    return build_subic(
-        backbone,
-        2,
-        4,
-        num_classes,
-        input_shape=shape,
-        preprocessing=standardization(x),
-        optimizer=None,
-    )
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    keras.utils.set_random_seed(1)
-    return tiny_subic()
-
-
-# SavedModel: layout and versions -------------------------------------------
 
 
 @pytest.mark.slow
@@ -545,269 +447,3 @@ def test_flexible_input_size_needs_image_size(tmp_path):
     png = tf.io.encode_png(np.zeros((30, 30, 3), np.uint8)).numpy()
     out = served.signatures["encode_images"](image_bytes=tf.constant([png]))
     assert out["codes"].shape == (1, 2)
-
-
-# LiteRT ----------------------------------------------------------------------
-
-
-def litert_ops(path: str) -> set[str]:
-    from ai_edge_litert.interpreter import Interpreter
-
-    return {op["op_name"] for op in Interpreter(model_path=path)._get_ops_details()}
-
-
-def test_litert_float_matches_keras(
-    litert_paths, cifar, keras_outputs, keras_class_query
-):
-    ops = litert_ops(litert_paths["float32"])
-    assert not any("FLEX" in op or "CUSTOM" in op for op in ops), ops
-    codes, z = keras_outputs
-    out = run_litert(litert_paths["float32"], cifar[2], batch_size=24)
-    assert out["codes"].dtype == np.int32 and out["query"].dtype == np.float32
-    np.testing.assert_allclose(out["query"], z, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(
-        out["class_query"], keras_class_query, rtol=1e-4, atol=1e-5
-    )
-    mismatched = out["codes"] != codes
-    # A mismatch is allowed only where Keras's z nearly ties.
-    blocks = z.reshape(len(z), M, K)
-    rows, cols = np.nonzero(mismatched)
-    gaps = (
-        blocks[rows, cols, codes[rows, cols]]
-        - blocks[rows, cols, out["codes"][rows, cols]]
-    )
-    assert np.all(gaps <= 1e-4), gaps
-    assert mismatched.mean() <= 0.01
-    # The same images as floats give the same outputs.
-    floats = run_litert(litert_paths["float32"], cifar[2] / np.float32(255.0))
-    np.testing.assert_array_equal(floats["codes"], out["codes"])
-
-
-def test_run_litert_bad_batches(litert_paths, cifar):
-    path = litert_paths["float32"]
-    empty = run_litert(path, cifar[2][:0])
-    assert empty["codes"].shape == (0, M) and empty["codes"].dtype == np.int32
-    assert empty["query"].shape == (0, M * K)
-    with pytest.raises(ValueError, match=r"shape \(n, 32, 32, 3\).*\(2, 16, 16, 3\)"):
-        run_litert(path, cifar[2][:2, :16, :16])
-    with pytest.raises(ValueError, match=r"shape \(n, 32, 32, 3\).*\(32, 32, 3\)"):
-        run_litert(path, cifar[2][0])
-    bad = cifar[2][:2] / np.float32(255.0)
-    bad[0, 0, 0, 0] = np.nan
-    with pytest.raises(ValueError, match="images must be finite"):
-        run_litert(path, bad)
-    with pytest.raises(TypeError, match="uint8 or float, received dtype int64"):
-        run_litert(path, cifar[2][:2].astype(np.int64))
-
-
-def test_litert_int8(litert_paths, cifar, keras_outputs, keras_class_query):
-    from ai_edge_litert.interpreter import Interpreter
-
-    path = litert_paths["int8"]
-    interpreter = Interpreter(model_path=path)
-    signature = interpreter.get_signature_runner("serving_default")
-    assert signature.get_input_details()["images"]["dtype"] == np.float32
-    outputs = signature.get_output_details()
-    assert outputs["codes"]["dtype"] == np.int32
-    assert outputs["query"]["dtype"] == outputs["class_query"]["dtype"] == np.float32
-    # Weights and activations of the dense and convolution layers are int8.
-    ops = interpreter._get_ops_details()
-    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
-    heavy = [op for op in ops if op["op_name"] in ("FULLY_CONNECTED", "CONV_2D")]
-    assert len(heavy) >= 4
-    for op in heavy:
-        assert tensors[op["inputs"][0]]["dtype"] == np.int8
-        assert tensors[op["inputs"][1]]["dtype"] == np.int8
-    assert not any("FLEX" in op["op_name"] or "CUSTOM" in op["op_name"] for op in ops)
-
-    codes, z = keras_outputs
-    out = run_litert(path, cifar[2])
-    # The codes are the argmax of the dequantised z, ties to the lowest index,
-    # and int8 makes ties common (zeros and equal levels).
-    blocks = out["query"].reshape(-1, M, K)
-    np.testing.assert_array_equal(out["codes"], reference_codes(out["query"], M))
-    ties = (blocks == blocks.max(-1, keepdims=True)).sum(-1) > 1
-    assert ties.any()
-    agreement = (out["codes"] == codes).mean()
-    assert agreement > 0.6, agreement
-    assert np.corrcoef(out["query"].ravel(), z.ravel())[0, 1] > 0.95
-    correlation = np.corrcoef(out["class_query"].ravel(), keras_class_query.ravel())
-    assert correlation[0, 1] > 0.95, correlation
-
-
-def test_int8_codes_survive_large_z(tmp_path):
-    # z in the hundreds gives an int8 scale > 1, where LiteRT's quantised
-    # EQUAL (and so a max-and-compare argmax) returns wrong answers.
-    keras.utils.set_random_seed(3)
-    subic = tiny_subic()
-    fc0 = subic.train_model.get_layer("fc0")
-    fc0.kernel.assign(fc0.kernel.numpy() * 300.0)
-    images = np.random.default_rng(4).integers(0, 256, (64, 8, 8, 3), np.uint8)
-    path = export_litert(subic, str(tmp_path / "q.tflite"), "int8", images)
-    out = run_litert(path, images)
-    assert out["query"].max() > 300
-    np.testing.assert_array_equal(out["codes"], reference_codes(out["query"], 2))
-    assert (out["codes"] == subic.encode(images / 255.0)).mean() > 0.8
-
-
-def test_an_instance_code_exports_its_codes_and_queries(tmp_path, capsys):
-    """An instance code has no classes: `codes` and `query` (FC0's) in both
-    SavedModel signatures and both LiteRT files, no `classify`, from the
-    library and from `subic export`."""
-    keras.utils.set_random_seed(6)
-    backbone = keras.Sequential(
-        [keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten()]
-    )
-    code = build_instance_subic(backbone, 2, 8)
-    path = tmp_path / "code.keras"
-    code.save(path, include_optimizer=False)
-    images = np.random.default_rng(7).integers(0, 256, (40, 8, 8, 3), np.uint8)
-    queries, codes = code.query(images), code.encode(images)
-
-    served = tf.saved_model.load(export_saved_model(str(path), str(tmp_path)))
-    assert sorted(served.signatures) == ["encode_images", "serving_default"]
-    out = served.signatures["serving_default"](
-        images=tf.constant(images / 255.0, tf.float32)
-    )
-    assert sorted(out) == ["codes", "query"]
-    np.testing.assert_array_equal(out["codes"].numpy(), codes)
-    np.testing.assert_allclose(out["query"].numpy(), queries, atol=1e-5)
-    encoded = [tf.io.encode_png(image).numpy() for image in images[:3]]
-    out = served.signatures["encode_images"](image_bytes=tf.constant(encoded))
-    np.testing.assert_array_equal(out["codes"].numpy(), codes[:3])
-
-    floats = run_litert(export_litert(code, str(tmp_path / "c.tflite")), images)
-    assert sorted(floats) == ["codes", "query"]
-    np.testing.assert_array_equal(floats["codes"], codes)
-    np.testing.assert_allclose(floats["query"], queries, atol=1e-4)
-    int8_path = export_litert(code, str(tmp_path / "c8.tflite"), "int8", images)
-    ints = run_litert(int8_path, images)
-    assert sorted(ints) == ["codes", "query"]
-    assert (ints["codes"] == codes).mean() > 0.8
-    # int8 steps of the queries' range: the same order, roughly.
-    step = np.ptp(queries) / 255
-    np.testing.assert_allclose(ints["query"], queries, atol=4 * step)
-
-    out_dir = tmp_path / "serving"
-    argv = ["export", str(path), "--output-dir", str(out_dir), "--litert"]
-    assert cli_main(argv) == 0
-    printed = capsys.readouterr().out
-    assert f"SavedModel for TF Serving: {out_dir / 'subic' / '1'}" in printed
-    cli_codes = run_litert(str(out_dir / "subic.tflite"), images)["codes"]
-    np.testing.assert_array_equal(cli_codes, codes)
-
-
-# CLI -----------------------------------------------------------------------
-
-
-def test_cli_export(tmp_path, capsys):
-    keras.utils.set_random_seed(5)
-    (x, _), _ = datasets.load_digits()
-    subic = tiny_subic(shape=(8, 8, 1), num_classes=10)
-    model = tmp_path / "best.keras"
-    subic.train_model.save(model)
-    out = tmp_path / "serving"
-    arguments = ["export", str(model), "--output-dir", str(out)]
-    assert (
-        cli_main(
-            [
-                *arguments,
-                "--litert",
-                "--int8",
-                "--representative-data",
-                "digits",
-                "--num-representative",
-                "50",
-            ]
-        )
-        == 0
-    )
-    printed = capsys.readouterr().out
-    assert f"SavedModel for TF Serving: {out / 'subic' / '1'}" in printed
-    assert (out / "subic" / "1" / "saved_model.pb").is_file()
-    for name in ("subic.tflite", "subic_int8.tflite"):
-        assert (out / name).is_file() and f"{out / name}" in printed
-    images = x[:5, ..., None]
-    float_codes = run_litert(str(out / "subic.tflite"), images)["codes"]
-    np.testing.assert_array_equal(float_codes, subic.encode(images / 255.0))
-
-    assert cli_main([*arguments, "--model-name", "digits"]) == 0
-    assert (out / "digits" / "1").is_dir()
-    assert cli_main(arguments) == 0  # the next version
-    assert sorted(os.listdir(out / "subic")) == ["1", "2"]
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main([*arguments, "--version", "1"])
-    assert exit_info.value.code == 2
-    assert "version exists; pass --overwrite" in capsys.readouterr().err
-    # Exporting again writes the next version and replaces the LiteRT file
-    # with its encoder (export/README.md).
-    before = (out / "subic.tflite").stat().st_mtime_ns
-    assert cli_main([*arguments, "--litert"]) == 0
-    assert sorted(os.listdir(out / "subic")) == ["1", "2", "3"]
-    assert (out / "subic.tflite").stat().st_mtime_ns > before
-    assert f"{out / 'subic' / '3'}" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        cli_main([*arguments, "--int8"])
-    assert "--int8 needs --representative-data" in capsys.readouterr().err
-    assert cli_main([*arguments, "--version", "1", "--overwrite", "--litert"]) == 0
-    assert sorted(os.listdir(out)) == [
-        "digits",
-        "subic",
-        "subic.tflite",
-        "subic_int8.tflite",
-    ]
-
-
-def test_cli_help(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(["export", "--help"])
-    assert exit_info.value.code == 0
-    printed = capsys.readouterr().out
-    assert "--representative-data" in printed and "--output-dir" in printed
-
-
-# Benchmark scripts ---------------------------------------------------------
-
-
-def test_benchmarks_quick(shared_data_dir, tmp_path, load_benchmark):
-    parity = load_benchmark("export_parity")
-    report = parity.main(
-        [
-            "--quick",
-            "--data-dir",
-            str(shared_data_dir),
-            "--output",
-            str(tmp_path / "p.json"),
-        ]
-    )
-    saved = json.loads((tmp_path / "p.json").read_text())
-    assert saved["settings"]["quick"] and saved["versions"]["tensorflow"]
-    assert report["results"]["saved_model_float_images"]["block_agreement"] == 1.0
-    assert report["results"]["saved_model_png_bytes"]["max_abs_z_diff"] == 0.0
-    assert report["results"]["litert_float32"]["block_agreement"] >= 0.99
-    assert 0 <= report["retrieval_map"]["litert_int8"] <= 1
-
-    speed = load_benchmark("encode_speed")
-    report = speed.main(
-        [
-            "--quick",
-            "--data-dir",
-            str(shared_data_dir),
-            "--output",
-            str(tmp_path / "s.json"),
-        ]
-    )
-    saved = json.loads((tmp_path / "s.json").read_text())
-    methods = {row["method"] for row in saved["results"]}
-    assert methods == {
-        "keras_predict",
-        "keras_call",
-        "saved_model",
-        "saved_model_png_bytes",
-        "litert_float32",
-        "litert_int8",
-    }
-    assert all(row["images_per_second"] > 0 for row in saved["results"])
-    assert saved["size_bytes"]["litert_int8"] < saved["size_bytes"]["litert_float32"]
-    assert saved["machine"]["cpu_count"] == os.cpu_count()

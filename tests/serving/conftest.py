@@ -1,0 +1,58 @@
+"""Fixtures of the export tests: one DSH-CNN SuBiC (4 blocks of 16) trained
+for one epoch on 300 CIFAR-10 images, made once per worker (session scope)
+for test_export.py and test_litert_export.py, which one worker runs (their
+`xdist_group`)."""
+
+from __future__ import annotations
+
+import keras
+import pytest
+from exported import K, M, tiny_subic
+
+from subic_keras import build_subic
+from subic_keras.data import datasets
+from subic_keras.models import backbones
+from subic_keras.training import standardization
+
+
+@pytest.fixture(scope="session")
+def cifar(shared_data_dir):
+    (x_train, y_train), (x_test, _) = datasets.load_cifar10(
+        shared_data_dir, max_per_split=300
+    )
+    return x_train, y_train, x_test[:64]
+
+
+@pytest.fixture(scope="session")
+def trained(cifar):
+    x_train, y_train, _ = cifar
+    keras.utils.set_random_seed(0)
+    subic = build_subic(
+        backbones.dsh_cnn(input_shape=(32, 32, 3)),
+        M,
+        K,
+        10,
+        input_shape=(32, 32, 3),
+        preprocessing=standardization(x_train),
+    )
+    subic.train_model.fit(
+        x_train.astype("float32") / 255.0, y_train, batch_size=50, epochs=1, verbose=0
+    )
+    return subic
+
+
+@pytest.fixture(scope="session")
+def keras_outputs(trained, cifar):
+    images = cifar[2].astype("float32") / 255.0
+    return trained.encode(images), trained.query(images)
+
+
+@pytest.fixture(scope="session")
+def keras_class_query(trained, cifar):
+    return trained.query(cifar[2].astype("float32") / 255.0, kind="class_posterior")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    keras.utils.set_random_seed(1)
+    return tiny_subic()
