@@ -17,12 +17,26 @@ import numpy as np
 
 from subic_keras.data.images import write_image_folder
 
+# The upload limit of the servers that tests/serving/conftest.py starts.
+UPLOAD_LIMIT = 50_000
+
 
 def picture_folder(root, n: int = 60, seed: int = 0) -> list[str]:
     """`n` random 32×32 RGB PNGs in 3 class folders; their relative paths."""
     rng = np.random.default_rng(seed)
     pictures = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
     return write_image_folder(pictures, np.arange(n) % 3, root, ["a", "b", "c"])
+
+
+def folder_index(photos, root, n: int = 6) -> tuple[list[str], str]:
+    """A fresh folder of `n` pictures under `root` and its index file."""
+    from subic_keras.serving import retrieval
+    from subic_keras.serving.export import load_subic
+
+    names = picture_folder(root, n=n)
+    index, _ = retrieval.index_folder(load_subic(photos["model"]), root)
+    index.save(root.parent / "folder.subic")
+    return names, str(root.parent / "folder.subic")
 
 
 def save_model(path, num_blocks: int = 4, block_size: int = 16) -> str:
