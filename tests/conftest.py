@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     """Says how many tests were skipped for want of the data directory, and
-    how the fuzz cases (tests/test_fuzz.py) ended, by expected outcome."""
+    how the fuzz cases (tests/fuzz/) ended, by expected outcome."""
     outcomes: dict[tuple[str, str], int] = {}
     for status in ("passed", "failed"):
         for report in terminalreporter.stats.get(status, []):
