@@ -408,6 +408,60 @@ def entry_key(kind, method, bits, seed, epochs, hparams, scale: Scale) -> str:
     return common.settings_key(f"{kind}-{method}-{bits}b-s{seed}-e{epochs}", settings)
 
 
+def read_cached_entry(
+    path: str,
+    key: str,
+    kind: str,
+    method: str,
+    data: Data,
+    scale: Scale,
+    models_dir: str,
+) -> dict:
+    """The cached entry at `path`, given the class-posterior query's results
+    where it was cached before that query existed."""
+    entry = common.read_json(path)
+    print(f"[cached] {key}", flush=True)
+    model_path = os.path.join(models_dir, entry.get("model_file", ""))
+    if (
+        kind == "table"
+        and method in SUBIC_BLOCK_SIZES
+        and "test_class_query" not in entry
+        and os.path.isfile(model_path)
+    ):
+        network = Subic.from_train_model(
+            keras.saving.load_model(model_path, compile=False)
+        )
+        add_class_query_results(network, entry, data, scale)
+        common.write_json(path, entry)
+        print(f"[rescored] {key} with the class-posterior query", flush=True)
+        keras.backend.clear_session()
+    return entry
+
+
+def evaluate_on_test(
+    network, entry: dict, data: Data, scale: Scale, models_dir: str
+) -> None:
+    """A table entry's test protocols, class-posterior query and code
+    diagnostics, into `entry`; its model saved beside the cache."""
+    start = time.time()
+    method = entry["method"]
+    entry["test"] = {}
+    for name, protocol, args in scale.protocols:
+        result = retrieval_metrics(network, data.x_test, data.y_test, protocol, **args)
+        result["protocol_args"] = args
+        entry["test"][name] = result
+    if method in SUBIC_BLOCK_SIZES:
+        add_class_query_results(network, entry, data, scale)
+    entry["diagnostics"] = code_diagnostics(network, method, data.x_test, data.y_test)
+    entry["eval_seconds"] = round(time.time() - start, 1)
+    os.makedirs(models_dir, exist_ok=True)
+    with common.atomic_output(
+        os.path.join(models_dir, entry["key"] + ".keras"), suffix=".keras"
+    ) as tmp:
+        network.train_model.save(tmp)
+    entry["model_file"] = entry["key"] + ".keras"
+
+
 def run_entry(
     kind: str,
     method: str,
@@ -431,24 +485,7 @@ def run_entry(
     key = entry_key(kind, method, bits, seed, epochs, hparams, scale)
     path = os.path.join(cache_dir, key + ".json")
     if os.path.isfile(path):
-        entry = common.read_json(path)
-        print(f"[cached] {key}", flush=True)
-        model_path = os.path.join(models_dir, entry.get("model_file", ""))
-        if (
-            kind == "table"
-            and method in SUBIC_BLOCK_SIZES
-            and "test_class_query" not in entry
-            and os.path.isfile(model_path)
-        ):
-            # Entries cached before the class-posterior query existed.
-            network = Subic.from_train_model(
-                keras.saving.load_model(model_path, compile=False)
-            )
-            add_class_query_results(network, entry, data, scale)
-            common.write_json(path, entry)
-            print(f"[rescored] {key} with the class-posterior query", flush=True)
-            keras.backend.clear_session()
-        return entry
+        return read_cached_entry(path, key, kind, method, data, scale, models_dir)
     weights, pretraining = None, None
     if hparams.get("pretrain_epochs"):
         weights, record = pretrain_backbone(
@@ -496,25 +533,7 @@ def run_entry(
     if method in SUBIC_BLOCK_SIZES:
         entry["num_blocks"], entry["block_size"] = code_shape(method, bits)
     if kind == "table":
-        start = time.time()
-        entry["test"] = {}
-        for name, protocol, args in scale.protocols:
-            result = retrieval_metrics(
-                network, data.x_test, data.y_test, protocol, **args
-            )
-            result["protocol_args"] = args
-            entry["test"][name] = result
-        if method in SUBIC_BLOCK_SIZES:
-            add_class_query_results(network, entry, data, scale)
-        entry["diagnostics"] = code_diagnostics(
-            network, method, data.x_test, data.y_test
-        )
-        entry["eval_seconds"] = round(time.time() - start, 1)
-        os.makedirs(models_dir, exist_ok=True)
-        model_path = os.path.join(models_dir, key + ".keras")
-        with common.atomic_output(model_path, suffix=".keras") as tmp:
-            network.train_model.save(tmp)
-        entry["model_file"] = key + ".keras"
+        evaluate_on_test(network, entry, data, scale, models_dir)
         summary = ", ".join(
             f"{name} mAP {entry['test'][name]['map']:.4f}" for name in entry["test"]
         )
