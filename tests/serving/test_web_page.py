@@ -85,6 +85,97 @@ def served_cifar(shared_data_dir, tmp_path_factory):
         yield server, base, paths, sync_playwright
 
 
+def _a_search_marks_the_old_matches_stale(page, base, paths) -> None:
+    # While a search runs, the old matches are marked stale and the
+    # old prediction is gone. The request is held until the page has
+    # been read: a handler that sleeps and continues would let the
+    # answer arrive before the read (the handler runs while Python
+    # waits for the page).
+    held = []
+
+    def hold(route):
+        held.append(route)
+
+    page.route("**/search?**", hold)
+    page.set_input_files("#file", str(base / "photos" / paths[40]))
+    page.wait_for_function(
+        "document.getElementById('grid').classList.contains('stale')"
+    )
+    assert page.inner_text("#query-info") == ""
+    assert page.inner_text("#summary") == "searching…"
+    for _ in range(1000):  # the handler runs as Python waits: 10 s at most
+        if held:
+            break
+        page.wait_for_timeout(10)
+    assert len(held) == 1
+    held[0].continue_()
+    page.unroute("**/search?**")
+    page.wait_for_function(
+        "!document.getElementById('grid').classList.contains('stale')"
+    )
+    assert "predicted: class " in page.inner_text("#query-info")
+
+
+def _k_is_bounded_by_the_index(page) -> None:
+    # k beyond the index: bounded by what it holds, not refused.
+    page.fill("#k", "5000")
+    page.dispatch_event("#k", "change")
+    page.wait_for_function("document.querySelectorAll('#grid .card').length === 200")
+    assert page.input_value("#k") == "200"
+    page.fill("#k", "12")
+    page.dispatch_event("#k", "change")
+    page.wait_for_function("document.querySelectorAll('#grid .card').length === 12")
+
+
+def _the_folder_filter_searches_within_one(page, paths, clicked, requests) -> None:
+    # The folder filter: the search runs again within one folder,
+    # the server filtering inside its scan.
+    folder = next(p for p in paths if not p.startswith(clicked.split("/")[0]))
+    folder = folder.split("/")[0]
+    options = page.locator("#under option").all_inner_texts()
+    assert options[0] == "all folders" and folder in options
+    page.select_option("#under", folder)
+    page.wait_for_function(
+        f"document.getElementById('summary').textContent.includes('in {folder}/')"
+    )
+    shown = page.locator("#grid .card")
+    assert shown.count() == min(12, sum(p.startswith(folder + "/") for p in paths))
+    assert all(
+        shown.nth(i).get_attribute("data-path").startswith(folder + "/")
+        for i in range(shown.count())
+    )
+    assert any(f"where=path%20under%20%22{folder}%22" in url for url in requests)
+    page.select_option("#under", "")
+    # A folder whose name holds a newline, a tab, a quote and a
+    # backslash is asked for as itself (the filter language's
+    # string, not JSON's), and a filter that keeps nothing says so.
+    odd = 'no\nsuch\t"folder\\'
+    page.evaluate("(name) => $('under').append(new Option(name, name))", odd)
+    page.select_option("#under", odd)
+    page.wait_for_function(
+        "document.getElementById('summary').textContent.startsWith("
+        "'no match: no picture in ')"
+    )
+    assert page.locator("#grid .card").count() == 0
+    asked = [url for url in requests if "where=" in url][-1]
+    where = urllib.parse.parse_qs(urllib.parse.urlsplit(asked).query)
+    assert filters.parse(where["where"][0]).folder == odd
+    page.select_option("#under", "")
+
+
+def _a_file_that_is_not_a_picture_is_named(page, base) -> None:
+    # A file that is not a picture: the page says so.
+    (base / "notes.txt").write_text("not a picture")
+    page.set_input_files("#file", str(base / "notes.txt"))
+    page.wait_for_function(
+        "document.getElementById('error').textContent.includes('not a picture')"
+    )
+    assert page.locator("#grid .card").count() == 0
+    # ... and nothing of it stays: no query picture, no prediction.
+    assert not page.locator("#query-image").is_visible()
+    assert page.inner_text("#query-info") == ""
+
+
 def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
     server, base, paths, sync_playwright = served_cifar
     query = paths[17]
@@ -140,95 +231,11 @@ def test_upload_shows_the_matches_and_a_click_searches_with_one(served_cifar):
                 f"document.querySelector('#grid .card').dataset.path === {target!r}"
             )
 
-            # While a search runs, the old matches are marked stale and the
-            # old prediction is gone. The request is held until the page has
-            # been read: a handler that sleeps and continues would let the
-            # answer arrive before the read (the handler runs while Python
-            # waits for the page).
-            held = []
-
-            def hold(route):
-                held.append(route)
-
-            page.route("**/search?**", hold)
-            page.set_input_files("#file", str(base / "photos" / paths[40]))
-            page.wait_for_function(
-                "document.getElementById('grid').classList.contains('stale')"
-            )
-            assert page.inner_text("#query-info") == ""
-            assert page.inner_text("#summary") == "searching…"
-            for _ in range(1000):  # the handler runs as Python waits: 10 s at most
-                if held:
-                    break
-                page.wait_for_timeout(10)
-            assert len(held) == 1
-            held[0].continue_()
-            page.unroute("**/search?**")
-            page.wait_for_function(
-                "!document.getElementById('grid').classList.contains('stale')"
-            )
-            assert "predicted: class " in page.inner_text("#query-info")
-            # k beyond the index: bounded by what it holds, not refused.
-            page.fill("#k", "5000")
-            page.dispatch_event("#k", "change")
-            page.wait_for_function(
-                "document.querySelectorAll('#grid .card').length === 200"
-            )
-            assert page.input_value("#k") == "200"
-            page.fill("#k", "12")
-            page.dispatch_event("#k", "change")
-            page.wait_for_function(
-                "document.querySelectorAll('#grid .card').length === 12"
-            )
-            # The folder filter: the search runs again within one folder,
-            # the server filtering inside its scan.
-            folder = next(p for p in paths if not p.startswith(clicked.split("/")[0]))
-            folder = folder.split("/")[0]
-            options = page.locator("#under option").all_inner_texts()
-            assert options[0] == "all folders" and folder in options
-            page.select_option("#under", folder)
-            page.wait_for_function(
-                f"document.getElementById('summary').textContent.includes("
-                f"'in {folder}/')"
-            )
-            shown = page.locator("#grid .card")
-            assert shown.count() == min(
-                12, sum(p.startswith(folder + "/") for p in paths)
-            )
-            assert all(
-                shown.nth(i).get_attribute("data-path").startswith(folder + "/")
-                for i in range(shown.count())
-            )
-            assert any(
-                f"where=path%20under%20%22{folder}%22" in url for url in requests
-            )
-            page.select_option("#under", "")
-            # A folder whose name holds a newline, a tab, a quote and a
-            # backslash is asked for as itself (the filter language's
-            # string, not JSON's), and a filter that keeps nothing says so.
-            odd = 'no\nsuch\t"folder\\'
-            page.evaluate("(name) => $('under').append(new Option(name, name))", odd)
-            page.select_option("#under", odd)
-            page.wait_for_function(
-                "document.getElementById('summary').textContent.startsWith("
-                "'no match: no picture in ')"
-            )
-            assert page.locator("#grid .card").count() == 0
-            asked = [url for url in requests if "where=" in url][-1]
-            where = urllib.parse.parse_qs(urllib.parse.urlsplit(asked).query)
-            assert filters.parse(where["where"][0]).folder == odd
-            page.select_option("#under", "")
+            _a_search_marks_the_old_matches_stale(page, base, paths)
+            _k_is_bounded_by_the_index(page)
+            _the_folder_filter_searches_within_one(page, paths, clicked, requests)
             _only_the_latest_answer_is_shown(page, base, paths)
-            # A file that is not a picture: the page says so.
-            (base / "notes.txt").write_text("not a picture")
-            page.set_input_files("#file", str(base / "notes.txt"))
-            page.wait_for_function(
-                "document.getElementById('error').textContent.includes('not a picture')"
-            )
-            assert page.locator("#grid .card").count() == 0
-            # ... and nothing of it stays: no query picture, no prediction.
-            assert not page.locator("#query-image").is_visible()
-            assert page.inner_text("#query-info") == ""
+            _a_file_that_is_not_a_picture_is_named(page, base)
             # Nothing but this server was asked for anything.
             origin = f"http://127.0.0.1:{server.port}/"
             assert all(
