@@ -195,7 +195,7 @@ class MilvusIndex(Searcher):
             # as an exception with a traceback.
             logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
         try:
-            self._client = pymilvus.MilvusClient(uri=uri, token=token, timeout=timeout)
+            self._client = milvus_client.open_client(uri, token, timeout)
             exists = self._client.has_collection(collection)
         except pymilvus.exceptions.MilvusException as error:
             raise ConnectionError(
@@ -321,7 +321,7 @@ class MilvusIndex(Searcher):
         """Closes the connection (and Milvus Lite's file); a view
         (`by_instance`) leaves its collection's open."""
         if not self._view:
-            self._client.close()
+            milvus_client.close_client(self._client)
 
     def __enter__(self) -> MilvusIndex:
         return self

@@ -9,12 +9,23 @@ than pymilvus's own exception.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from subic_keras.search.addresses import is_local
+
 BATCH = 10_000  # rows per insert, delete or lookup request
+
+# Milvus Lite serves a `.db` file from a server inside this process that
+# pymilvus starts and never stops: it keeps the file locked and writes it
+# again at exit, even where the file was removed after `close`. The clients
+# open on each file are counted, and the last one closed stops its server.
+_LITE_CLIENTS: dict[int, str] = {}
+_LITE_LOCK = threading.Lock()
 
 
 class MilvusError(OSError):
@@ -31,6 +42,31 @@ def pymilvus_module():
             'pip install "subic-keras[milvus]"'
         ) from error
     return pymilvus
+
+
+def open_client(uri: str, token: str, timeout: float | None) -> Any:
+    """A `pymilvus.MilvusClient` on `uri`, counted where it is a Milvus
+    Lite file (`close_client` stops the file's server with the last)."""
+    client = pymilvus_module().MilvusClient(uri=uri, token=token, timeout=timeout)
+    if is_local(uri):
+        with _LITE_LOCK:
+            _LITE_CLIENTS[id(client)] = os.path.abspath(uri)
+    return client
+
+
+def close_client(client: Any) -> None:
+    """Closes `client`; the last client of a Milvus Lite file also stops its
+    server, which writes the file and unlocks it. Closing twice is a no-op."""
+    client.close()
+    with _LITE_LOCK:
+        path = _LITE_CLIENTS.pop(id(client), None)
+        if path is None or path in _LITE_CLIENTS.values():
+            return
+    try:
+        from milvus_lite.server_manager import server_manager_instance
+    except ImportError:  # a pymilvus that serves `.db` files another way
+        return
+    server_manager_instance.release_server(path)
 
 
 @contextlib.contextmanager

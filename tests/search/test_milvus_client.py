@@ -26,3 +26,59 @@ def test_milvus_errors_name_the_uri_and_the_collection():
     message = str(info.value)
     assert message.startswith("Milvus at 'codes.db', collection 'photos': index")
     assert "Milvus 2.4 or later" in message and isinstance(info.value, OSError)
+
+
+# A process that closes its Milvus Lite index, lets another process read
+# the file, then removes it.
+_CLOSE_THEN_REMOVE = """
+import shutil, subprocess, sys, threading
+import numpy as np
+from subic_keras.search.milvus import MilvusIndex
+index = MilvusIndex(sys.argv[1], "codes", 4, 16)
+index.add(np.zeros((3, 4), np.int64))
+index.close()
+other = "import sys; from subic_keras.search.milvus import MilvusIndex; "
+other += "print(len(MilvusIndex(sys.argv[1], 'codes')))"
+read = subprocess.run([sys.executable, "-c", other, sys.argv[1]],
+                      capture_output=True, text=True, timeout=120)
+shutil.rmtree(sys.argv[1])
+print(read.stdout.strip(), sorted(t.name for t in threading.enumerate()))
+"""
+
+
+def test_the_last_close_stops_milvus_lites_server(tmp_path):
+    """Closed, a Milvus Lite file is written and unlocked: another process
+    reads it, no server thread stays, and a file removed after `close` is not
+    written again at exit."""
+    import subprocess
+
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    uri = tmp_path / "codes.db"
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSE_THEN_REMOVE, str(uri)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "3 ['MainThread']", done.stderr[-2000:]
+    assert not uri.exists()
+
+
+def test_a_file_stays_served_while_one_of_its_indexes_is_open(tmp_path):
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    import numpy as np
+
+    from subic_keras.search.milvus import MilvusIndex
+
+    uri = str(tmp_path / "codes.db")
+    first = MilvusIndex(uri, "a", 4, 16)
+    second = MilvusIndex(uri, "b", 4, 16)
+    first.add(np.zeros((2, 4), np.int64))
+    first.close()
+    first.close()  # twice: a no-op
+    second.add(np.ones((3, 4), np.int64))
+    assert len(second) == 3
+    second.close()
+    with MilvusIndex(uri, "a") as reopened:  # a new server, the same rows
+        assert len(reopened) == 2
