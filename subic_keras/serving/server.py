@@ -224,7 +224,9 @@ class SearchService:
         self.image_shape = retrieval.input_shape(self.subic)
         model = self.subic.query_model(self.query_kind)
         spec = tf.TensorSpec((None, *self.image_shape), tf.uint8)
-        self._encode = tf.function(model, input_signature=[spec])
+        # Without AutoGraph: a Keras model needs no conversion, and AutoGraph's
+        # generated files outlive a server that is killed.
+        self._encode = tf.function(model, input_signature=[spec], autograph=False)
         index = open_pictures(self.index_path, self.scanner, collection)
         assert index.root is not None  # open_pictures opens pictures only
         self.folder = served_folder(index.root if folder is None else folder)
@@ -270,7 +272,9 @@ class SearchService:
 
         shape = retrieval.input_shape(instance)
         spec = tf.TensorSpec((None, *shape), tf.uint8)
-        query = tf.function(instance.query_model(), input_signature=[spec])
+        query = tf.function(
+            instance.query_model(), input_signature=[spec], autograph=False
+        )
         query(np.zeros((1, *shape), np.uint8))  # traced now, not by a request
         return _Loaded(index, time.time(), instance, query)
 
