@@ -9,6 +9,7 @@ than pymilvus's own exception.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -47,11 +48,43 @@ def pymilvus_module():
 def open_client(uri: str, token: str, timeout: float | None) -> Any:
     """A `pymilvus.MilvusClient` on `uri`, counted where it is a Milvus
     Lite file (`close_client` stops the file's server with the last)."""
-    client = pymilvus_module().MilvusClient(uri=uri, token=token, timeout=timeout)
+    pymilvus = pymilvus_module()
+    if is_local(uri):
+        # Milvus Lite logs a failed start with its traceback: said here instead.
+        logging.getLogger("milvus_lite.server_manager").setLevel(logging.CRITICAL)
+    try:
+        client = pymilvus.MilvusClient(uri=uri, token=token, timeout=timeout)
+    except pymilvus.exceptions.MilvusException:
+        if is_local(uri) and _locked_elsewhere(uri):
+            raise ConnectionError(
+                f"the Milvus Lite database {uri!r} is open in another process; "
+                "Milvus Lite serves a file to one process at a time (close it "
+                "there, or serve the collection from a Milvus server)"
+            ) from None
+        raise
     if is_local(uri):
         with _LITE_LOCK:
             _LITE_CLIENTS[id(client)] = os.path.abspath(uri)
     return client
+
+
+def _locked_elsewhere(uri: str) -> bool:
+    """Whether another process holds the lock of the Milvus Lite file."""
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: Milvus Lite's lock is unknown here
+        return False
+    try:
+        descriptor = os.open(os.path.join(uri, "LOCK"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)  # and with it the lock, where it was taken
+    return False
 
 
 def close_client(client: Any) -> None:

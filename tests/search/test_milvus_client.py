@@ -82,3 +82,29 @@ def test_a_file_stays_served_while_one_of_its_indexes_is_open(tmp_path):
     second.close()
     with MilvusIndex(uri, "a") as reopened:  # a new server, the same rows
         assert len(reopened) == 2
+
+
+def test_a_file_open_in_another_process_is_named_without_a_traceback(tmp_path, capfd):
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    import fcntl
+    import os
+
+    import numpy as np
+
+    from subic_keras.search.milvus import MilvusIndex
+
+    uri = str(tmp_path / "codes.db")
+    with MilvusIndex(uri, "a", 4, 16) as index:
+        index.add(np.zeros((2, 4), np.int64))
+    capfd.readouterr()
+    # Milvus Lite's own lock, as another process running it holds it.
+    descriptor = os.open(os.path.join(uri, "LOCK"), os.O_RDONLY)
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(ConnectionError, match="is open in another process"):
+            MilvusIndex(uri, "a")
+    finally:
+        os.close(descriptor)
+    assert "Traceback" not in capfd.readouterr().err
+    with MilvusIndex(uri, "a") as reopened:  # freed, it opens
+        assert len(reopened) == 2
