@@ -202,6 +202,7 @@ class MilvusIndex(Searcher):
                 f"cannot reach Milvus at uri={uri!r}: {error}"
             ) from error
         if not exists and (num_blocks is None or block_size is None):
+            milvus_client.close_client(self._client)  # frees a Lite file
             raise ValueError(
                 f"collection {collection!r} does not exist at {uri!r} (it is "
                 "made by `subic index build`, or given num_blocks and block_size)"

@@ -108,3 +108,19 @@ def test_a_file_open_in_another_process_is_named_without_a_traceback(tmp_path, c
     assert "Traceback" not in capfd.readouterr().err
     with MilvusIndex(uri, "a") as reopened:  # freed, it opens
         assert len(reopened) == 2
+
+
+def test_a_missing_collection_frees_the_file(tmp_path):
+    pytest.importorskip("pymilvus", reason="the [milvus] extra")
+    import numpy as np
+
+    from subic_keras.search.milvus import MilvusIndex
+
+    uri = str(tmp_path / "codes.db")
+    MilvusIndex(uri, "a", 4, 16).close()
+    with pytest.raises(ValueError, match="collection 'b' does not exist"):
+        MilvusIndex(uri, "b")
+    # Its client closed: no client left on the file, which is freed.
+    assert uri not in milvus_client._LITE_CLIENTS.values()
+    with MilvusIndex(uri, "a") as index:
+        index.add(np.zeros((1, 4), np.int64))
