@@ -89,27 +89,32 @@ def install() -> None:
 
 
 def reexport(
-    package: str, module: str
+    package: str, *modules: str
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """`(__getattr__, __dir__)` for `package`: its submodules by name,
-    else the names of its submodule `module` (loaded on first use)."""
+    else the names of its submodules `modules`, the first that has it
+    (each loaded on first use)."""
 
     def __getattr__(name: str) -> Any:
         if not name.startswith("_"):
             if importlib.util.find_spec(f"{package}.{name}") is not None:
                 return importlib.import_module(f"{package}.{name}")
-            loaded = importlib.import_module(f"{package}.{module}")
-            if hasattr(loaded, name):
-                value = getattr(loaded, name)
-                setattr(sys.modules[package], name, value)
-                return value
+            for module in modules:
+                loaded = importlib.import_module(f"{package}.{module}")
+                if hasattr(loaded, name):
+                    value = getattr(loaded, name)
+                    setattr(sys.modules[package], name, value)
+                    return value
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
-        loaded = importlib.import_module(f"{package}.{module}")
-        names = getattr(loaded, "__all__", None) or [
-            name for name in vars(loaded) if not name.startswith("_")
-        ]
-        return sorted({*vars(sys.modules[package]), *names})
+        names = set(vars(sys.modules[package]))
+        for module in modules:
+            loaded = importlib.import_module(f"{package}.{module}")
+            names.update(
+                getattr(loaded, "__all__", None)
+                or [name for name in vars(loaded) if not name.startswith("_")]
+            )
+        return sorted(names)
 
     return __getattr__, __dir__

@@ -28,6 +28,9 @@ def test_earlier_imports_and_attributes_keep_working():
     # Subpackages named as the modules they replace hand on those names.
     assert subic_keras.models.Subic is subic_keras.Subic
     assert subic_keras.instance.InstanceSubic is subic_keras.InstanceSubic
+    folder_training = importlib.import_module("subic_keras.instance.folder_training")
+    assert subic_keras.instance.train_on_folder is folder_training.train_on_folder
+    assert "train_on_folder" in dir(subic_keras.instance)
     evaluation = importlib.import_module("subic_keras.evaluation.retrieval_metrics")
     assert subic_keras.evaluation.mean_average_precision is (
         evaluation.mean_average_precision

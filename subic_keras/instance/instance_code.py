@@ -487,13 +487,3 @@ def train_instance(
         verbose=verbose,
         initial_epoch=initial_epoch,
     )
-
-
-def __getattr__(name: str):
-    # A folder's fine-tune lives in `folder_training` (it imports this
-    # module); its names are this module's too, as they were.
-    if name in ("folder_pictures", "train_on_folder"):
-        from subic_keras.instance import folder_training
-
-        return getattr(folder_training, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
